@@ -1,0 +1,53 @@
+# raid5d — `make` lists the targets.
+GO        ?= go
+BIN       := bin/raid5d
+PKGS      := ./...
+UNIT_PKGS := ./parity/... ./stripe/... ./raid/... ./nbd/... ./cmd/...
+# Debian packages the end-to-end tests drive: real NBD clients, a filesystem, FUSE.
+DEB_PKGS  := fio libnbd-bin nbdfuse nbdkit qemu-utils fuse3 e2fsprogs
+FUZZTIME  ?= 20s
+
+.DEFAULT_GOAL := help
+.PHONY: help build run test test-unit test-e2e fuzz bench lint deps clean
+
+help: ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## build bin/raid5d
+	$(GO) build -o $(BIN) ./cmd/raid5d
+
+test: deps lint ## install what the tests need, then run every test (unit with -race, then end-to-end)
+	$(GO) test -race -count=1 $(UNIT_PKGS)
+	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 20m ./test/...
+
+test-unit: ## unit tests only, with the race detector
+	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbdfuse)
+	$(GO) test -count=1 -v -timeout 20m ./test/...
+
+fuzz: ## run each fuzz target for FUZZTIME (default 20s)
+	$(GO) test ./stripe -run '^$$' -fuzz '^FuzzExtents$$' -fuzztime $(FUZZTIME)
+
+bench: ## Go benchmarks of the hot paths
+	$(GO) test -run '^$$' -bench . -benchmem $(UNIT_PKGS)
+
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+deps: ## install the Debian packages the tests use (idempotent, quiet)
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@$(GO) mod download
+
+clean: ## remove build output
+	rm -rf bin

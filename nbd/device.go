@@ -1,0 +1,30 @@
+package nbd
+
+// Device is what the server exports: a fixed-size array of bytes. It knows nothing of RAID;
+// raid.Array satisfies it, and so does an in-memory device in tests.
+//
+// The server calls these methods concurrently from many goroutines (requests on one connection
+// are processed in parallel, and there may be many connections). Implementations must be safe
+// for that. The server never passes a buffer shared with another request in flight, and never
+// touches a buffer again until the call that was given it has returned.
+type Device interface {
+	// ReadAt and WriteAt follow io.ReaderAt and io.WriterAt: a short count comes with an error.
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	// Size is the device size in bytes. The server reads it once per connection.
+	Size() (int64, error)
+	// Flush makes every completed write durable (on every connection: the server advertises
+	// CAN_MULTI_CONN on that promise).
+	Flush() error
+	// Trim tells the device a range is no longer needed; later reads may return old data or zeroes.
+	Trim(off, length int64) error
+	// WriteZeroes makes a range read back as zeroes. With noHole the device must allocate the
+	// range rather than punch a hole.
+	WriteZeroes(off, length int64, noHole bool) error
+}
+
+// FUAWriter is implemented by devices that can make one write durable more cheaply than
+// WriteAt followed by Flush. The server uses it for writes that carry NBD_CMD_FLAG_FUA.
+type FUAWriter interface {
+	WriteAtFUA(p []byte, off int64) (int, error)
+}

@@ -1,0 +1,21 @@
+// Package stripe is raid5d's RAID-5 geometry: how an array offset maps to a stripe, a data
+// chunk, a member and an offset in that member, and which member holds each stripe's parity.
+//
+// # Layouts
+//
+// The four layouts are Linux md's (raid5_compute_sector in drivers/md/raid5.c), with md's
+// numbering. With N members and chunk c, array chunk k lies in stripe k/(N-1) as data chunk
+// d = k%(N-1); the stripe occupies bytes [stripe·c, (stripe+1)·c) of every member's data area.
+//
+//	left-asymmetric:  P = N-1 - stripe%N   D = d if d < P else d+1
+//	right-asymmetric: P = stripe%N         D = d if d < P else d+1
+//	left-symmetric:   P = N-1 - stripe%N   D = (P+1+d) % N     (default)
+//	right-symmetric:  P = stripe%N         D = (P+1+d) % N
+//
+// The grids in testdata/ show each layout for a few member counts; the tests compare them, and
+// real md member images, byte for byte.
+//
+// # Concurrency
+//
+// A Layout is an immutable value; all its methods may be called concurrently.
+package stripe
