@@ -1,0 +1,110 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fioJob is the part of one job's entry in fio's JSON output that the tests check.
+type fioJob struct {
+	Name  string `json:"jobname"`
+	Error int    `json:"error"`
+	Read  struct {
+		IOBytes int64 `json:"io_bytes"`
+	} `json:"read"`
+	Write struct {
+		IOBytes int64 `json:"io_bytes"`
+	} `json:"write"`
+	Sync struct {
+		TotalIOs int64 `json:"total_ios"`
+	} `json:"sync"`
+}
+
+// runFio runs the job file test/fio/<job> against uri (as NBD_URI) with extra command-line
+// options, and returns the jobs from its JSON output. A non-zero exit, a job with an error, or
+// output that does not parse fails the test.
+func runFio(t *testing.T, uri, job string, extra ...string) []fioJob {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "fio.json")
+	args := append([]string{"--output-format=json", "--output=" + out}, extra...)
+	args = append(args, filepath.Join("fio", job))
+
+	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "fio", args...)
+	cmd.Env = append(os.Environ(), "NBD_URI="+uri)
+	cmd.WaitDelay = 5 * time.Second
+	var console bytes.Buffer
+	cmd.Stdout = &console
+	cmd.Stderr = &console
+	runErr := cmd.Run()
+	report, _ := os.ReadFile(out)
+	if runErr != nil {
+		t.Fatalf("fio %s: %v\n%s\n%s", strings.Join(args, " "), runErr, console.Bytes(), report)
+	}
+	// fio may put messages before the JSON document.
+	var res struct {
+		Jobs []fioJob `json:"jobs"`
+	}
+	i := bytes.IndexByte(report, '{')
+	if i < 0 {
+		t.Fatalf("fio wrote no JSON report\n%s\n%s", console.Bytes(), report)
+	}
+	if err := json.NewDecoder(bytes.NewReader(report[i:])).Decode(&res); err != nil {
+		t.Fatalf("fio JSON report: %v\n%s", err, report)
+	}
+	if len(res.Jobs) == 0 {
+		t.Fatalf("fio reported no jobs\n%s", report)
+	}
+	for _, j := range res.Jobs {
+		if j.Error != 0 {
+			t.Errorf("fio job %s: error %d\n%s", j.Name, j.Error, console.Bytes())
+		}
+	}
+	return res.Jobs
+}
+
+// checkVerifyJobs fails the test unless each of the four jobs of fio/verify.fio wrote its whole
+// 16 MiB region and read all of it back for verification.
+func checkVerifyJobs(t *testing.T, jobs []fioJob) {
+	t.Helper()
+	const region = 16 << 20
+	if len(jobs) != 4 {
+		t.Fatalf("fio reported %d jobs, want 4 (2 seq + 2 rand)", len(jobs))
+	}
+	for _, j := range jobs {
+		if j.Write.IOBytes != region {
+			t.Errorf("fio job %s wrote %d bytes, want %d", j.Name, j.Write.IOBytes, region)
+		}
+		if j.Read.IOBytes != region {
+			t.Errorf("fio job %s verified %d bytes, want %d", j.Name, j.Read.IOBytes, region)
+		}
+	}
+}
+
+func TestFioVerify(t *testing.T) {
+	need(t, "fio")
+	a := newArray(t)
+	s := a.serve(t)
+
+	jobs := runFio(t, s.uri, "verify.fio")
+	checkVerifyJobs(t, jobs)
+	for _, j := range jobs {
+		// fsync=16: at least one flush per 16 writes went over the wire.
+		if j.Sync.TotalIOs == 0 {
+			t.Errorf("fio job %s issued no flushes", j.Name)
+		}
+	}
+
+	// What was written is still there after a graceful restart.
+	s.stop()
+	s = a.serve(t)
+	checkVerifyJobs(t, runFio(t, s.uri, "verify.fio", "--verify_only"))
+}
