@@ -4,8 +4,11 @@
 // # Format
 //
 // P is the plain XOR of the data chunks, byte for byte, exactly as Linux md's RAID-5 writes it.
-// Encoding runs on klauspost/reedsolomon with WithFastOneParityMatrix (whose single parity row
-// is all ones, i.e. XOR); the single-chunk paths (rebuild, update) use crypto/subtle.XORBytes.
+// The Coder builds klauspost/reedsolomon with WithFastOneParityMatrix, whose single parity row
+// is all ones, i.e. XOR. Encode and Reconstruct fold chunks together with crypto/subtle.XORBytes
+// and the library's EncodeIdx (its vector XOR); Update and Verify use crypto/subtle.XORBytes.
+// None of them allocates: the library's one-pass Encode allocates on every call, so it is not
+// used (see xorAll).
 //
 // # Concurrency
 //

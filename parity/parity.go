@@ -1,6 +1,7 @@
 package parity
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -71,16 +72,19 @@ func (c *Coder) check(shards [][]byte) error {
 
 // Encode computes parity: shards[0:Data()] are the data chunks (read only) and
 // shards[Data()] is the parity chunk (written). All shards must have the same length.
+// It does not allocate.
 func (c *Coder) Encode(shards [][]byte) error {
 	if err := c.check(shards); err != nil {
 		return err
 	}
-	return c.enc.Encode(shards)
+	c.xorAll(shards, c.data)
+	return nil
 }
 
 // Reconstruct rebuilds shards[missing] (written) from every other shard (read only).
 // missing may be a data index or Data() for the parity chunk. The old contents of
 // shards[missing] are ignored, but it must have the same length as the others.
+// It does not allocate.
 func (c *Coder) Reconstruct(shards [][]byte, missing int) error {
 	if err := c.check(shards); err != nil {
 		return err
@@ -88,24 +92,35 @@ func (c *Coder) Reconstruct(shards [][]byte, missing int) error {
 	if missing < 0 || missing > c.data {
 		return fmt.Errorf("%w: %d", ErrIndex, missing)
 	}
-	if missing == c.data {
-		return c.enc.Encode(shards)
-	}
 	// With one all-ones parity row, any chunk is the XOR of all the others.
-	dst := shards[missing]
-	first := true
-	for i, s := range shards {
-		if i == missing {
-			continue
-		}
-		if first {
-			copy(dst, s)
-			first = false
-			continue
-		}
-		subtle.XORBytes(dst, dst, s)
-	}
+	c.xorAll(shards, missing)
 	return nil
+}
+
+// xorAll sets shards[dst] to the XOR of every other shard (at least two). The first two go
+// through one three-operand pass of subtle.XORBytes; the rest are folded in by the
+// library's EncodeIdx, whose all-ones parity row makes it dst ^= src on its widest vector
+// code. shards[dst:dst+1] hands EncodeIdx the destination without allocating.
+//
+// Why not enc.Encode: its one-pass kernel allocates on every call (reedsolomon v1.14.2
+// builds its GFNI matrix in a local array that escapes through an indirect call, and its
+// AVX2 path boxes a pooled slice), and the hot path must not allocate.
+func (c *Coder) xorAll(shards [][]byte, dst int) {
+	out := shards[dst : dst+1]
+	first, second := 0, 1
+	if dst == 0 {
+		first, second = 1, 2
+	} else if dst == 1 {
+		second = 2
+	}
+	subtle.XORBytes(out[0], shards[first], shards[second])
+	for i := second + 1; i < len(shards); i++ {
+		if i == dst {
+			continue
+		}
+		// Any data index names the same all-ones coefficient; 0 is always valid.
+		_ = c.enc.EncodeIdx(shards[i], 0, out) // lengths checked by c.check; cannot fail
+	}
 }
 
 // Update folds a change of one data chunk into its parity (read-modify-write):
@@ -119,10 +134,27 @@ func (c *Coder) Update(p, old, new []byte) error {
 	return nil
 }
 
-// Verify reports whether shards[Data()] equals the XOR of the data shards. It reads only.
+// Verify reports whether shards[Data()] equals the XOR of the data shards. It reads only,
+// stops at the first differing block and does not allocate.
 func (c *Coder) Verify(shards [][]byte) (bool, error) {
 	if err := c.check(shards); err != nil {
 		return false, err
 	}
-	return c.enc.Verify(shards)
+	var buf [verifyBlock]byte
+	n := len(shards[0])
+	for s := 0; s < n; s += verifyBlock {
+		e := min(s+verifyBlock, n)
+		b := buf[:e-s]
+		subtle.XORBytes(b, shards[0][s:e], shards[1][s:e])
+		for _, d := range shards[2:c.data] {
+			subtle.XORBytes(b, b, d[s:e])
+		}
+		if !bytes.Equal(b, shards[c.data][s:e]) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
+
+// verifyBlock is how much of a stripe Verify checks at a time, in a stack buffer.
+const verifyBlock = 4 << 10
