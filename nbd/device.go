@@ -28,3 +28,13 @@ type Device interface {
 type FUAWriter interface {
 	WriteAtFUA(p []byte, off int64) (int, error)
 }
+
+// Errors from Device methods reach the client as an NBD error value. If errors.As finds an
+// error in the chain with a method
+//
+//	Errno() uint32
+//
+// its value is sent (when it is one of EPERM 1, EIO 5, EINVAL 22, ENOSPC 28, EOVERFLOW 75 or
+// ESHUTDOWN 108; anything else becomes EIO). Otherwise a syscall.Errno is mapped to the nearest
+// value (EPERM, EACCES, EROFS → EPERM; ENOSPC, EDQUOT, EFBIG → ENOSPC; EINVAL; EOVERFLOW;
+// ESHUTDOWN), and every other error is EIO. The connection stays usable after a failed request.

@@ -1,0 +1,69 @@
+package nbd
+
+import (
+	"errors"
+	"syscall"
+)
+
+// Configuration errors, returned by NewServer (wrapped with the offending detail).
+var (
+	// ErrNoExports is returned by NewServer when Options.Exports is empty.
+	ErrNoExports = errors.New("nbd: no exports")
+	// ErrInvalidExport is returned by NewServer for an export with a nil Device, a duplicate or
+	// over-long name, or block sizes the protocol does not allow.
+	ErrInvalidExport = errors.New("nbd: invalid export")
+	// ErrInvalidOptions is returned by NewServer for negative limits in Options.
+	ErrInvalidOptions = errors.New("nbd: invalid options")
+)
+
+// Protocol violations: the server closes the connection and logs the error under the key "err".
+// They never reach the caller of Serve; tests find them in the log records.
+var (
+	// ErrClientFlags: the client set a client flag the server did not advertise.
+	ErrClientFlags = errors.New("nbd: unknown client flags")
+	// ErrBadOptionMagic: an option did not start with IHAVEOPT.
+	ErrBadOptionMagic = errors.New("nbd: bad option magic")
+	// ErrOptionTooLong: an option announced more data than the server accepts (maxOptionLength).
+	ErrOptionTooLong = errors.New("nbd: option data too long")
+	// ErrUnknownExport: NBD_OPT_EXPORT_NAME named an export that does not exist; that option
+	// cannot fail politely, so the protocol requires the session to end.
+	ErrUnknownExport = errors.New("nbd: unknown export")
+	// ErrBadRequestMagic: a request did not start with NBD_REQUEST_MAGIC; the stream is lost.
+	ErrBadRequestMagic = errors.New("nbd: bad request magic")
+	// ErrPayloadTooLarge: a WRITE announced a payload larger than the export's MaxBlock. The
+	// server will not buffer it, and skipping it could be a denial of service, so it disconnects.
+	ErrPayloadTooLarge = errors.New("nbd: write payload larger than the maximum block size")
+)
+
+// errClientAbort ends a handshake on NBD_OPT_ABORT; it is not a failure.
+var errClientAbort = errors.New("nbd: client aborted the handshake")
+
+// errnoOf maps a Device error onto the error values the protocol defines. An error in the chain
+// with an Errno() uint32 method gives its own value; a syscall.Errno is mapped to the nearest
+// value; anything else is EIO, and so is ENOMEM, ENOTSUP or a value the protocol does not define.
+func errnoOf(err error) uint32 {
+	var e interface{ Errno() uint32 }
+	if errors.As(err, &e) {
+		switch v := e.Errno(); v {
+		case errnoPerm, errnoIO, errnoInval, errnoNoSpace, errnoOverflow, errnoShutdown:
+			return v
+		}
+		return errnoIO // including ENOMEM and ENOTSUP, which the protocol asks servers to avoid
+	}
+	var se syscall.Errno
+	if errors.As(err, &se) {
+		switch se {
+		case syscall.EPERM, syscall.EACCES, syscall.EROFS:
+			return errnoPerm
+		case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
+			return errnoNoSpace
+		case syscall.EINVAL:
+			return errnoInval
+		case syscall.EOVERFLOW:
+			return errnoOverflow
+		case syscall.ESHUTDOWN:
+			return errnoShutdown
+		}
+	}
+	return errnoIO
+}

@@ -1,0 +1,249 @@
+package nbd
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/pojntfx/go-nbd/pkg/protocol"
+)
+
+// session is what the handshake agreed on: the export and what the client was told about it.
+type session struct {
+	export *Export
+	size   uint64 // Device.Size, read once when the client chose the export
+	flags  uint16 // transmission flags sent to the client
+}
+
+// handshake runs the fixed-newstyle handshake on r and w: greeting, client flags, then options
+// until NBD_OPT_EXPORT_NAME or a successful NBD_OPT_GO. It returns the session, or an error
+// when the connection must close: errClientAbort after NBD_OPT_ABORT (acknowledged), a protocol
+// violation (ErrClientFlags, ErrBadOptionMagic, ErrOptionTooLong, ErrUnknownExport), or an I/O
+// error. Each reply goes out in one Write.
+func (s *Server) handshake(r *bufio.Reader, w io.Writer, log *slog.Logger) (*session, error) {
+	var out bytes.Buffer
+	binary.Write(&out, binary.BigEndian, protocol.NegotiationNewstyleHeader{
+		OldstyleMagic:  magicNBD,
+		OptionMagic:    magicOption,
+		HandshakeFlags: flagFixedNewstyle | flagNoZeroes,
+	})
+	if _, err := w.Write(out.Bytes()); err != nil {
+		return nil, err
+	}
+	var cf [4]byte
+	if _, err := io.ReadFull(r, cf[:]); err != nil {
+		return nil, err
+	}
+	clientFlags := binary.BigEndian.Uint32(cf[:])
+	if clientFlags&^(clientFixedNewstyle|clientNoZeroes) != 0 {
+		return nil, fmt.Errorf("%w: %#x", ErrClientFlags, clientFlags)
+	}
+	noZeroes := clientFlags&clientNoZeroes != 0
+	// A client without NBD_FLAG_C_FIXED_NEWSTYLE gets fixed newstyle anyway (the protocol
+	// allows it); such a client sends only NBD_OPT_EXPORT_NAME, which is answered the same.
+
+	var data []byte // option data, reused
+	for {
+		var oh [16]byte
+		if _, err := io.ReadFull(r, oh[:]); err != nil {
+			return nil, err
+		}
+		opt := protocol.NegotiationOptionHeader{
+			OptionMagic: binary.BigEndian.Uint64(oh[0:8]),
+			ID:          binary.BigEndian.Uint32(oh[8:12]),
+			Length:      binary.BigEndian.Uint32(oh[12:16]),
+		}
+		if opt.OptionMagic != magicOption {
+			return nil, fmt.Errorf("%w: %#x", ErrBadOptionMagic, opt.OptionMagic)
+		}
+		if opt.Length > maxOptionLength {
+			return nil, fmt.Errorf("%w: option %d announces %d bytes (limit %d)",
+				ErrOptionTooLong, opt.ID, opt.Length, maxOptionLength)
+		}
+		if cap(data) < int(opt.Length) {
+			data = make([]byte, opt.Length)
+		}
+		data = data[:opt.Length]
+		if _, err := io.ReadFull(r, data); err != nil {
+			return nil, err
+		}
+		log.Debug("nbd: option", "option", opt.ID, "length", opt.Length)
+
+		out.Reset()
+		switch opt.ID {
+		case optExportName:
+			sess, err := s.exportName(&out, string(data), noZeroes)
+			if err != nil {
+				return nil, err
+			}
+			_, err = w.Write(out.Bytes())
+			return sess, err
+
+		case optAbort:
+			// Data, if any, is ignored as the protocol asks. The client may already be gone,
+			// so a failed write of the ACK changes nothing.
+			appendOptionReply(&out, opt.ID, repAck, nil)
+			w.Write(out.Bytes())
+			return nil, errClientAbort
+
+		case optList:
+			if len(data) != 0 {
+				appendOptionError(&out, opt.ID, repErrInvalid, "NBD_OPT_LIST takes no data")
+				break
+			}
+			for i := range s.exports {
+				e := &s.exports[i]
+				d := binary.BigEndian.AppendUint32(nil, uint32(len(e.Name)))
+				d = append(d, e.Name...)
+				d = append(d, e.Description...)
+				appendOptionReply(&out, opt.ID, repServer, d)
+			}
+			appendOptionReply(&out, opt.ID, repAck, nil)
+
+		case optInfo, optGo:
+			sess := s.infoOrGo(&out, opt.ID, data)
+			if _, err := w.Write(out.Bytes()); err != nil {
+				return nil, err
+			}
+			if sess != nil && opt.ID == optGo {
+				return sess, nil
+			}
+			continue
+
+		case optStartTLS:
+			appendOptionError(&out, opt.ID, repErrUnsup, "TLS is not supported by this server")
+		case optStructuredReply, optListMetaContext, optSetMetaContext, optExtendedHeaders:
+			appendOptionError(&out, opt.ID, repErrUnsup, "structured replies are not supported by this server")
+		default:
+			appendOptionError(&out, opt.ID, repErrUnsup, fmt.Sprintf("unknown option %d", opt.ID))
+		}
+		if _, err := w.Write(out.Bytes()); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// exportName answers NBD_OPT_EXPORT_NAME into out. An unknown export cannot be refused
+// politely: it returns ErrUnknownExport and the connection closes.
+func (s *Server) exportName(out *bytes.Buffer, name string, noZeroes bool) (*session, error) {
+	e := s.lookup(name)
+	if e == nil {
+		return nil, fmt.Errorf("%w: %q (NBD_OPT_EXPORT_NAME)", ErrUnknownExport, name)
+	}
+	sess, err := newSession(e)
+	if err != nil {
+		return nil, err
+	}
+	var b [8 + 2 + 124]byte
+	binary.BigEndian.PutUint64(b[0:8], sess.size)
+	binary.BigEndian.PutUint16(b[8:10], sess.flags)
+	if noZeroes {
+		out.Write(b[:10])
+	} else {
+		out.Write(b[:])
+	}
+	return sess, nil
+}
+
+func newSession(e *Export) (*session, error) {
+	size, err := e.Device.Size()
+	if err != nil {
+		return nil, fmt.Errorf("nbd: size of export %q: %w", e.Name, err)
+	}
+	if size < 0 {
+		return nil, fmt.Errorf("nbd: export %q has negative size %d", e.Name, size)
+	}
+	return &session{export: e, size: uint64(size), flags: e.transmissionFlags()}, nil
+}
+
+// infoOrGo answers NBD_OPT_INFO or NBD_OPT_GO into out and returns the session on success.
+//
+// Data: 32-bit name length, name, 16-bit count, count 16-bit information requests. The reply is
+// NBD_INFO_EXPORT, NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked for, NBD_INFO_BLOCK_SIZE
+// always (the server enforces MinBlock and MaxBlock, so it tells every client), then ACK.
+func (s *Server) infoOrGo(out *bytes.Buffer, id uint32, data []byte) *session {
+	name, reqs, ok := parseInfoRequest(data)
+	if !ok {
+		appendOptionError(out, id, repErrInvalid, "malformed NBD_OPT_INFO/NBD_OPT_GO data")
+		return nil
+	}
+	e := s.lookup(name)
+	if e == nil {
+		appendOptionError(out, id, repErrUnknown, fmt.Sprintf("no export named %q", name))
+		return nil
+	}
+	sess, err := newSession(e)
+	if err != nil {
+		appendOptionError(out, id, repErrUnknown, "export unavailable")
+		return nil
+	}
+	var wantName, wantDesc bool
+	for i := 0; i+1 < len(reqs); i += 2 {
+		switch binary.BigEndian.Uint16(reqs[i:]) {
+		case infoName:
+			wantName = true
+		case infoDescription:
+			wantDesc = true
+		}
+	}
+	var info bytes.Buffer
+	binary.Write(&info, binary.BigEndian, protocol.NegotiationReplyInfo{
+		Type: infoExport, Size: sess.size, TransmissionFlags: sess.flags,
+	})
+	appendOptionReply(out, id, repInfo, info.Bytes())
+	if wantName {
+		d := binary.BigEndian.AppendUint16(nil, infoName)
+		appendOptionReply(out, id, repInfo, append(d, e.Name...))
+	}
+	if wantDesc && e.Description != "" {
+		d := binary.BigEndian.AppendUint16(nil, infoDescription)
+		appendOptionReply(out, id, repInfo, append(d, e.Description...))
+	}
+	info.Reset()
+	binary.Write(&info, binary.BigEndian, protocol.NegotiationReplyBlockSize{
+		Type:               infoBlockSize,
+		MinimumBlockSize:   e.MinBlock,
+		PreferredBlockSize: e.PreferredBlock,
+		MaximumBlockSize:   e.MaxBlock,
+	})
+	appendOptionReply(out, id, repInfo, info.Bytes())
+	appendOptionReply(out, id, repAck, nil)
+	return sess
+}
+
+// parseInfoRequest splits NBD_OPT_INFO/GO data into the export name and the information
+// requests (16-bit each, returned raw). ok is false if the lengths do not add up exactly or the
+// name is longer than the protocol allows.
+func parseInfoRequest(data []byte) (name string, reqs []byte, ok bool) {
+	if len(data) < 6 {
+		return "", nil, false
+	}
+	n := binary.BigEndian.Uint32(data[0:4])
+	if n > maxStringLength || uint64(n) > uint64(len(data)-6) {
+		return "", nil, false
+	}
+	name = string(data[4 : 4+n])
+	rest := data[4+n:]
+	count := int(binary.BigEndian.Uint16(rest[0:2]))
+	reqs = rest[2:]
+	if len(reqs) != 2*count {
+		return "", nil, false
+	}
+	return name, reqs, true
+}
+
+// appendOptionReply appends one fixed-newstyle option reply to out.
+func appendOptionReply(out *bytes.Buffer, id, typ uint32, data []byte) {
+	binary.Write(out, binary.BigEndian, protocol.NegotiationReplyHeader{
+		ReplyMagic: magicOptionReply, ID: id, Type: typ, Length: uint32(len(data)),
+	})
+	out.Write(data)
+}
+
+// appendOptionError appends an error reply with a message for a human.
+func appendOptionError(out *bytes.Buffer, id, typ uint32, msg string) {
+	appendOptionReply(out, id, typ, []byte(msg))
+}

@@ -1,0 +1,355 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+
+	"github.com/pojntfx/go-nbd/pkg/protocol"
+)
+
+// conn is one client connection. Its reader (the goroutine running ServeConn) decodes requests
+// and hands them to workers; workers call the Device and write the replies.
+type conn struct {
+	srv *Server
+	nc  net.Conn
+	br  *bufio.Reader // owned by the reader goroutine
+	log *slog.Logger
+
+	sess *session
+	fua  FUAWriter // the export's Device as a FUAWriter, or nil
+
+	// writeMu serialises replies on nc, so that a header and its payload go out together.
+	// It guards writeErr and errHdr.
+	writeMu  sync.Mutex
+	writeErr error                 // first failed reply write; later replies are dropped
+	errHdr   [replyHeaderSize]byte // header of error replies sent by the reader itself
+
+	// mu guards the in-flight accounting, the free list and the worker count; cond (on mu)
+	// wakes the reader when a request is released.
+	mu            sync.Mutex
+	cond          sync.Cond
+	inflight      int        // requests acquired and not yet released
+	inflightBytes int64      // their buffer bytes
+	free          []*request // released requests, for reuse
+	nworkers      int        // workers started; never fewer than inflight
+
+	work    chan *request // reader → workers; closed when the reader stops
+	workers sync.WaitGroup
+}
+
+// request is one request in flight. It belongs to the reader until sent on work, then to one
+// worker until release; its buffer is never shared with another request.
+type request struct {
+	typ, flags uint16
+	cookie     uint64
+	off        uint64
+	length     uint32
+	reserved   int64   // bytes counted in conn.inflightBytes
+	buf        *[]byte // pooled buffer for READ and WRITE, nil otherwise
+
+	hdr  [replyHeaderSize]byte
+	iov  [2][]byte
+	bufs net.Buffers // header (+ payload), written with one writev
+}
+
+func newConn(s *Server, nc net.Conn, log *slog.Logger) *conn {
+	c := &conn{srv: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), log: log}
+	c.cond.L = &c.mu
+	return c
+}
+
+// transmit runs the transmission phase until DISC, a broken stream or shutdown, then waits for
+// every request in flight to be processed and replied to. The caller closes the connection.
+func (c *conn) transmit(ctx context.Context, sess *session) {
+	c.sess = sess
+	c.fua, _ = sess.export.Device.(FUAWriter)
+	c.work = make(chan *request, c.srv.maxInFlightReqs)
+
+	err := c.readRequests()
+
+	close(c.work)
+	c.workers.Wait()
+
+	c.writeMu.Lock()
+	werr := c.writeErr
+	c.writeMu.Unlock()
+	switch {
+	case err == nil:
+		c.log.Info("nbd: client disconnected (NBD_CMD_DISC)")
+	case werr != nil:
+		c.log.Warn("nbd: closing connection: writing a reply failed", "err", werr)
+	case ctx.Err() != nil:
+		c.log.Info("nbd: closing connection: server shutting down")
+	case isClosed(err):
+		c.log.Info("nbd: client closed the connection", "err", err)
+	default:
+		c.log.Warn("nbd: closing connection", "err", err)
+	}
+}
+
+// readRequests reads and dispatches requests. It returns nil on NBD_CMD_DISC, else why it
+// stopped: a read error, ErrBadRequestMagic or ErrPayloadTooLarge.
+func (c *conn) readRequests() error {
+	var hb [requestHeaderSize]byte
+	for {
+		if _, err := io.ReadFull(c.br, hb[:]); err != nil {
+			return err
+		}
+		h := decodeRequest(&hb)
+		if h.RequestMagic != magicRequest {
+			return fmt.Errorf("%w: %#x", ErrBadRequestMagic, h.RequestMagic)
+		}
+		if h.Type == cmdDisc {
+			return nil
+		}
+		if h.Type == cmdWrite && h.Length > c.sess.export.MaxBlock {
+			return fmt.Errorf("%w: %d bytes at offset %d (MaxBlock %d)",
+				ErrPayloadTooLarge, h.Length, h.Offset, c.sess.export.MaxBlock)
+		}
+		if errno := checkRequest(&h, c.sess); errno != 0 {
+			if h.Type == cmdWrite {
+				// Stay in sync: the payload follows whatever we think of the request.
+				if _, err := io.CopyN(io.Discard, c.br, int64(h.Length)); err != nil {
+					return err
+				}
+			}
+			c.log.Debug("nbd: request refused", "cmd", cmdName(h.Type), "flags", h.CommandFlags,
+				"offset", h.Offset, "length", h.Length, "errno", errno)
+			c.replyFromReader(h.Handle, errno)
+			continue
+		}
+		req := c.acquire(&h)
+		if h.Type == cmdWrite && h.Length > 0 {
+			if _, err := io.ReadFull(c.br, (*req.buf)[:h.Length]); err != nil {
+				c.release(req)
+				return err
+			}
+		}
+		c.work <- req // never blocks: acquire keeps inflight <= cap(c.work)
+	}
+}
+
+// checkRequest validates a request header against the session and returns the errno to reply
+// with, or 0 if the request may proceed. WRITE payloads above MaxBlock are caught earlier.
+func checkRequest(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
+	e := sess.export
+	allowed := uint16(0)
+	if sess.flags&tflagSendFUA != 0 {
+		allowed |= cmdFlagFUA // valid on every command once advertised
+	}
+	write := false
+	switch h.Type {
+	case cmdRead, cmdCache:
+	case cmdWrite, cmdTrim:
+		write = true
+	case cmdWriteZeroes:
+		write = true
+		allowed |= cmdFlagNoHole
+	case cmdFlush:
+		if h.CommandFlags&^allowed != 0 {
+			return errnoInval
+		}
+		return 0 // offset and length are reserved; ignored
+	default:
+		return errnoInval // unknown command, or BLOCK_STATUS without metadata contexts
+	}
+	if h.CommandFlags&^allowed != 0 {
+		return errnoInval
+	}
+	if write && e.ReadOnly {
+		return errnoPerm
+	}
+	if h.Offset > sess.size || uint64(h.Length) > sess.size-h.Offset {
+		if h.Type == cmdWrite || h.Type == cmdWriteZeroes {
+			return errnoNoSpace
+		}
+		return errnoInval
+	}
+	mb := uint64(e.MinBlock)
+	if h.Offset%mb != 0 || (uint64(h.Length)%mb != 0 && h.Offset+uint64(h.Length) != sess.size) {
+		return errnoInval
+	}
+	if h.Type == cmdRead && h.Length > e.MaxBlock {
+		// A simple reply cannot carry more than the maximum payload: the request fails.
+		return errnoInval
+	}
+	return 0
+}
+
+// acquire waits until the connection's in-flight limits admit a request like h, then returns
+// a request for it, with a buffer for READ and WRITE. It starts a worker if none is idle.
+func (c *conn) acquire(h *protocol.TransmissionRequestHeader) *request {
+	n := int64(0)
+	if h.Type == cmdRead || h.Type == cmdWrite {
+		n = int64(h.Length)
+	}
+	c.mu.Lock()
+	for c.inflight >= c.srv.maxInFlightReqs ||
+		(c.inflightBytes > 0 && c.inflightBytes+n > c.srv.maxInFlightBytes) {
+		c.cond.Wait()
+	}
+	c.inflight++
+	c.inflightBytes += n
+	var req *request
+	if k := len(c.free); k > 0 {
+		req = c.free[k-1]
+		c.free = c.free[:k-1]
+	} else {
+		req = new(request)
+	}
+	if c.nworkers < c.inflight {
+		c.nworkers++
+		c.workers.Go(c.worker)
+	}
+	c.mu.Unlock()
+
+	req.typ, req.flags, req.cookie = h.Type, h.CommandFlags, h.Handle
+	req.off, req.length, req.reserved = h.Offset, h.Length, n
+	if n > 0 {
+		req.buf = getBuffer(int(n))
+	}
+	return req
+}
+
+// release returns req's buffer to the pool and req to the free list. The reply has been
+// written (or abandoned) and no Device call holds the buffer any more.
+func (c *conn) release(req *request) {
+	if req.buf != nil {
+		putBuffer(req.buf)
+		req.buf = nil
+	}
+	req.iov = [2][]byte{}
+	req.bufs = nil
+	c.mu.Lock()
+	c.inflight--
+	c.inflightBytes -= req.reserved
+	c.free = append(c.free, req)
+	c.mu.Unlock()
+	c.cond.Signal()
+}
+
+// worker processes requests until the reader closes work.
+func (c *conn) worker() {
+	for req := range c.work {
+		c.serveRequest(req)
+		c.release(req)
+	}
+}
+
+// serveRequest performs one validated request on the Device and writes its reply.
+func (c *conn) serveRequest(req *request) {
+	dev := c.sess.export.Device
+	off := int64(req.off)
+	fua := req.flags&cmdFlagFUA != 0
+	var err error
+	switch req.typ {
+	case cmdRead:
+		if req.length == 0 {
+			break
+		}
+		p := (*req.buf)[:req.length]
+		var n int
+		n, err = dev.ReadAt(p, off)
+		if n == len(p) {
+			err = nil // io.ReaderAt may report io.EOF with a full read at the end
+		} else if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		if err == nil {
+			c.reply(req, 0, p)
+			return
+		}
+	case cmdWrite:
+		if req.length == 0 {
+			break
+		}
+		p := (*req.buf)[:req.length]
+		var n int
+		switch {
+		case fua && c.fua != nil:
+			n, err = c.fua.WriteAtFUA(p, off)
+		default:
+			n, err = dev.WriteAt(p, off)
+		}
+		if err == nil && n != len(p) {
+			err = io.ErrShortWrite
+		}
+		if err == nil && fua && c.fua == nil {
+			err = dev.Flush()
+		}
+	case cmdFlush:
+		err = dev.Flush()
+	case cmdTrim:
+		err = dev.Trim(off, int64(req.length))
+		if err == nil && fua {
+			err = dev.Flush()
+		}
+	case cmdWriteZeroes:
+		err = dev.WriteZeroes(off, int64(req.length), req.flags&cmdFlagNoHole != 0)
+		if err == nil && fua {
+			err = dev.Flush()
+		}
+	case cmdCache:
+		// A hint; the Device interface has nothing to pass it to.
+	}
+	if err != nil {
+		errno := errnoOf(err)
+		c.log.Warn("nbd: request failed", "cmd", cmdName(req.typ), "offset", req.off,
+			"length", req.length, "errno", errno, "err", err)
+		c.reply(req, errno, nil)
+		return
+	}
+	c.reply(req, 0, nil)
+}
+
+// reply writes req's simple reply: the header and, when errno is 0, payload, in one writev.
+func (c *conn) reply(req *request, errno uint32, payload []byte) {
+	encodeReply(&req.hdr, errno, req.cookie)
+	req.bufs = req.iov[:0]
+	req.bufs = append(req.bufs, req.hdr[:])
+	if len(payload) > 0 {
+		req.bufs = append(req.bufs, payload)
+	}
+	c.writeMu.Lock()
+	if c.writeErr == nil {
+		if _, err := req.bufs.WriteTo(c.nc); err != nil {
+			c.failWrite(err)
+		}
+	}
+	c.writeMu.Unlock()
+}
+
+// replyFromReader writes an error reply for a request the reader refused.
+func (c *conn) replyFromReader(cookie uint64, errno uint32) {
+	c.writeMu.Lock()
+	if c.writeErr == nil {
+		encodeReply(&c.errHdr, errno, cookie)
+		if _, err := c.nc.Write(c.errHdr[:]); err != nil {
+			c.failWrite(err)
+		}
+	}
+	c.writeMu.Unlock()
+}
+
+// failWrite records the first reply write error and stops the reader: a stream with a partial
+// reply in it is lost. Called with writeMu held.
+func (c *conn) failWrite(err error) {
+	c.writeErr = err
+	c.nc.SetReadDeadline(aLongTimeAgo)
+}
+
+// isClosed reports whether err means the peer went away rather than misbehaved.
+func isClosed(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrClosedPipe) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
