@@ -43,6 +43,12 @@ func newArray(t testing.TB) *array {
 		a.members = append(a.members, filepath.Join(a.dir, fmt.Sprintf("member%d.img", i)))
 	}
 	if standin {
+		// Empty stand-ins for the members, so tests can delete one as they would a real member.
+		for _, m := range a.members {
+			if err := os.WriteFile(m, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
 		f, err := os.Create(a.standinImage())
 		if err != nil {
 			t.Fatal(err)
@@ -71,13 +77,6 @@ func newArray(t testing.TB) *array {
 
 // standinImage is the file nbdkit serves in stand-in mode.
 func (a *array) standinImage() string { return filepath.Join(a.dir, "standin.img") }
-
-// status runs raid5d status on every member path (missing ones included) and returns its output.
-func (a *array) status(t testing.TB) string {
-	t.Helper()
-	needRaid5d(t)
-	return runTool(t, raid5dBin, append([]string{"status"}, a.members...)...)
-}
 
 // server is a running raid5d serve (or the nbdkit stand-in) on a unix socket.
 type server struct {
