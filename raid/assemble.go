@@ -1,0 +1,427 @@
+package raid
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// ErrDuplicateMember is returned by Create and Assemble when one file or device is given twice.
+var ErrDuplicateMember = errors.New("raid: the same member is given twice")
+
+// CreateOptions configure Create. The zero value is a valid default.
+type CreateOptions struct {
+	Chunk      int64  // chunk size in bytes; 0 = stripe.DefaultChunk
+	Layout     string // md layout name or short form (stripe.ParseAlgorithm); "" = stripe.DefaultAlgorithm
+	MemberSize int64  // if > 0, absent member files are created, sparse, with this size
+	Force      bool   // overwrite members that already carry a raid5d superblock
+}
+
+// Create makes a new array of the members at paths (role i is paths[i]), writes their
+// superblocks and returns the open array, clean. Members of unequal size contribute the
+// smallest one's data size. Each member's data area is made to read as zeroes (Member.Trim), so
+// parity is consistent from the start without an initial sync.
+func Create(paths []string, opts CreateOptions) (*Array, error) {
+	if err := checkDistinct(paths); err != nil {
+		return nil, err
+	}
+	members := make([]Member, 0, len(paths))
+	for _, p := range paths {
+		if opts.MemberSize > 0 {
+			if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+				if err := createMemberFile(p, opts.MemberSize); err != nil {
+					closeMembers(members)
+					return nil, &MemberError{Member: p, Role: len(members), Op: "create", Off: -1, Err: err}
+				}
+			}
+		}
+		m, err := OpenMember(p, false)
+		if err != nil {
+			closeMembers(members)
+			return nil, &MemberError{Member: p, Role: len(members), Op: "open", Off: -1, Err: err}
+		}
+		members = append(members, m)
+	}
+	a, err := CreateMembers(members, opts)
+	if err != nil {
+		closeMembers(members)
+		return nil, err
+	}
+	return a, nil
+}
+
+// CreateMembers is Create on members already open (role i is members[i]), such as raidtest's
+// in-memory members. On success the array owns the members and closes them on Close; on error
+// the caller still owns them. opts.MemberSize is ignored.
+func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
+	chunk := opts.Chunk
+	if chunk == 0 {
+		chunk = stripe.DefaultChunk
+	}
+	alg := stripe.DefaultAlgorithm
+	if opts.Layout != "" {
+		var err error
+		if alg, err = stripe.ParseAlgorithm(opts.Layout); err != nil {
+			return nil, err
+		}
+	}
+	layout, err := stripe.NewLayout(len(members), chunk, alg)
+	if err != nil {
+		return nil, err
+	}
+	need := int64(DataOffset + MinDataChunks*chunk)
+	smallest := int64(-1)
+	for r, m := range members {
+		if m.Size() < need {
+			return nil, &MemberError{Member: m.Name(), Role: r, Op: "create", Off: -1,
+				Err: fmt.Errorf("%w: %d bytes; a member needs at least %d (%d for the superblock area plus %d chunks of %d)",
+					ErrMemberTooSmall, m.Size(), need, DataOffset, MinDataChunks, chunk)}
+		}
+		if smallest < 0 || m.Size() < smallest {
+			smallest = m.Size()
+		}
+	}
+	dataSize := (smallest - DataOffset) / chunk * chunk
+	if !opts.Force {
+		for r, m := range members {
+			if sb, err := readSuperblock(m); err == nil {
+				return nil, &MemberError{Member: m.Name(), Role: r, Op: "create", Off: SuperblockOffset,
+					Err: fmt.Errorf("%w: role %d of array %s (use Force to overwrite)", ErrInUse, sb.Role, sb.ArrayUUID)}
+			}
+		}
+	}
+	// Zero everything after the first 4 KiB up to the end of the data area, concurrently:
+	// zero data has zero parity, so the array is consistent by construction.
+	errs := make([]error, len(members))
+	var wg sync.WaitGroup
+	for r, m := range members {
+		wg.Go(func() {
+			n := DataOffset + dataSize - SuperblockOffset
+			errs[r] = memberErr(m, r, "zero", SuperblockOffset, m.Trim(SuperblockOffset, n))
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	arrayUUID, now := newUUID(), time.Now()
+	sbs := make([]*superblock, len(members))
+	for r := range members {
+		sbs[r] = &superblock{
+			ArrayUUID: arrayUUID, DeviceUUID: newUUID(), Level: level5, Layout: alg, Chunk: chunk,
+			Members: len(members), Role: r, DataOffset: DataOffset, DataSize: dataSize, Created: now,
+		}
+	}
+	a, err := newArray(layout, members, sbs, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	a.sbMu.Lock()
+	err = a.writeSuperblocks(func(*superblock) {})
+	a.sbMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// AssembleOptions configure Assemble. The zero value is a valid default.
+type AssembleOptions struct {
+	ReadOnly bool         // open members read-only; never write (superblocks included)
+	Logger   *slog.Logger // nil: discard
+}
+
+// Assemble opens the members at paths, in any order, and puts them in their roles from their
+// superblocks. A path that does not exist counts as a missing member (logged), as does a role
+// no path names. With one member missing the array is assembled degraded; see the Err*
+// variables for what is refused. Assembling a dirty array (not shut down cleanly) logs a warning
+// and Status reports it.
+func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		opts.Logger = log
+	}
+	if err := checkDistinct(paths); err != nil {
+		return nil, err
+	}
+	var members []Member
+	for _, p := range paths {
+		m, err := OpenMember(p, opts.ReadOnly)
+		if errors.Is(err, fs.ErrNotExist) {
+			log.Warn("raid: member not found; counting it as missing", "member", p)
+			continue
+		}
+		if err != nil {
+			closeMembers(members)
+			return nil, &MemberError{Member: p, Role: -1, Op: "open", Off: -1, Err: err}
+		}
+		members = append(members, m)
+	}
+	a, err := AssembleMembers(members, opts)
+	if err != nil {
+		closeMembers(members)
+		return nil, err
+	}
+	return a, nil
+}
+
+// AssembleMembers is Assemble on members already open, in any order. On success the array owns
+// the members; on error the caller still owns them.
+func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if len(members) == 0 {
+		return nil, ErrNoMembers
+	}
+	sbs := make([]*superblock, len(members))
+	for i, m := range members {
+		sb, err := readSuperblock(m)
+		if err != nil {
+			return nil, &MemberError{Member: m.Name(), Role: -1, Op: "read superblock", Off: SuperblockOffset, Err: err}
+		}
+		sbs[i] = sb
+	}
+	ref := referenceSuperblock(sbs)
+	for i, sb := range sbs {
+		if sb.ArrayUUID != ref.ArrayUUID {
+			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
+				Err: fmt.Errorf("%w: it is in array %s, the other members in %s", ErrForeignMember, sb.ArrayUUID, ref.ArrayUUID)}
+		}
+	}
+	for i, sb := range sbs {
+		if err := sameGeometry(sb, ref); err != nil {
+			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1, Err: err}
+		}
+	}
+	byRole := make([]Member, ref.Members)
+	sbByRole := make([]*superblock, ref.Members)
+	for i, sb := range sbs {
+		if prev := byRole[sb.Role]; prev != nil {
+			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
+				Err: fmt.Errorf("%w: %s and %s both claim role %d", ErrDuplicateRole, prev.Name(), members[i].Name(), sb.Role)}
+		}
+		byRole[sb.Role], sbByRole[sb.Role] = members[i], sb
+	}
+	for i, sb := range sbs {
+		if sb.Events < ref.Events {
+			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
+				Err: fmt.Errorf("%w: its events counter is %d, the others' %d: it was out of the array while the array changed, missed writes and needs a rebuild (assemble without it to run degraded)",
+					ErrStaleMember, sb.Events, ref.Events)}
+		}
+	}
+	var missing []int
+	for r, m := range byRole {
+		if m == nil {
+			missing = append(missing, r)
+		}
+	}
+	if len(missing) > 1 {
+		return nil, fmt.Errorf("%w: roles %v of array %s have no member; RAID-5 runs with at most one missing",
+			ErrTooManyMissing, missing, ref.ArrayUUID)
+	}
+	for r, m := range byRole {
+		if m != nil && m.Size() < ref.DataOffset+ref.DataSize {
+			return nil, &MemberError{Member: m.Name(), Role: r, Op: "assemble", Off: -1,
+				Err: fmt.Errorf("%w: %d bytes, the array needs %d on each member", ErrMemberTooSmall, m.Size(), ref.DataOffset+ref.DataSize)}
+		}
+	}
+	layout, err := stripe.NewLayout(ref.Members, ref.Chunk, ref.Layout)
+	if err != nil {
+		return nil, err
+	}
+	a, err := newArray(layout, byRole, sbByRole, opts.ReadOnly, log)
+	if err != nil {
+		return nil, err
+	}
+	if ref.Dirty {
+		a.unclean = true
+		a.dirty.Store(true)
+		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent (no resync yet)", "array", ref.ArrayUUID)
+	}
+	if len(missing) == 1 {
+		log.Warn("raid: assembled degraded", "array", ref.ArrayUUID, "missing_role", missing[0])
+		if !opts.ReadOnly {
+			// Record the change, so that the missing member is recognised as stale if it returns.
+			a.sbMu.Lock()
+			err := a.writeSuperblocks(func(*superblock) {})
+			a.sbMu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	return a, nil
+}
+
+// readSuperblock reads and decodes m's superblock.
+func readSuperblock(m Member) (*superblock, error) {
+	buf := make([]byte, SuperblockSize)
+	if m.Size() < SuperblockOffset+SuperblockSize {
+		return nil, fmt.Errorf("%w: member of %d bytes is too small to hold one", ErrBadMagic, m.Size())
+	}
+	if _, err := m.ReadAt(buf, SuperblockOffset); err != nil {
+		return nil, err
+	}
+	return decodeSuperblock(buf)
+}
+
+// referenceSuperblock picks the array the members are meant to form: the array UUID most
+// superblocks carry (ties: the first seen), and among those the superblock with the highest
+// events counter.
+func referenceSuperblock(sbs []*superblock) *superblock {
+	count := map[UUID]int{}
+	var best *superblock
+	for _, sb := range sbs {
+		count[sb.ArrayUUID]++
+	}
+	for _, sb := range sbs {
+		if best == nil || count[sb.ArrayUUID] > count[best.ArrayUUID] ||
+			sb.ArrayUUID == best.ArrayUUID && sb.Events > best.Events {
+			best = sb
+		}
+	}
+	return best
+}
+
+func sameGeometry(sb, ref *superblock) error {
+	if sb.Level != ref.Level || sb.Layout != ref.Layout || sb.Chunk != ref.Chunk || sb.Members != ref.Members ||
+		sb.DataOffset != ref.DataOffset || sb.DataSize != ref.DataSize {
+		return fmt.Errorf("%w: %d members, %s, chunk %d, data %d+%d; the others: %d members, %s, chunk %d, data %d+%d",
+			ErrGeometry, sb.Members, sb.Layout, sb.Chunk, sb.DataOffset, sb.DataSize,
+			ref.Members, ref.Layout, ref.Chunk, ref.DataOffset, ref.DataSize)
+	}
+	return nil
+}
+
+// checkDistinct refuses a path list that names one file twice.
+func checkDistinct(paths []string) error {
+	infos := make([]fs.FileInfo, len(paths))
+	for i, p := range paths {
+		infos[i], _ = os.Stat(p)
+		for j := range i {
+			if paths[j] == p || infos[i] != nil && infos[j] != nil && os.SameFile(infos[i], infos[j]) {
+				return &MemberError{Member: p, Role: -1, Op: "open", Off: -1, Err: fmt.Errorf("%w: %s and %s", ErrDuplicateMember, paths[j], p)}
+			}
+		}
+	}
+	return nil
+}
+
+func closeMembers(ms []Member) {
+	for _, m := range ms {
+		m.Close()
+	}
+}
+
+// Report is what Examine finds on a set of members.
+type Report struct {
+	UUID       UUID          // the array most members belong to
+	Layout     stripe.Layout // its geometry
+	DataOffset int64         // member offset of the data area
+	MemberData int64         // bytes of data area per member
+	Size       int64         // array size in bytes
+	Created    time.Time
+	Updated    time.Time
+	Events     uint64 // the highest events counter among the array's members
+	State      State
+	Dirty      bool
+	Members    []ExaminedMember // one per path, in the order given
+	Missing    []int            // roles with no usable (present, current) member
+	Stale      []string         // paths of members whose events counter is behind
+}
+
+// Degraded reports whether exactly one role has no usable member.
+func (r *Report) Degraded() bool { return len(r.Missing) == 1 }
+
+// Failed reports whether two or more roles have no usable member.
+func (r *Report) Failed() bool { return len(r.Missing) > 1 }
+
+// ExaminedMember is one path of a Report.
+type ExaminedMember struct {
+	Path   string
+	Role   int // -1 if no superblock could be read
+	Events uint64
+	Dirty  bool
+	Device UUID
+	Size   int64
+	Stale  bool  // events behind the array's: it missed writes
+	Err    error // why its superblock could not be used (open error, ErrBadSuperblock, ErrForeignMember, ...)
+}
+
+// Examine reads the superblocks at paths and reports what it finds. It never writes. It returns
+// an error (ErrNoMembers) only if no path holds a valid superblock; the problems of individual
+// paths are in Report.Members.
+func Examine(paths []string) (*Report, error) {
+	rep := &Report{Members: make([]ExaminedMember, len(paths))}
+	var sbs []*superblock
+	byPath := make([]*superblock, len(paths))
+	for i, p := range paths {
+		em := &rep.Members[i]
+		em.Path, em.Role = p, -1
+		m, err := OpenMember(p, true)
+		if err != nil {
+			em.Err = err
+			continue
+		}
+		em.Size = m.Size()
+		sb, err := readSuperblock(m)
+		m.Close()
+		if err != nil {
+			em.Err = err
+			continue
+		}
+		em.Role, em.Events, em.Dirty, em.Device = sb.Role, sb.Events, sb.Dirty, sb.DeviceUUID
+		sbs = append(sbs, sb)
+		byPath[i] = sb
+	}
+	if len(sbs) == 0 {
+		return rep, fmt.Errorf("%w: no valid raid5d superblock on any of %d paths", ErrNoMembers, len(paths))
+	}
+	ref := referenceSuperblock(sbs)
+	rep.UUID, rep.DataOffset, rep.MemberData = ref.ArrayUUID, ref.DataOffset, ref.DataSize
+	rep.Created, rep.Updated, rep.Events, rep.Dirty = ref.Created, ref.Updated, ref.Events, ref.Dirty
+	rep.Layout, _ = stripe.NewLayout(ref.Members, ref.Chunk, ref.Layout) // checked by decode
+	rep.Size = ref.DataSize / ref.Chunk * rep.Layout.StripeSize()
+	present := make([]bool, ref.Members)
+	for i, sb := range byPath {
+		em := &rep.Members[i]
+		switch {
+		case sb == nil:
+		case sb.ArrayUUID != ref.ArrayUUID:
+			em.Err = fmt.Errorf("%w: it is in array %s", ErrForeignMember, sb.ArrayUUID)
+		case sameGeometry(sb, ref) != nil:
+			em.Err = sameGeometry(sb, ref)
+		case sb.Events < ref.Events:
+			em.Stale = true
+			rep.Stale = append(rep.Stale, em.Path)
+		default:
+			present[sb.Role] = true
+		}
+	}
+	for r, ok := range present {
+		if !ok {
+			rep.Missing = append(rep.Missing, r)
+		}
+	}
+	switch {
+	case len(rep.Missing) > 1:
+		rep.State = StateFailed
+	case len(rep.Missing) == 1:
+		rep.State = StateDegraded
+	case rep.Dirty:
+		rep.State = StateActive
+	default:
+		rep.State = StateClean
+	}
+	return rep, nil
+}

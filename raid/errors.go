@@ -1,0 +1,112 @@
+package raid
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/sys/unix"
+)
+
+// Errors of the I/O phase. Each carries the NBD errno the server should reply with
+// (Errno() uint32); find it with errors.As through any wrapping.
+var (
+	// ErrOutOfRange is returned by ReadAt, WriteAt, WriteAtFUA, Trim and WriteZeroes for a
+	// negative offset or length, or a range that ends past Size. Requests are never clamped.
+	ErrOutOfRange error = &ioError{"raid: request beyond end of array", uint32(unix.EINVAL)}
+	// ErrReadOnly is returned by the writing methods of an array assembled read-only.
+	ErrReadOnly error = &ioError{"raid: array is read-only", uint32(unix.EPERM)}
+	// ErrClosed is returned by every method of an array after Close.
+	ErrClosed error = &ioError{"raid: array is closed", uint32(unix.ESHUTDOWN)}
+)
+
+// Errors of Create, Assemble and Examine. They come wrapped in a *MemberError naming the member
+// where one is to blame; test with errors.Is.
+var (
+	// ErrBadSuperblock is returned when a member has no valid raid5d superblock. The specific
+	// reasons below (ErrBadMagic, ErrChecksum, ErrVersion) all match it with errors.Is too.
+	ErrBadSuperblock = errors.New("raid: invalid superblock")
+	// ErrBadMagic: the superblock area does not start with the raid5d magic (not a raid5d member).
+	ErrBadMagic error = &superblockError{"raid: no raid5d superblock (bad magic)"}
+	// ErrChecksum: the superblock's CRC32C does not match its contents.
+	ErrChecksum error = &superblockError{"raid: superblock checksum mismatch"}
+	// ErrVersion: the superblock has a format version this build does not know.
+	ErrVersion error = &superblockError{"raid: unsupported superblock version"}
+
+	// ErrForeignMember is returned by Assemble for a member whose array UUID differs from the
+	// others': it belongs to another array.
+	ErrForeignMember = errors.New("raid: member belongs to another array")
+	// ErrDuplicateRole is returned by Assemble when two members claim the same role.
+	ErrDuplicateRole = errors.New("raid: two members claim the same role")
+	// ErrStaleMember is returned by Assemble for a member whose events counter is behind the
+	// others': it missed writes while it was out of the array and needs a rebuild.
+	ErrStaleMember = errors.New("raid: member is stale (missed writes)")
+	// ErrTooManyMissing is returned by Assemble when two or more roles have no member: RAID-5
+	// survives the loss of one member only.
+	ErrTooManyMissing = errors.New("raid: too many members missing")
+	// ErrGeometry is returned by Assemble for a member whose superblock disagrees with the
+	// others on the geometry (level, layout, chunk, member count, data offset or size).
+	ErrGeometry = errors.New("raid: members disagree on the array geometry")
+	// ErrMemberTooSmall is returned by Create and Assemble for a member too small for the array.
+	ErrMemberTooSmall = errors.New("raid: member too small")
+	// ErrInUse is returned by Create for a member that already carries a valid raid5d
+	// superblock, unless CreateOptions.Force is set.
+	ErrInUse = errors.New("raid: member already carries a raid5d superblock")
+	// ErrNoMembers is returned by Assemble and Examine when no member could be read at all.
+	ErrNoMembers = errors.New("raid: no usable member")
+)
+
+type ioError struct {
+	msg   string
+	errno uint32
+}
+
+func (e *ioError) Error() string         { return e.msg }
+func (e *ioError) Errno() uint32         { return e.errno }
+func (e *superblockError) Error() string { return e.msg }
+
+type superblockError struct{ msg string }
+
+// Is makes every specific superblock error match ErrBadSuperblock.
+func (e *superblockError) Is(target error) bool { return target == ErrBadSuperblock }
+
+// MemberError records an error on one member, in the manner of fs.PathError.
+type MemberError struct {
+	Member string // the member's name (its path)
+	Role   int    // its role in the array, -1 if not known
+	Op     string // "read", "write", "sync", "trim", "open", "read superblock", "assemble", ...
+	Off    int64  // member offset of the failed I/O, -1 if none
+	Err    error
+}
+
+func (e *MemberError) Error() string {
+	s := "raid: " + e.Op + " " + e.Member
+	if e.Role >= 0 {
+		s += fmt.Sprintf(" (role %d)", e.Role)
+	}
+	if e.Off >= 0 {
+		s += fmt.Sprintf(" at offset %d", e.Off)
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *MemberError) Unwrap() error { return e.Err }
+
+// Errno is EIO for member I/O errors, or the errno of the wrapped error if it has one.
+func (e *MemberError) Errno() uint32 {
+	var en interface{ Errno() uint32 }
+	if errors.As(e.Err, &en) {
+		return en.Errno()
+	}
+	return uint32(unix.EIO)
+}
+
+func memberErr(m Member, role int, op string, off int64, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &MemberError{Member: m.Name(), Role: role, Op: op, Off: off, Err: err}
+}
+
+// errShort is what a member reports when a transfer came up short without an error of its own.
+var errShort = io.ErrUnexpectedEOF

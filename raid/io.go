@@ -1,0 +1,482 @@
+package raid
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// memberOp is one member read or write of a stripe operation.
+type memberOp struct {
+	role  int
+	buf   []byte
+	off   int64 // absolute member offset
+	write bool
+}
+
+// runOps performs ops, concurrently when there are several, and returns the first error in
+// op order as a *MemberError. The caller holds the stripe lock where the ops need it.
+func (a *Array) runOps(ops []memberOp) error {
+	do := func(op *memberOp) error {
+		m := a.members[op.role]
+		if op.write {
+			_, err := m.WriteAt(op.buf, op.off)
+			return memberErr(m, op.role, "write", op.off, err)
+		}
+		_, err := m.ReadAt(op.buf, op.off)
+		return memberErr(m, op.role, "read", op.off, err)
+	}
+	switch len(ops) {
+	case 0:
+		return nil
+	case 1:
+		return do(&ops[0])
+	}
+	var errs [2 * stripe.MaxMembers]error
+	var wg sync.WaitGroup
+	for i := 1; i < len(ops); i++ {
+		wg.Go(func() { errs[i%len(errs)] = do(&ops[i]) })
+	}
+	errs[0] = do(&ops[0])
+	wg.Wait()
+	for _, err := range errs[:min(len(ops), len(errs))] {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check refuses ranges that are negative or end past the array.
+func (a *Array) check(off, n int64) error {
+	if off < 0 || n < 0 || off > a.size || n > a.size-off {
+		return fmt.Errorf("%w: offset %d, length %d, array size %d", ErrOutOfRange, off, n, a.size)
+	}
+	return nil
+}
+
+func (a *Array) stripeLock(s int64) *sync.Mutex { return &a.locks[s&(nLocks-1)] }
+
+// lockSpan locks the stripes [s0, s0+n), n ≤ nLocks, in ascending lock order; unlockSpan
+// releases them. It is the only place that holds more than one stripe lock, so the fixed
+// order is enough to rule out deadlock.
+func (a *Array) lockSpan(s0, n int64) {
+	for i := range int64(nLocks) {
+		if (i-s0)&(nLocks-1) < n {
+			a.locks[i].Lock()
+		}
+	}
+}
+
+func (a *Array) unlockSpan(s0, n int64) {
+	for i := range int64(nLocks) {
+		if (i-s0)&(nLocks-1) < n {
+			a.locks[i].Unlock()
+		}
+	}
+}
+
+// ReadAt reads len(p) bytes at array offset off into p (io.ReaderAt). Member reads go straight
+// into p, one goroutine per member touched. A missing member's chunks, and a chunk whose read
+// fails while the array is otherwise whole, are rebuilt from the rest of their stripe.
+// On error n is the length of the prefix of p known to be good.
+func (a *Array) ReadAt(p []byte, off int64) (int, error) {
+	if err := a.check(off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if a.closed {
+		return 0, ErrClosed
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	ep := a.extents.Get().(*[]stripe.Extent)
+	exts := a.layout.Extents((*ep)[:0], off, int64(len(p)))
+	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
+
+	var touched uint64 // bit r: member r holds part of the request
+	for _, e := range exts {
+		touched |= 1 << e.Member
+	}
+	var (
+		mu      sync.Mutex // guards failOff, failErr
+		failOff = int64(len(p))
+		failErr error
+	)
+	readMember := func(r int) {
+		for _, e := range exts {
+			if e.Member != r {
+				continue
+			}
+			if err := a.readExtent(p[e.BufOff:e.BufOff+e.Len], e); err != nil {
+				mu.Lock()
+				if e.BufOff < failOff {
+					failOff, failErr = e.BufOff, err
+				}
+				mu.Unlock()
+				return
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	last := -1
+	for r := range a.members {
+		if touched&(1<<r) == 0 {
+			continue
+		}
+		if prev := last; prev >= 0 {
+			wg.Go(func() { readMember(prev) })
+		}
+		last = r
+	}
+	readMember(last)
+	wg.Wait()
+	if failErr != nil {
+		return int(failOff), failErr
+	}
+	return len(p), nil
+}
+
+// readExtent reads one extent into dst, rebuilding it when its member is missing or fails.
+func (a *Array) readExtent(dst []byte, e stripe.Extent) error {
+	m := a.members[e.Member]
+	if m == nil {
+		return a.reconstructRead(dst, e)
+	}
+	off := a.dataOffset + e.MemberOff
+	_, err := m.ReadAt(dst, off)
+	if err == nil {
+		return nil
+	}
+	merr := memberErr(m, e.Member, "read", off, err)
+	if a.missing >= 0 {
+		return merr
+	}
+	if rerr := a.reconstructRead(dst, e); rerr != nil {
+		return errors.Join(merr, rerr)
+	}
+	a.log.Warn("raid: member read failed; served the data by reconstruction", "err", merr)
+	return nil
+}
+
+// reconstructRead rebuilds extent e (of the member e.Member) into dst from the other members
+// of its stripe, under the stripe lock.
+func (a *Array) reconstructRead(dst []byte, e stripe.Extent) error {
+	mu := a.stripeLock(e.Stripe)
+	mu.Lock()
+	defer mu.Unlock()
+	sc := a.getScratch()
+	defer a.putScratch(sc)
+	D, C := a.layout.DataMembers(), a.layout.ChunkSize()
+	off := a.dataOffset + e.MemberOff
+	ops := sc.ops[:0]
+	for i := 0; i <= D; i++ {
+		if i == e.Data {
+			sc.shards[i] = dst
+			continue
+		}
+		role := a.layout.ParityMember(e.Stripe)
+		if i < D {
+			role = a.layout.DataMember(e.Stripe, i)
+		}
+		if a.members[role] == nil {
+			return fmt.Errorf("%w: roles %d and %d", ErrTooManyMissing, e.Member, role)
+		}
+		sc.shards[i] = sc.buf(i, C, e.Len)
+		ops = append(ops, memberOp{role: role, buf: sc.shards[i], off: off})
+	}
+	sc.ops = ops[:0]
+	if err := a.runOps(ops); err != nil {
+		return err
+	}
+	return a.coder.Reconstruct(sc.shards[:D+1], e.Data)
+}
+
+// WriteAt writes p at array offset off (io.WriterAt), stripe by stripe, each under its stripe
+// lock, updating parity. p is read (possibly twice: for parity and for the member write) and not
+// kept; the caller must not modify it during the call. On error n is the length of the prefix of
+// p whose stripes were written completely.
+func (a *Array) WriteAt(p []byte, off int64) (int, error) {
+	if err := a.check(off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if err := a.writable(); err != nil {
+		return 0, err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if err := a.markDirty(); err != nil {
+		return 0, err
+	}
+	return a.write(p, off)
+}
+
+// writable reports why the array cannot be written, if it cannot. The caller holds opMu.
+func (a *Array) writable() error {
+	if a.closed {
+		return ErrClosed
+	}
+	if a.readOnly {
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// write is WriteAt after the checks; the caller holds opMu for reading and has marked the array dirty.
+func (a *Array) write(p []byte, off int64) (int, error) {
+	ep := a.extents.Get().(*[]stripe.Extent)
+	exts := a.layout.Extents((*ep)[:0], off, int64(len(p)))
+	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
+	sc := a.getScratch()
+	defer a.putScratch(sc)
+	for i := 0; i < len(exts); {
+		j := i + 1
+		for j < len(exts) && exts[j].Stripe == exts[i].Stripe {
+			j++
+		}
+		if err := a.writeStripe(sc, p, exts[i:j]); err != nil {
+			return int(exts[i].BufOff), err
+		}
+		i = j
+	}
+	return len(p), nil
+}
+
+// writeStripe writes the extents exts (all of one stripe, in order) from p and updates the
+// stripe's parity, choosing among:
+//   - full stripe: parity from the new data alone, no reads;
+//   - reconstruct-write: read the untouched parts of the stripe, parity from all data;
+//   - read-modify-write: read the old data and parity, fold the difference into parity;
+//   - degraded with the missing data chunk written: read everything present, rebuild the
+//     missing chunk, overlay the new data, recompute parity (the missing chunk's new data
+//     lives in parity only).
+//
+// All work happens over R = [lo, hi), the in-chunk range covered by any extent.
+func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
+	s := exts[0].Stripe
+	mu := a.stripeLock(s)
+	mu.Lock()
+	defer mu.Unlock()
+
+	D, C := a.layout.DataMembers(), a.layout.ChunkSize()
+	base := s * C // member offset (in the data area) of the stripe's chunks
+	lo, hi := C, int64(0)
+	var ext [stripe.MaxMembers]int // data index → index in exts, or -1
+	for d := range D {
+		ext[d] = -1
+	}
+	newBytes := int64(0)
+	for i, e := range exts {
+		w := e.MemberOff - base
+		lo, hi = min(lo, w), max(hi, w+e.Len)
+		ext[e.Data] = i
+		newBytes += e.Len
+	}
+	L := hi - lo
+	pm := a.layout.ParityMember(s)
+	pOff := a.dataOffset + base + lo
+	newData := func(e stripe.Extent) []byte { return p[e.BufOff : e.BufOff+e.Len] }
+
+	reads := sc.ops[:0]
+	defer func() { sc.ops = reads[:0] }()
+	writeAll := func(P []byte) error {
+		ops := reads[:0]
+		for _, e := range exts {
+			if a.members[e.Member] != nil {
+				ops = append(ops, memberOp{role: e.Member, buf: newData(e), off: a.dataOffset + e.MemberOff, write: true})
+			}
+		}
+		if P != nil {
+			ops = append(ops, memberOp{role: pm, buf: P, off: pOff, write: true})
+		}
+		reads = ops
+		return a.runOps(ops)
+	}
+	if a.members[pm] == nil { // parity missing: the data is all there is
+		return writeAll(nil)
+	}
+	shards := sc.shards[:D+1]
+	P := sc.buf(D, C, L)
+	shards[D] = P
+
+	if newBytes == int64(D)*C { // full stripe
+		for _, e := range exts {
+			shards[e.Data] = newData(e)
+		}
+		if err := a.coder.Encode(shards); err != nil {
+			return err
+		}
+		return writeAll(P)
+	}
+
+	dm := -1 // data index of the missing member in this stripe
+	if a.missing >= 0 {
+		dm = a.layout.DataIndex(s, a.missing)
+	}
+	rmw := dm >= 0 && ext[dm] < 0
+	if dm < 0 {
+		rcwBytes := int64(D)*L - newBytes
+		rmw = newBytes+L < rcwBytes
+	}
+
+	switch {
+	case rmw:
+		reads = append(reads, memberOp{role: pm, buf: P, off: pOff})
+		for _, e := range exts {
+			reads = append(reads, memberOp{role: e.Member, buf: sc.buf(e.Data, C, e.Len), off: a.dataOffset + e.MemberOff})
+		}
+		if err := a.runOps(reads); err != nil {
+			return err
+		}
+		for _, e := range exts {
+			w := e.MemberOff - base - lo
+			if err := a.coder.Update(P[w:w+e.Len], sc.bufs[e.Data][:e.Len], newData(e)); err != nil {
+				return err
+			}
+		}
+		return writeAll(P)
+
+	case dm >= 0: // degraded, the missing chunk is written: rebuild it, then recompute
+		for d := range D {
+			shards[d] = sc.buf(d, C, L)
+			if d != dm {
+				reads = append(reads, memberOp{role: a.layout.DataMember(s, d), buf: shards[d], off: pOff})
+			}
+		}
+		reads = append(reads, memberOp{role: pm, buf: P, off: pOff})
+		if err := a.runOps(reads); err != nil {
+			return err
+		}
+		if err := a.coder.Reconstruct(shards, dm); err != nil {
+			return err
+		}
+		for _, e := range exts {
+			copy(shards[e.Data][e.MemberOff-base-lo:], newData(e))
+		}
+
+	default: // reconstruct-write: read what the write does not cover
+		for d := range D {
+			role := a.layout.DataMember(s, d)
+			i := ext[d]
+			if i >= 0 && exts[i].Len == L { // covers R: use the caller's bytes directly
+				shards[d] = newData(exts[i])
+				continue
+			}
+			buf := sc.buf(d, C, L)
+			shards[d] = buf
+			if i < 0 {
+				reads = append(reads, memberOp{role: role, buf: buf, off: pOff})
+				continue
+			}
+			e := exts[i]
+			w := e.MemberOff - base - lo
+			if w > 0 {
+				reads = append(reads, memberOp{role: role, buf: buf[:w], off: pOff})
+			}
+			if end := w + e.Len; end < L {
+				reads = append(reads, memberOp{role: role, buf: buf[end:], off: pOff + end})
+			}
+			copy(buf[w:], newData(e))
+		}
+		if err := a.runOps(reads); err != nil {
+			return err
+		}
+	}
+	if err := a.coder.Encode(shards); err != nil {
+		return err
+	}
+	return writeAll(P)
+}
+
+// WriteAtFUA is WriteAt followed by a flush of every member: the write is durable on return.
+func (a *Array) WriteAtFUA(p []byte, off int64) (int, error) {
+	n, err := a.WriteAt(p, off)
+	if err != nil {
+		return n, err
+	}
+	return n, a.Flush()
+}
+
+// Trim discards [off, off+length): afterwards it reads as zeroes. Whole stripes are trimmed on
+// every member (members read trimmed ranges as zeroes, so parity stays consistent); the partial
+// stripes at either end are written with zeroes through the normal write path.
+func (a *Array) Trim(off, length int64) error {
+	return a.zeroRange(off, length, false)
+}
+
+// WriteZeroes makes [off, off+length) read as zeroes. Without noHole it is Trim; with noHole
+// it writes zeroes, so the members' space stays allocated.
+func (a *Array) WriteZeroes(off, length int64, noHole bool) error {
+	return a.zeroRange(off, length, noHole)
+}
+
+func (a *Array) zeroRange(off, length int64, noHole bool) error {
+	if err := a.check(off, length); err != nil {
+		return err
+	}
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if err := a.writable(); err != nil {
+		return err
+	}
+	if length == 0 {
+		return nil
+	}
+	if err := a.markDirty(); err != nil {
+		return err
+	}
+	if noHole {
+		return a.writeZeroes(off, length)
+	}
+	ss := a.layout.StripeSize()
+	first := (off + ss - 1) / ss // first whole stripe
+	end := (off + length) / ss   // end of whole stripes
+	if first >= end {
+		return a.writeZeroes(off, length)
+	}
+	if head := first*ss - off; head > 0 {
+		if err := a.writeZeroes(off, head); err != nil {
+			return err
+		}
+	}
+	C := a.layout.ChunkSize()
+	for s := first; s < end; s += nLocks {
+		n := min(nLocks, end-s)
+		a.lockSpan(s, n)
+		var errs []error
+		for r, m := range a.members {
+			if m != nil {
+				moff := a.dataOffset + s*C
+				errs = append(errs, memberErr(m, r, "trim", moff, m.Trim(moff, n*C)))
+			}
+		}
+		a.unlockSpan(s, n)
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	if tail := off + length - end*ss; tail > 0 {
+		return a.writeZeroes(end*ss, tail)
+	}
+	return nil
+}
+
+// writeZeroes writes zeroes from the shared zero buffer; the caller holds opMu.
+func (a *Array) writeZeroes(off, length int64) error {
+	for length > 0 {
+		n := min(length, int64(len(zeroBuf)))
+		if _, err := a.write(zeroBuf[:n], off); err != nil {
+			return err
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}

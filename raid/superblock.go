@@ -1,0 +1,207 @@
+package raid
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// On-disk constants; doc.go's # Layout section has the full table.
+const (
+	SuperblockOffset = 4096    // member offset of the superblock
+	SuperblockSize   = 4096    // bytes
+	ReservedOffset   = 8 << 10 // start of the area reserved for a write-intent bitmap and a log
+	DataOffset       = 1 << 20 // member offset of the data area
+	MinDataChunks    = 4       // a member must hold at least this many chunks of data
+
+	superblockVersion = 1
+	level5            = 5
+	crcOff            = SuperblockSize - 4
+)
+
+// superblockMagic opens every raid5d superblock.
+var superblockMagic = [8]byte{'r', 'a', 'i', 'd', '5', 'd', 'S', 'B'}
+
+var crc32c = crc32.MakeTable(crc32.Castagnoli)
+
+// UUID is a random 16-byte identifier (of an array or of a member device).
+type UUID [16]byte
+
+func newUUID() UUID {
+	var u UUID
+	rand.Read(u[:]) // never returns an error (crypto/rand, Go ≥ 1.24)
+	return u
+}
+
+// String formats u as 8-4-4-4-12 hex digits.
+func (u UUID) String() string {
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], u[10:])
+	return string(b[:])
+}
+
+// superblock is the decoded form of the 4 KiB block at SuperblockOffset of every member.
+type superblock struct {
+	ArrayUUID  UUID
+	DeviceUUID UUID
+	Level      uint32
+	Layout     stripe.Algorithm
+	Chunk      int64
+	Members    int
+	Role       int
+	DataOffset int64
+	DataSize   int64 // bytes of data area used on each member, a multiple of Chunk
+	Events     uint64
+	Dirty      bool
+	Features   uint32 // reserved for the bitmap and log; always 0 in format version 1
+	Created    time.Time
+	Updated    time.Time
+	BitmapOff  int64 // reserved: member offset of the write-intent bitmap, 0 = none
+	BitmapSize int64
+	LogOff     int64 // reserved: member offset of the log, 0 = none
+	LogSize    int64
+}
+
+// Field offsets within the superblock; see doc.go # Layout.
+const (
+	sbMagic      = 0
+	sbVersion    = 8
+	sbArrayUUID  = 16
+	sbDeviceUUID = 32
+	sbLevel      = 48
+	sbLayout     = 52
+	sbChunk      = 56
+	sbMembers    = 64
+	sbRole       = 68
+	sbDataOffset = 72
+	sbDataSize   = 80
+	sbEvents     = 88
+	sbState      = 96
+	sbFeatures   = 100
+	sbCreated    = 104
+	sbUpdated    = 112
+	sbBitmapOff  = 120
+	sbBitmapSize = 128
+	sbLogOff     = 136
+	sbLogSize    = 144
+	sbEnd        = 152 // [sbEnd, crcOff) is reserved and written as zeroes
+
+	stateClean = 0
+	stateDirty = 1
+)
+
+// encode writes sb into b (SuperblockSize bytes), checksum included.
+func (sb *superblock) encode(b []byte) {
+	b = b[:SuperblockSize]
+	clear(b)
+	le := binary.LittleEndian
+	copy(b[sbMagic:], superblockMagic[:])
+	le.PutUint32(b[sbVersion:], superblockVersion)
+	le.PutUint32(b[sbVersion+4:], SuperblockSize)
+	copy(b[sbArrayUUID:], sb.ArrayUUID[:])
+	copy(b[sbDeviceUUID:], sb.DeviceUUID[:])
+	le.PutUint32(b[sbLevel:], sb.Level)
+	le.PutUint32(b[sbLayout:], uint32(sb.Layout))
+	le.PutUint64(b[sbChunk:], uint64(sb.Chunk))
+	le.PutUint32(b[sbMembers:], uint32(sb.Members))
+	le.PutUint32(b[sbRole:], uint32(sb.Role))
+	le.PutUint64(b[sbDataOffset:], uint64(sb.DataOffset))
+	le.PutUint64(b[sbDataSize:], uint64(sb.DataSize))
+	le.PutUint64(b[sbEvents:], sb.Events)
+	state := uint32(stateClean)
+	if sb.Dirty {
+		state = stateDirty
+	}
+	le.PutUint32(b[sbState:], state)
+	le.PutUint32(b[sbFeatures:], sb.Features)
+	le.PutUint64(b[sbCreated:], uint64(sb.Created.UnixNano()))
+	le.PutUint64(b[sbUpdated:], uint64(sb.Updated.UnixNano()))
+	le.PutUint64(b[sbBitmapOff:], uint64(sb.BitmapOff))
+	le.PutUint64(b[sbBitmapSize:], uint64(sb.BitmapSize))
+	le.PutUint64(b[sbLogOff:], uint64(sb.LogOff))
+	le.PutUint64(b[sbLogSize:], uint64(sb.LogSize))
+	le.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32c))
+}
+
+// decodeSuperblock parses and checks a superblock. It never panics: any input that is not a
+// well-formed superblock returns an error matching ErrBadSuperblock.
+func decodeSuperblock(b []byte) (*superblock, error) {
+	if len(b) < SuperblockSize {
+		return nil, fmt.Errorf("%w: %d bytes, want %d", ErrBadMagic, len(b), SuperblockSize)
+	}
+	b = b[:SuperblockSize]
+	if [8]byte(b[sbMagic:sbMagic+8]) != superblockMagic {
+		return nil, ErrBadMagic
+	}
+	le := binary.LittleEndian
+	if got, want := le.Uint32(b[crcOff:]), crc32.Checksum(b[:crcOff], crc32c); got != want {
+		return nil, fmt.Errorf("%w: stored %#08x, computed %#08x", ErrChecksum, got, want)
+	}
+	if v := le.Uint32(b[sbVersion:]); v != superblockVersion {
+		return nil, fmt.Errorf("%w: %d (this build reads %d)", ErrVersion, v, superblockVersion)
+	}
+	sb := &superblock{
+		Level:      le.Uint32(b[sbLevel:]),
+		Chunk:      int64(le.Uint64(b[sbChunk:])),
+		DataOffset: int64(le.Uint64(b[sbDataOffset:])),
+		DataSize:   int64(le.Uint64(b[sbDataSize:])),
+		Events:     le.Uint64(b[sbEvents:]),
+		Features:   le.Uint32(b[sbFeatures:]),
+		Created:    time.Unix(0, int64(le.Uint64(b[sbCreated:]))),
+		Updated:    time.Unix(0, int64(le.Uint64(b[sbUpdated:]))),
+		BitmapOff:  int64(le.Uint64(b[sbBitmapOff:])),
+		BitmapSize: int64(le.Uint64(b[sbBitmapSize:])),
+		LogOff:     int64(le.Uint64(b[sbLogOff:])),
+		LogSize:    int64(le.Uint64(b[sbLogSize:])),
+	}
+	copy(sb.ArrayUUID[:], b[sbArrayUUID:])
+	copy(sb.DeviceUUID[:], b[sbDeviceUUID:])
+	// A valid checksum over nonsense is still nonsense: check every field.
+	bad := func(format string, a ...any) (*superblock, error) {
+		return nil, fmt.Errorf("%w: "+format, append([]any{ErrBadSuperblock}, a...)...)
+	}
+	if hs := le.Uint32(b[sbVersion+4:]); hs != SuperblockSize {
+		return bad("superblock size %d", hs)
+	}
+	if sb.Level != level5 {
+		return bad("level %d (only RAID-5 is supported)", sb.Level)
+	}
+	lay := le.Uint32(b[sbLayout:])
+	members := le.Uint32(b[sbMembers:])
+	role := le.Uint32(b[sbRole:])
+	if lay > 255 || members > stripe.MaxMembers || role >= members {
+		return bad("layout %d, %d members, role %d", lay, members, role)
+	}
+	sb.Layout, sb.Members, sb.Role = stripe.Algorithm(lay), int(members), int(role)
+	if _, err := stripe.NewLayout(sb.Members, sb.Chunk, sb.Layout); err != nil {
+		return bad("%v", err)
+	}
+	if sb.DataOffset < ReservedOffset || sb.DataOffset%SuperblockSize != 0 ||
+		sb.DataSize <= 0 || sb.DataSize%sb.Chunk != 0 || sb.DataSize > 1<<62-sb.DataOffset {
+		return bad("data offset %d, data size %d", sb.DataOffset, sb.DataSize)
+	}
+	switch le.Uint32(b[sbState:]) {
+	case stateClean:
+	case stateDirty:
+		sb.Dirty = true
+	default:
+		return bad("state %d", le.Uint32(b[sbState:]))
+	}
+	if sb.Features != 0 {
+		return bad("features %#x (none are known to this build)", sb.Features)
+	}
+	return sb, nil
+}
