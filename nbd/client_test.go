@@ -10,6 +10,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -137,7 +138,7 @@ func (c *rawClient) expectClosed() {
 	if err == nil {
 		c.t.Fatalf("connection still open: read %d byte(s) %x", n, b[:n])
 	}
-	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) && !errors.Is(err, syscall.ECONNRESET) {
 		c.t.Fatalf("expected EOF, got %v", err)
 	}
 }
