@@ -2,7 +2,6 @@ package test
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -122,12 +121,16 @@ func (a *array) serve(t testing.TB, flags ...string) *server {
 		s.proc = startProc(t, raid5dBin, append(args, a.members...)...)
 	}
 	t.Cleanup(func() { s.stop() })
-	waitFor(t, "the server's socket to accept", startTimeout, s.proc, func() bool {
-		c, err := net.DialTimeout("unix", s.sock, time.Second)
+	// Ready when it greets a client; the probe then aborts politely, so the server has no
+	// reason to log a failed handshake.
+	waitFor(t, "the server to greet a client", startTimeout, s.proc, func() bool {
+		c, err := wireDial(s.sock)
 		if err != nil {
 			return false
 		}
-		c.Close()
+		if err := c.abort(); err != nil {
+			t.Logf("readiness probe: NBD_OPT_ABORT: %v", err)
+		}
 		return true
 	})
 	return s

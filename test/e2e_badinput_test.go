@@ -32,6 +32,7 @@ func goodClient(sock string, base, span uint64, started chan<- struct{}, stop <-
 		return 0, err
 	}
 	defer c.Close()
+	align := uint64(max(c.minBlock, 1))
 	model := make([]byte, span) // what the span must hold; the array starts zeroed
 	rng := rand.New(rand.NewPCG(7, 11))
 	end := time.Now().Add(deadline)
@@ -44,8 +45,9 @@ func goodClient(sock string, base, span uint64, started chan<- struct{}, stop <-
 			default:
 			}
 		}
-		n := 1 + rng.Uint64N(3*chunkSize) // odd sizes, across chunk and stripe boundaries
-		off := rng.Uint64N(span - n + 1)
+		// Odd sizes and offsets (in the server's minimum block), across chunk and stripe boundaries.
+		n := align * (1 + rng.Uint64N(3*chunkSize/align))
+		off := align * rng.Uint64N((span-n)/align+1)
 		p := make([]byte, n)
 		for i := range p {
 			p[i] = byte(rng.Uint32())

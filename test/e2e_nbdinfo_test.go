@@ -61,8 +61,8 @@ func TestNBDInfoGeometryAndFlags(t *testing.T) {
 			}
 			checkBlockSize(t, "minimum", got.BlockSizeMinimum, 512)
 			// The NBD spec wants a power of two; a 4-member full stripe (192 KiB) is not one,
-			// so the server may offer 4096, the chunk or the full stripe.
-			checkBlockSize(t, "preferred", got.BlockSizePreferred, 4096, chunkSize, stripeData)
+			// so the server may offer 4096, a power of two up to the full stripe, or the stripe.
+			checkBlockSize(t, "preferred", got.BlockSizePreferred, 4096, 8192, 16384, 32768, 65536, 131072, stripeData)
 			checkBlockSize(t, "maximum", got.BlockSizeMaximum, 32<<20)
 			// Write-side flags mean nothing on a read-only export; nbdkit leaves them off there.
 			for _, f := range []struct {

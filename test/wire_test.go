@@ -23,14 +23,16 @@ const (
 	nbdFlagFixedNewstyle = 1 << 0 // handshake flags, and the client's echo of them
 	nbdFlagNoZeroes      = 1 << 1
 
-	nbdOptGo = 7
+	nbdOptAbort = 2
+	nbdOptGo    = 7
 
 	nbdRepAck        = 1
 	nbdRepInfo       = 3
 	nbdRepErrUnsup   = 1<<31 | 1
 	nbdRepErrUnknown = 1<<31 | 6
 
-	nbdInfoExport = 0
+	nbdInfoExport    = 0
+	nbdInfoBlockSize = 3
 
 	nbdCmdRead  = 0
 	nbdCmdWrite = 1
@@ -52,6 +54,9 @@ type wireClient struct {
 	size   uint64 // export size, from OPT_GO
 	flags  uint16 // transmission flags, from OPT_GO
 	handle uint64 // last handle used
+
+	// Block size constraints from OPT_GO; all 0 when the server sent none.
+	minBlock, preferredBlock, maxBlock uint32
 }
 
 // wireDial connects to the unix socket and completes the greeting (fixed newstyle, with
@@ -137,11 +142,13 @@ type optionError struct{ typ uint32 }
 func (e *optionError) Error() string { return fmt.Sprintf("option refused: reply type %#x", e.typ) }
 func (e *optionError) Unwrap() error { return errOptionRefused }
 
-// optGo sends NBD_OPT_GO for name and reads replies up to the ACK, recording size and flags.
+// optGo sends NBD_OPT_GO for name, asking for block sizes, and reads replies up to the ACK,
+// recording size, flags and block sizes.
 func (c *wireClient) optGo(name string) error {
 	data := binary.BigEndian.AppendUint32(nil, uint32(len(name)))
 	data = append(data, name...)
-	data = binary.BigEndian.AppendUint16(data, 0) // no extra information requests
+	data = binary.BigEndian.AppendUint16(data, 1)
+	data = binary.BigEndian.AppendUint16(data, nbdInfoBlockSize)
 	if err := c.sendOption(nbdOptGo, data); err != nil {
 		return err
 	}
@@ -166,6 +173,13 @@ func (c *wireClient) optGo(name string) error {
 			}
 			c.size, c.flags = binary.BigEndian.Uint64(d[2:]), binary.BigEndian.Uint16(d[10:])
 			sawExport = true
+		case typ == nbdRepInfo && len(d) >= 2 && binary.BigEndian.Uint16(d) == nbdInfoBlockSize:
+			if len(d) != 14 {
+				return fmt.Errorf("NBD_INFO_BLOCK_SIZE of %d bytes", len(d))
+			}
+			c.minBlock = binary.BigEndian.Uint32(d[2:])
+			c.preferredBlock = binary.BigEndian.Uint32(d[6:])
+			c.maxBlock = binary.BigEndian.Uint32(d[10:])
 		case typ == nbdRepInfo:
 			// other information: ignore
 		case typ&(1<<31) != 0:
@@ -266,6 +280,23 @@ func (c *wireClient) flush() error {
 	errno, _, err := c.do(nbdCmdFlush, 0, 0, 0, nil)
 	if err == nil && errno != 0 {
 		err = nbdErrno(errno)
+	}
+	return err
+}
+
+// abort sends NBD_OPT_ABORT during option haggling, waits for the server's answer (an ACK,
+// or the connection closing) and closes the connection.
+func (c *wireClient) abort() error {
+	defer c.conn.Close()
+	if err := c.sendOption(nbdOptAbort, nil); err != nil {
+		return err
+	}
+	opt, typ, _, err := c.optionReply()
+	if errors.Is(err, io.EOF) {
+		return nil // the server may close without a reply
+	}
+	if err == nil && (opt != nbdOptAbort || typ != nbdRepAck) {
+		err = fmt.Errorf("reply to NBD_OPT_ABORT: option %d type %#x", opt, typ)
 	}
 	return err
 }
