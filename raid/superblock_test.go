@@ -1,0 +1,120 @@
+package raid
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+func testSuperblock() *superblock {
+	return &superblock{
+		ArrayUUID: UUID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, DeviceUUID: UUID{0xff, 0xfe},
+		Level: level5, Layout: stripe.RightSymmetric, Chunk: 128 << 10, Members: 7, Role: 5,
+		DataOffset: DataOffset, DataSize: 1000 * (128 << 10), Events: 1<<40 + 3, Dirty: true,
+		Created: time.Unix(1700000000, 123), Updated: time.Unix(1800000000, 456),
+	}
+}
+
+func encoded(sb *superblock) []byte {
+	b := make([]byte, SuperblockSize)
+	sb.encode(b)
+	return b
+}
+
+// reseal recomputes the checksum of an edited superblock.
+func reseal(b []byte) {
+	binary.LittleEndian.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32.MakeTable(crc32.Castagnoli)))
+}
+
+func TestSuperblockRoundTrip(t *testing.T) {
+	for _, dirty := range []bool{false, true} {
+		want := testSuperblock()
+		want.Dirty = dirty
+		got, err := decodeSuperblock(encoded(want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Created.Equal(want.Created) || !got.Updated.Equal(want.Updated) {
+			t.Fatalf("times: got %v %v, want %v %v", got.Created, got.Updated, want.Created, want.Updated)
+		}
+		got.Created, got.Updated = want.Created, want.Updated
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("decode(encode(sb)) = %+v, want %+v", got, want)
+		}
+	}
+}
+
+func TestSuperblockCorruption(t *testing.T) {
+	le := binary.LittleEndian
+	tests := []struct {
+		name string
+		edit func(b []byte)
+		want error
+	}{
+		{"zeroes", func(b []byte) { clear(b) }, ErrBadMagic},
+		{"magic", func(b []byte) { b[0] ^= 1; reseal(b) }, ErrBadMagic},
+		{"bit flip in UUID", func(b []byte) { b[sbArrayUUID+3] ^= 0x10 }, ErrChecksum},
+		{"bit flip in reserved", func(b []byte) { b[2000] ^= 0x80 }, ErrChecksum},
+		{"bit flip in checksum", func(b []byte) { b[crcOff] ^= 1 }, ErrChecksum},
+		{"version 2", func(b []byte) { le.PutUint32(b[sbVersion:], 2); reseal(b) }, ErrVersion},
+		{"level 6", func(b []byte) { le.PutUint32(b[sbLevel:], 6); reseal(b) }, ErrBadSuperblock},
+		{"layout 9", func(b []byte) { le.PutUint32(b[sbLayout:], 9); reseal(b) }, ErrBadSuperblock},
+		{"chunk 3000", func(b []byte) { le.PutUint64(b[sbChunk:], 3000); reseal(b) }, ErrBadSuperblock},
+		{"role ≥ members", func(b []byte) { le.PutUint32(b[sbRole:], 7); reseal(b) }, ErrBadSuperblock},
+		{"2 members", func(b []byte) { le.PutUint32(b[sbMembers:], 2); le.PutUint32(b[sbRole:], 1); reseal(b) }, ErrBadSuperblock},
+		{"data size not chunks", func(b []byte) { le.PutUint64(b[sbDataSize:], 12345); reseal(b) }, ErrBadSuperblock},
+		{"data offset in superblock", func(b []byte) { le.PutUint64(b[sbDataOffset:], 4096); reseal(b) }, ErrBadSuperblock},
+		{"state 7", func(b []byte) { le.PutUint32(b[sbState:], 7); reseal(b) }, ErrBadSuperblock},
+		{"unknown feature", func(b []byte) { le.PutUint32(b[sbFeatures:], 1); reseal(b) }, ErrBadSuperblock},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := encoded(testSuperblock())
+			tt.edit(b)
+			_, err := decodeSuperblock(b)
+			if !errors.Is(err, tt.want) || !errors.Is(err, ErrBadSuperblock) {
+				t.Fatalf("decode: %v, want %v (and ErrBadSuperblock)", err, tt.want)
+			}
+		})
+	}
+	if _, err := decodeSuperblock(make([]byte, 100)); !errors.Is(err, ErrBadSuperblock) {
+		t.Fatalf("short buffer: %v", err)
+	}
+}
+
+// FuzzDecodeSuperblock checks that decoding never panics, and that whatever decodes encodes
+// and decodes again to an equal superblock.
+func FuzzDecodeSuperblock(f *testing.F) {
+	f.Add(encoded(testSuperblock()))
+	clean := testSuperblock()
+	clean.Dirty = false
+	f.Add(encoded(clean))
+	f.Add(make([]byte, SuperblockSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sb, err := decodeSuperblock(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadSuperblock) {
+				t.Fatalf("error %v does not match ErrBadSuperblock", err)
+			}
+			return
+		}
+		again := make([]byte, SuperblockSize)
+		sb.encode(again)
+		sb2, err := decodeSuperblock(again)
+		if err != nil || !reflect.DeepEqual(sb, sb2) {
+			t.Fatalf("re-encoded superblock decodes to %+v, %v; want %+v", sb2, err, sb)
+		}
+	})
+}
+
+func TestUUIDString(t *testing.T) {
+	u := UUID{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef}
+	if got, want := u.String(), "01234567-89ab-cdef-0123-456789abcdef"; got != want {
+		t.Fatalf("String = %q, want %q", got, want)
+	}
+}
