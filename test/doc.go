@@ -9,6 +9,8 @@
 //
 //   - RAID5D_REQUIRE_TOOLS=1 turns every "tool missing" or "not root" skip into a failure. CI
 //     sets it (the Makefile passes it through when CI is set).
+//   - RAID5D_E2E_BIN=/path/to/raid5d runs the tests against that binary instead of building
+//     ./cmd/raid5d (a release build, or a binary built with other flags).
 //   - RAID5D_E2E_STANDIN=nbdkit is a developer aid: instead of building and serving raid5d, the
 //     tests serve the array's data from `nbdkit file` (with the blocksize-policy filter, so it
 //     advertises the same block sizes). It proves the harness and the client flows without the

@@ -29,6 +29,10 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e: RAID5D_E2E_STANDIN=nbdkit: serving with nbdkit, not raid5d")
 		return m.Run()
 	}
+	if bin := os.Getenv("RAID5D_E2E_BIN"); bin != "" {
+		raid5dBin = bin
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "raid5d-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
