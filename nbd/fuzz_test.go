@@ -1,0 +1,143 @@
+package nbd
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"log/slog"
+	"testing"
+
+	"github.com/raid5d/raid5d/nbd/nbdtest"
+)
+
+func requestBytes(typ, flags uint16, cookie, off uint64, length uint32) []byte {
+	b := binary.BigEndian.AppendUint32(nil, magicRequest)
+	b = binary.BigEndian.AppendUint16(b, flags)
+	b = binary.BigEndian.AppendUint16(b, typ)
+	b = binary.BigEndian.AppendUint64(b, cookie)
+	b = binary.BigEndian.AppendUint64(b, off)
+	return binary.BigEndian.AppendUint32(b, length)
+}
+
+// FuzzRequestHeader decodes arbitrary request headers and checks that whatever checkRequest
+// admits is safe to hand to a Device: a known command, documented flags only, in range without
+// overflow, aligned, within MaxBlock, and no writes to a read-only export.
+func FuzzRequestHeader(f *testing.F) {
+	for _, seed := range [][]byte{
+		requestBytes(cmdRead, 0, 1, 0, 4096),
+		requestBytes(cmdWrite, cmdFlagFUA, 2, 512, 512),
+		requestBytes(cmdWriteZeroes, cmdFlagNoHole|cmdFlagFUA, 3, 1<<20, 1<<30),
+		requestBytes(cmdTrim, 0, 4, ^uint64(0)-511, 1024),
+		requestBytes(cmdFlush, 0, 5, 0, 0),
+		requestBytes(cmdRead, cmdFlagDF, 6, 0, 32<<20+512),
+		requestBytes(99, 0xffff, 7, 1, 1),
+	} {
+		f.Add(seed, uint64(1<<30), false, uint8(9))
+		f.Add(seed, uint64(1<<20+1), true, uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, size uint64, readOnly bool, minShift uint8) {
+		if len(raw) < requestHeaderSize {
+			return
+		}
+		var b [requestHeaderSize]byte
+		copy(b[:], raw)
+		h := decodeRequest(&b)
+		if got := requestBytes(h.Type, h.CommandFlags, h.Handle, h.Offset, h.Length); !bytes.Equal(got[4:], b[4:]) {
+			t.Fatalf("decode/encode round trip: %x -> %x", b, got)
+		}
+		e := &Export{Device: nbdtest.NewMemDevice(0), ReadOnly: readOnly, MinBlock: 1 << (minShift % 17)}
+		if e.validate() != nil {
+			return
+		}
+		e.fillDefaults()
+		sess := &session{export: e, size: size, flags: e.transmissionFlags()}
+		errno := checkRequest(&h, sess)
+		if errno == 0 {
+			switch h.Type {
+			case cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes, cmdCache, cmdFlush:
+			default:
+				t.Fatalf("admitted unknown command %d", h.Type)
+			}
+			allowed := cmdFlagFUA
+			if h.Type == cmdWriteZeroes {
+				allowed |= cmdFlagNoHole
+			}
+			if h.CommandFlags&^allowed != 0 || (readOnly && h.CommandFlags != 0) {
+				t.Fatalf("admitted flags %#x for %s (read-only %v)", h.CommandFlags, cmdName(h.Type), readOnly)
+			}
+			if h.Type == cmdFlush {
+				return
+			}
+			end := h.Offset + uint64(h.Length)
+			if end < h.Offset || end > size {
+				t.Fatalf("admitted %s past the end: off %d len %d size %d", cmdName(h.Type), h.Offset, h.Length, size)
+			}
+			if h.Offset%uint64(e.MinBlock) != 0 {
+				t.Fatalf("admitted misaligned offset %d (MinBlock %d)", h.Offset, e.MinBlock)
+			}
+			if (h.Type == cmdRead || h.Type == cmdWrite) && h.Length > e.MaxBlock {
+				t.Fatalf("admitted %s of %d bytes (MaxBlock %d)", cmdName(h.Type), h.Length, e.MaxBlock)
+			}
+			if readOnly && (h.Type == cmdWrite || h.Type == cmdTrim || h.Type == cmdWriteZeroes) {
+				t.Fatalf("admitted %s on a read-only export", cmdName(h.Type))
+			}
+		}
+	})
+}
+
+func optionBytes(id uint32, data []byte) []byte {
+	b := binary.BigEndian.AppendUint64(nil, magicOption)
+	b = binary.BigEndian.AppendUint32(b, id)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
+	return append(b, data...)
+}
+
+// FuzzHandshake feeds arbitrary client bytes to the handshake. It must end (the input runs
+// out), never panic, and write a well-formed stream: the greeting, then option replies, then
+// for NBD_OPT_EXPORT_NAME the 10 or 134 bytes of export information.
+func FuzzHandshake(f *testing.F) {
+	flags := binary.BigEndian.AppendUint32(nil, clientFixedNewstyle|clientNoZeroes)
+	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	f.Add(cat(flags, optionBytes(optGo, infoData("disk", infoBlockSize))))
+	f.Add(cat(flags, optionBytes(optList, nil), optionBytes(optInfo, infoData("", infoName, infoDescription)),
+		optionBytes(0x77, []byte("junk")), optionBytes(optExportName, nil)))
+	f.Add(cat(binary.BigEndian.AppendUint32(nil, 0), optionBytes(optExportName, []byte("disk"))))
+	f.Add(cat(flags, optionBytes(optStartTLS, nil), optionBytes(optAbort, nil)))
+	f.Add(cat(flags, optionBytes(optGo, []byte{0, 0, 0, 9, 'x'})))
+	f.Add(cat(flags, optionBytes(optExportName, []byte("nope"))))
+	s, err := NewServer(Options{
+		Exports: []Export{{Name: "disk", Description: "d", Device: nbdtest.NewMemDevice(1 << 20)}},
+		Logger:  slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var out bytes.Buffer
+		sess, err := s.handshake(bufio.NewReader(bytes.NewReader(in)), &out, s.log)
+		if (sess == nil) == (err == nil) {
+			t.Fatalf("handshake = %v, %v: want exactly one", sess, err)
+		}
+		o := out.Bytes()
+		if len(o) < 18 || binary.BigEndian.Uint64(o) != magicNBD {
+			t.Fatalf("no greeting: %x", o)
+		}
+		o = o[18:]
+		for len(o) >= 20 && binary.BigEndian.Uint64(o) == magicOptionReply {
+			n := 20 + int(binary.BigEndian.Uint32(o[16:]))
+			if n > len(o) {
+				t.Fatalf("truncated option reply")
+			}
+			o = o[n:]
+		}
+		switch {
+		case len(o) == 0:
+		case sess != nil && (len(o) == 10 || len(o) == 134):
+			if binary.BigEndian.Uint64(o) != sess.size {
+				t.Fatalf("EXPORT_NAME reply size %d, want %d", binary.BigEndian.Uint64(o), sess.size)
+			}
+		default:
+			t.Fatalf("%d unparsable bytes after the option replies: %x", len(o), o)
+		}
+	})
+}
