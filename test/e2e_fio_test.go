@@ -32,14 +32,21 @@ type fioJob struct {
 // output that does not parse fails the test.
 func runFio(t *testing.T, uri, job string, extra ...string) []fioJob {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "fio.json")
+	jobFile, err := filepath.Abs(filepath.Join("fio", job))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// fio leaves verify state files in its working directory: give it a scratch one.
+	work := t.TempDir()
+	out := filepath.Join(work, "fio.json")
 	args := append([]string{"--output-format=json", "--output=" + out}, extra...)
-	args = append(args, filepath.Join("fio", job))
+	args = append(args, jobFile)
 
 	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "fio", args...)
 	cmd.Env = append(os.Environ(), "NBD_URI="+uri)
+	cmd.Dir = work
 	cmd.WaitDelay = 5 * time.Second
 	var console bytes.Buffer
 	cmd.Stdout = &console
