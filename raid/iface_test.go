@@ -1,0 +1,15 @@
+package raid_test
+
+import (
+	"github.com/pojntfx/go-nbd/pkg/backend"
+
+	"github.com/raid5d/raid5d/nbd"
+	"github.com/raid5d/raid5d/raid"
+)
+
+// The array is what the NBD layers serve.
+var (
+	_ backend.Backend = (*raid.Array)(nil)
+	_ nbd.Device      = (*raid.Array)(nil)
+	_ nbd.FUAWriter   = (*raid.Array)(nil)
+)
