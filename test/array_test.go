@@ -88,8 +88,8 @@ type server struct {
 }
 
 // serve starts raid5d serve on a fresh unix socket with extra flags (say --read-only), logging
-// JSON to a buffer, and waits until the socket accepts connections. A cleanup stops it with
-// SIGTERM and fails the test unless it exits 0 in time.
+// JSON to a buffer shown if the test fails, and waits until the server greets a client. A
+// cleanup stops it with SIGTERM and fails the test unless it exits 0 in time.
 func (a *array) serve(t testing.TB, flags ...string) *server {
 	t.Helper()
 	// Unix socket paths are limited to 108 bytes; t.TempDir paths grow with the test name.
