@@ -37,11 +37,12 @@ func goodClient(sock string, base, span uint64, started chan<- struct{}, stop <-
 	rng := rand.New(rand.NewPCG(7, 11))
 	end := time.Now().Add(deadline)
 	ops := 0
+loop:
 	for ; ops < maxOps && time.Now().Before(end); ops++ {
 		if ops >= minOps {
 			select {
 			case <-stop:
-				goto done
+				break loop
 			default:
 			}
 		}
@@ -65,7 +66,6 @@ func goodClient(sock string, base, span uint64, started chan<- struct{}, stop <-
 		}
 		startedOnce()
 	}
-done:
 	if err := c.flush(); err != nil {
 		return ops, fmt.Errorf("flush: %w", err)
 	}
