@@ -31,6 +31,8 @@ func FuzzRequestHeader(f *testing.F) {
 		requestBytes(cmdFlush, 0, 5, 0, 0),
 		requestBytes(cmdRead, cmdFlagDF, 6, 0, 32<<20+512),
 		requestBytes(99, 0xffff, 7, 1, 1),
+		requestBytes(cmdDisc, 0, 8, 0, 0),
+		make([]byte, requestHeaderSize), // bad magic
 	} {
 		f.Add(seed, uint64(1<<30), false, uint8(9))
 		f.Add(seed, uint64(1<<20+1), true, uint8(0))
@@ -42,7 +44,7 @@ func FuzzRequestHeader(f *testing.F) {
 		var b [requestHeaderSize]byte
 		copy(b[:], raw)
 		h := decodeRequest(&b)
-		if got := requestBytes(h.Type, h.CommandFlags, h.Handle, h.Offset, h.Length); !bytes.Equal(got[4:], b[4:]) {
+		if got := requestBytes(h.Type, h.CommandFlags, h.Handle, h.Offset, h.Length); h.RequestMagic != binary.BigEndian.Uint32(b[:]) || !bytes.Equal(got[4:], b[4:]) {
 			t.Fatalf("decode/encode round trip: %x -> %x", b, got)
 		}
 		e := &Export{Device: nbdtest.NewMemDevice(0), ReadOnly: readOnly, MinBlock: 1 << (minShift % 17)}
@@ -51,10 +53,21 @@ func FuzzRequestHeader(f *testing.F) {
 		}
 		e.fillDefaults()
 		sess := &session{export: e, size: size, flags: e.transmissionFlags()}
-		errno := checkRequest(&h, sess)
+		errno, err := checkRequest(&h, sess)
+		if err != nil {
+			if h.RequestMagic == magicRequest && !(h.Type == cmdWrite && h.Length > e.MaxBlock) {
+				t.Fatalf("closed the connection for a request it could answer: %v", err)
+			}
+			return
+		}
+		if h.RequestMagic != magicRequest {
+			t.Fatalf("admitted bad magic %#x", h.RequestMagic)
+		}
 		if errno == 0 {
 			switch h.Type {
 			case cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes, cmdCache, cmdFlush:
+			case cmdDisc:
+				return
 			default:
 				t.Fatalf("admitted unknown command %d", h.Type)
 			}

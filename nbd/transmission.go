@@ -83,6 +83,8 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	switch {
 	case err == nil:
 		c.log.Info("nbd: client disconnected (NBD_CMD_DISC)")
+	case werr != nil && isClosed(werr):
+		c.log.Info("nbd: client went away before its replies were written", "err", werr)
 	case werr != nil:
 		c.log.Warn("nbd: closing connection: writing a reply failed", "err", werr)
 	case ctx.Err() != nil:
@@ -103,17 +105,14 @@ func (c *conn) readRequests() error {
 			return err
 		}
 		h := decodeRequest(&hb)
-		if h.RequestMagic != magicRequest {
-			return fmt.Errorf("%w: %#x", ErrBadRequestMagic, h.RequestMagic)
+		errno, err := checkRequest(&h, c.sess)
+		if err != nil {
+			return err
 		}
 		if h.Type == cmdDisc {
 			return nil
 		}
-		if h.Type == cmdWrite && h.Length > c.sess.export.MaxBlock {
-			return fmt.Errorf("%w: %d bytes at offset %d (MaxBlock %d)",
-				ErrPayloadTooLarge, h.Length, h.Offset, c.sess.export.MaxBlock)
-		}
-		if errno := checkRequest(&h, c.sess); errno != 0 {
+		if errno != 0 {
 			if h.Type == cmdWrite {
 				// Stay in sync: the payload follows whatever we think of the request.
 				if _, err := io.CopyN(io.Discard, c.br, int64(h.Length)); err != nil {
@@ -136,9 +135,23 @@ func (c *conn) readRequests() error {
 	}
 }
 
-// checkRequest validates a request header against the session and returns the errno to reply
-// with, or 0 if the request may proceed. WRITE payloads above MaxBlock are caught earlier.
-func checkRequest(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
+// checkRequest validates a request header against the session. It returns an error if the
+// stream is broken and the connection must close (ErrBadRequestMagic, ErrPayloadTooLarge);
+// otherwise the errno to reply with, or 0 if the request may proceed. DISC is always admitted.
+func checkRequest(h *protocol.TransmissionRequestHeader, sess *session) (uint32, error) {
+	e := sess.export
+	if h.RequestMagic != magicRequest {
+		return 0, fmt.Errorf("%w: %#x", ErrBadRequestMagic, h.RequestMagic)
+	}
+	if h.Type == cmdWrite && h.Length > e.MaxBlock {
+		return 0, fmt.Errorf("%w: %d bytes at offset %d (MaxBlock %d)",
+			ErrPayloadTooLarge, h.Length, h.Offset, e.MaxBlock)
+	}
+	return checkCommand(h, sess), nil
+}
+
+// checkCommand returns the errno for a request with a good magic and a payload it can read.
+func checkCommand(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
 	e := sess.export
 	allowed := uint16(0)
 	if sess.flags&tflagSendFUA != 0 {
@@ -147,6 +160,8 @@ func checkRequest(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
 	write := false
 	switch h.Type {
 	case cmdRead, cmdCache:
+	case cmdDisc:
+		return 0 // flags, offset and length are ignored: the client is leaving
 	case cmdWrite, cmdTrim:
 		write = true
 	case cmdWriteZeroes:
