@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -183,4 +184,39 @@ func TestServeListenerFails(t *testing.T) {
 	}
 	c.expectClosed()
 	noServerGoroutines(t)
+}
+
+// TestServeShutdownTimeout: a client that stops reading its replies cannot hold Serve past
+// Options.ShutdownTimeout.
+func TestServeShutdownTimeout(t *testing.T) {
+	s, logs := testServer(t, Options{
+		Exports:         []Export{{Device: nbdtest.NewMemDevice(8 << 20)}},
+		ShutdownTimeout: 100 * time.Millisecond,
+	})
+	ln, path := unixListener(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serve(ctx, s, ln)
+	c := dial(t, path)
+	c.handshakeGo("")
+	for i := range 16 { // 16 MiB of replies: far more than the socket buffers hold
+		c.request(cmdRead, 0, uint64(i), uint64(i%8)<<20, 1<<20, nil)
+	}
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve = %v", err)
+		}
+		if d := time.Since(start); d < 100*time.Millisecond {
+			t.Errorf("Serve returned after %v, before ShutdownTimeout", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve held by a client that does not read")
+	}
+	noServerGoroutines(t)
+	if !logs.loggedErr(os.ErrDeadlineExceeded) {
+		t.Error("the abandoned replies were not logged")
+	}
 }

@@ -81,8 +81,10 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	werr := c.writeErr
 	c.writeMu.Unlock()
 	switch {
-	case err == nil:
+	case err == nil && werr == nil:
 		c.log.Info("nbd: client disconnected (NBD_CMD_DISC)")
+	case werr != nil && ctx.Err() != nil:
+		c.log.Warn("nbd: server shutting down: gave up writing replies", "err", werr)
 	case werr != nil && isClosed(werr):
 		c.log.Info("nbd: client went away before its replies were written", "err", werr)
 	case werr != nil:
