@@ -14,6 +14,7 @@ type memberOp struct {
 	buf   []byte
 	off   int64 // absolute member offset
 	write bool
+	err   error // set by runOps
 }
 
 // runOps performs ops, concurrently when there are several, and returns the first error in
@@ -34,16 +35,16 @@ func (a *Array) runOps(ops []memberOp) error {
 	case 1:
 		return do(&ops[0])
 	}
-	var errs [2 * stripe.MaxMembers]error
 	var wg sync.WaitGroup
 	for i := 1; i < len(ops); i++ {
-		wg.Go(func() { errs[i%len(errs)] = do(&ops[i]) })
+		op := &ops[i]
+		wg.Go(func() { op.err = do(op) })
 	}
-	errs[0] = do(&ops[0])
+	ops[0].err = do(&ops[0])
 	wg.Wait()
-	for _, err := range errs[:min(len(ops), len(errs))] {
-		if err != nil {
-			return err
+	for i := range ops {
+		if ops[i].err != nil {
+			return ops[i].err
 		}
 	}
 	return nil
@@ -98,6 +99,12 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	exts := a.layout.Extents((*ep)[:0], off, int64(len(p)))
 	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
 
+	if len(exts) == 1 { // one chunk: no goroutines
+		if err := a.readExtent(p, exts[0]); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
 	var touched uint64 // bit r: member r holds part of the request
 	for _, e := range exts {
 		touched |= 1 << e.Member
