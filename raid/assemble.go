@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -153,10 +154,12 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 		return nil, err
 	}
 	var members []Member
+	var absent []string
 	for _, p := range paths {
 		m, err := OpenMember(p, opts.ReadOnly)
 		if errors.Is(err, fs.ErrNotExist) {
 			log.Warn("raid: member not found; counting it as missing", "member", p)
+			absent = append(absent, p)
 			continue
 		}
 		if err != nil {
@@ -168,6 +171,9 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	a, err := AssembleMembers(members, opts)
 	if err != nil {
 		closeMembers(members)
+		if len(absent) > 0 && (errors.Is(err, ErrTooManyMissing) || errors.Is(err, ErrNoMembers)) {
+			err = fmt.Errorf("%w (not found: %s)", err, strings.Join(absent, ", "))
+		}
 		return nil, err
 	}
 	return a, nil
