@@ -56,7 +56,8 @@
 // On NBD_CMD_DISC, or when Serve's context is done, a connection stops reading, lets the
 // requests in flight finish and reply (a client that stops reading gets
 // Options.ShutdownTimeout), then closes. Serve returns after every connection has done so.
-//
+package nbd
+
 // BUG(nbd): No TLS: NBD_OPT_STARTTLS gets NBD_REP_ERR_UNSUP. Serve loopback or unix sockets,
 // or tunnel.
 //
@@ -71,4 +72,3 @@
 //
 // BUG(nbd): The handshake has no time limit: an idle client holds a goroutine until it
 // leaves or the server shuts down.
-package nbd
