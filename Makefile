@@ -6,6 +6,11 @@ UNIT_PKGS := ./parity/... ./stripe/... ./raid/... ./nbd/... ./cmd/...
 # Debian packages the end-to-end tests drive: real NBD clients, a filesystem, FUSE.
 DEB_PKGS  := fio libnbd-bin nbdfuse nbdkit qemu-utils fuse3 e2fsprogs
 FUZZTIME  ?= 20s
+# make run: a default array of four sparse member files under ./data, served on loopback.
+DATA      ?= data
+RUN_SIZE  ?= 256M
+MEMBERS   := $(foreach i,0 1 2 3,$(DATA)/member$(i).img)
+LISTEN    ?= 127.0.0.1:10809
 
 .DEFAULT_GOAL := help
 .PHONY: help build run test test-unit test-e2e fuzz bench lint deps clean
@@ -15,6 +20,13 @@ help: ## list the targets
 
 build: ## build bin/raid5d
 	$(GO) build -o $(BIN) ./cmd/raid5d
+
+run: build ## build, create ./data/member{0..3}.img (4 x 256M, sparse) if absent, serve on 127.0.0.1:10809
+	@mkdir -p $(DATA)
+	@if [ ! -e $(DATA)/member0.img ] && [ ! -e $(DATA)/member1.img ]; then \
+	  ./$(BIN) create --size $(RUN_SIZE) $(MEMBERS); fi
+	@echo "attach:  nbdinfo nbd://$(LISTEN)   |   nbd-client -b 4096 $(subst :, ,$(LISTEN)) /dev/nbd0   |   see README"
+	./$(BIN) serve --listen $(LISTEN) $(MEMBERS)
 
 test: deps lint ## install what the tests need, then run every test (unit with -race, then end-to-end)
 	$(GO) test -race -count=1 $(UNIT_PKGS)

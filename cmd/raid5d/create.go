@@ -1,0 +1,57 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/stripe"
+)
+
+func runCreate(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("create", "[flags] MEMBER...",
+		`Writes a raid5d superblock to each MEMBER (3 to 32 of them, in role order) and makes a new
+RAID-5 array of them. Existing member files and block devices are used at their size (the smallest
+sets the array's size); with --size, member files that do not exist are created sparse. The data
+area of every member is made to read as zeroes, so parity is consistent from the start.
+Members that already carry a raid5d superblock are refused unless --force is given.`, stdout)
+	chunk := sizeFlag{n: stripe.DefaultChunk}
+	fs.Var(&chunk, "chunk", "chunk `size`: a power of two from 4K to 4M; a full stripe is chunk × (members-1)")
+	layout := fs.String("layout", stripe.DefaultAlgorithm.String(),
+		"parity `layout`, as Linux md names it: left-symmetric, left-asymmetric, right-symmetric, right-asymmetric")
+	var size sizeFlag
+	fs.Var(&size, "size", "create member files that do not exist, sparse, of this `size` (e.g. 256M)")
+	force := fs.Bool("force", false, "overwrite members that already carry a raid5d superblock (destroys that array)")
+	members, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(members) < stripe.MinMembers {
+		return fmt.Errorf("%w: need at least %d members, got %d", errUsage, stripe.MinMembers, len(members))
+	}
+	alg, err := stripe.ParseAlgorithm(*layout)
+	if err != nil {
+		return fmt.Errorf("%w: --layout: %v", errUsage, err)
+	}
+	a, err := raid.Create(members, raid.CreateOptions{
+		Chunk:      chunk.n,
+		Layout:     alg.String(),
+		MemberSize: size.n,
+		Force:      *force,
+	})
+	if err != nil {
+		return err
+	}
+	st := a.Status()
+	l := a.Layout()
+	n, _ := a.Size()
+	if err := a.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "created RAID-5 array %s: %d members, chunk %s, %s, size %s (%d bytes)\n",
+		st.UUID, l.Members(), formatSize(l.ChunkSize()), l.Algorithm(), formatSize(n), n)
+	for i, m := range members {
+		fmt.Fprintf(stdout, "  role %d: %s\n", i, m)
+	}
+	return nil
+}

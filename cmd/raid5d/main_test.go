@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestUsageAndHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		contains string // in stdout+stderr
+	}{
+		{nil, 2, "Commands:"},
+		{[]string{"--help"}, 0, "Commands:"},
+		{[]string{"--version"}, 0, "raid5d "},
+		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"create", "--help"}, 0, "-chunk size"},
+		{[]string{"serve", "--help"}, 0, "-socket path"},
+		{[]string{"status", "--help"}, 0, "Exit status"},
+		{[]string{"create", "a", "b"}, 2, "need at least 3 members"},
+		{[]string{"create", "--chunk", "12X", "a", "b", "c"}, 2, "invalid size"},
+		{[]string{"create", "--layout", "diagonal", "a", "b", "c"}, 2, "unknown layout"},
+		{[]string{"serve"}, 2, "no members given"},
+		{[]string{"serve", "--log-format", "xml", "a"}, 2, "--log-format"},
+		{[]string{"status"}, 2, "no members given"},
+	} {
+		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.args...)
+			if code != tc.code || !strings.Contains(out+errOut, tc.contains) {
+				t.Fatalf("exit %d (want %d); output does not contain %q:\n%s%s", code, tc.code, tc.contains, out, errOut)
+			}
+		})
+	}
+}
+
+func TestCreateThenStatus(t *testing.T) {
+	dir := t.TempDir()
+	var ms []string
+	for i := range 4 {
+		ms = append(ms, filepath.Join(dir, "m"+string(rune('0'+i))))
+	}
+	// Flags after members work too.
+	code, out, errOut := runCLI(t, append(append([]string{"create"}, ms...), "--size", "8M", "--chunk", "16K")...)
+	if code != 0 {
+		t.Fatalf("create: exit %d: %s%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "4 members, chunk 16K, left-symmetric") {
+		t.Errorf("create output: %s", out)
+	}
+	code, out, errOut = runCLI(t, append([]string{"status"}, ms...)...)
+	if code != 0 || !strings.Contains(out, "state:   clean") {
+		t.Fatalf("status: exit %d: %s%s", code, out, errOut)
+	}
+	// A second create over the same members is refused without --force.
+	if code, out, errOut = runCLI(t, append([]string{"create"}, ms...)...); code != 1 {
+		t.Fatalf("create over an existing array: exit %d: %s%s", code, out, errOut)
+	}
+	// One member gone: degraded, exit 3, and the missing member is named.
+	if err := os.Remove(ms[2]); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = runCLI(t, append([]string{"status"}, ms...)...)
+	if code != 3 || !strings.Contains(out, "degraded") || !strings.Contains(out, "missing: role 2") || !strings.Contains(out, ms[2]) {
+		t.Fatalf("degraded status: exit %d:\n%s%s", code, out, errOut)
+	}
+	// Two gone: failed, exit 1.
+	if err := os.Remove(ms[0]); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut = runCLI(t, append([]string{"status"}, ms...)...); code != 1 || !strings.Contains(out, "failed") {
+		t.Fatalf("failed status: exit %d:\n%s%s", code, out, errOut)
+	}
+}
