@@ -220,3 +220,33 @@ func TestServeShutdownTimeout(t *testing.T) {
 		t.Error("the abandoned replies were not logged")
 	}
 }
+
+func TestServeTCP(t *testing.T) {
+	mem := nbdtest.NewMemDevice(testSize)
+	s, _ := testServer(t, Options{Exports: []Export{{Device: mem}}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serve(ctx, s, ln)
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := newRawClient(t, nc)
+	c.handshakeGo("")
+	p := pattern(42, 8192)
+	if errno, _ := c.do(cmdWrite, cmdFlagFUA, 4096, 8192, p); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno, got := c.do(cmdRead, 0, 4096, 8192, nil); errno != 0 || firstDiff(got, p) >= 0 {
+		t.Fatalf("read back over TCP: errno %d, differs at %d", errno, firstDiff(got, p))
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.expectClosed()
+}
