@@ -38,8 +38,14 @@ test-unit: ## unit tests only, with the race detector
 test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbdfuse)
 	$(GO) test -count=1 -v -timeout 20m ./test/...
 
+# package:target pairs for `make fuzz`
+FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock
+
 fuzz: ## run each fuzz target for FUZZTIME (default 20s)
-	$(GO) test ./stripe -run '^$$' -fuzz '^FuzzExtents$$' -fuzztime $(FUZZTIME)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \
+	  $(GO) test ./$$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME); \
+	done
 
 bench: ## Go benchmarks of the hot paths
 	$(GO) test -run '^$$' -bench . -benchmem $(UNIT_PKGS)
