@@ -3,7 +3,6 @@ package raid
 import (
 	"errors"
 	"fmt"
-	"io"
 
 	"golang.org/x/sys/unix"
 )
@@ -107,6 +106,3 @@ func memberErr(m Member, role int, op string, off int64, err error) error {
 	}
 	return &MemberError{Member: m.Name(), Role: role, Op: op, Off: off, Err: err}
 }
-
-// errShort is what a member reports when a transfer came up short without an error of its own.
-var errShort = io.ErrUnexpectedEOF
