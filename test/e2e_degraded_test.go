@@ -5,13 +5,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
 
-// raidStatus runs raid5d status on the array's member paths. It returns the output whatever the
-// exit status (a degraded array may exit non-zero) and fails only if raid5d could not run.
-func raidStatus(t *testing.T, a *array) string {
+// raidStatus runs raid5d status on the array's member paths and returns its output, with the
+// array's directory replaced by "<dir>" (test names end up in paths), and its exit status
+// (documented: 0 clean or active, 3 degraded). It fails only if raid5d could not run.
+func raidStatus(t *testing.T, a *array) (string, int) {
 	t.Helper()
 	needRaid5d(t)
 	out, err := runToolErr(raid5dBin, append([]string{"status"}, a.members...)...)
@@ -19,10 +21,11 @@ func raidStatus(t *testing.T, a *array) string {
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatalf("raid5d status: %v\n%s", err, out)
 	}
+	code := 0
 	if err != nil {
-		t.Logf("raid5d status exited %d", exit.ExitCode())
+		code = exit.ExitCode()
 	}
-	return out
+	return strings.ReplaceAll(out, a.dir, "<dir>"), code
 }
 
 // TestDegraded loses a member between two runs of the daemon: every block written before must
@@ -35,8 +38,12 @@ func TestDegraded(t *testing.T) {
 	s.stop()
 
 	if !standin {
-		if out := raidStatus(t, a); strings.Contains(strings.ToLower(out), "degraded") {
-			t.Errorf("raid5d status says degraded before any member is gone:\n%s", out)
+		out, code := raidStatus(t, a)
+		if code != 0 || strings.Contains(strings.ToLower(out), "degraded") {
+			t.Errorf("raid5d status with every member present: exit %d (want 0)\n%s", code, out)
+		}
+		if !strings.Contains(out, strconv.Itoa(arraySize)) {
+			t.Errorf("raid5d status does not give the array size %d:\n%s", arraySize, out)
 		}
 	}
 	missing := a.members[1]
@@ -44,12 +51,16 @@ func TestDegraded(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !standin {
-		out := raidStatus(t, a)
-		if !strings.Contains(strings.ToLower(out), "degraded") {
-			t.Errorf("raid5d status does not say degraded with %s gone:\n%s", missing, out)
+		out, code := raidStatus(t, a)
+		if code != 3 || !strings.Contains(strings.ToLower(out), "degraded") {
+			t.Errorf("raid5d status with %s gone: exit %d, want 3 and \"degraded\":\n%s", missing, code, out)
 		}
-		if !strings.Contains(out, filepath.Base(missing)) {
-			t.Errorf("raid5d status does not name the missing member %s:\n%s", missing, out)
+		named := false
+		for _, line := range strings.Split(out, "\n") {
+			named = named || strings.Contains(line, filepath.Base(missing)) && strings.Contains(line, "missing")
+		}
+		if !named {
+			t.Errorf("raid5d status has no line naming %s as missing:\n%s", filepath.Base(missing), out)
 		}
 	}
 
