@@ -131,6 +131,9 @@ const (
 	StateFailed                // two or more members missing: the data is not available
 )
 
+// MarshalText returns the state's name, for logs and JSON.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
 func (s State) String() string {
 	switch s {
 	case StateClean:

@@ -38,6 +38,9 @@ func newUUID() UUID {
 	return u
 }
 
+// MarshalText formats u as String does, so logs and JSON show the UUID, not 16 numbers.
+func (u UUID) MarshalText() ([]byte, error) { return []byte(u.String()), nil }
+
 // String formats u as 8-4-4-4-12 hex digits.
 func (u UUID) String() string {
 	var b [36]byte

@@ -2,6 +2,7 @@ package raid
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"hash/crc32"
 	"reflect"
@@ -116,5 +117,16 @@ func TestUUIDString(t *testing.T) {
 	u := UUID{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef}
 	if got, want := u.String(), "01234567-89ab-cdef-0123-456789abcdef"; got != want {
 		t.Fatalf("String = %q, want %q", got, want)
+	}
+}
+
+func TestUUIDAndStateMarshalText(t *testing.T) {
+	u := UUID{0x84, 0x0a, 0x45, 0x86, 0x77, 0x4b, 0x85, 0x95, 0x95, 0x6b, 0xf5, 0x25, 0xef, 0xce, 0x37, 0x7a}
+	b, err := json.Marshal(map[string]any{"uuid": u, "state": StateDegraded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"state":"degraded","uuid":"840a4586-774b-8595-956b-f525efce377a"}`; string(b) != want {
+		t.Fatalf("json = %s, want %s", b, want)
 	}
 }
