@@ -29,6 +29,19 @@ type FUAWriter interface {
 	WriteAtFUA(p []byte, off int64) (int, error)
 }
 
+// PinnedWriter is implemented by devices that can keep a write's buffer after the call returns
+// (zero-copy write-back under stable pages). The server calls WritePinned instead of WriteAt for
+// writes without FUA when the export's StablePages option is on: p is pinned — page-aligned, never
+// written by the server or anyone else, never reused for another request — until release is called.
+// The device must call release exactly once, after its last read of p; it may call it before
+// WritePinned returns (e.g. when it copied p or wrote it through), and it must call it even on error.
+// release may be called from any goroutine. The reply to the client is sent when WritePinned
+// returns, so the write must be complete in the WriteAt sense by then (readable, and made durable
+// by a later Flush) even while the device still reads p.
+type PinnedWriter interface {
+	WritePinned(p []byte, off int64, release func()) (int, error)
+}
+
 // Errors from Device methods reach the client as an NBD error value. If errors.As finds an
 // error in the chain with a method
 //
