@@ -14,6 +14,9 @@ var (
 	ErrInvalidExport = errors.New("nbd: invalid export")
 	// ErrInvalidOptions is returned by NewServer for negative limits in Options.
 	ErrInvalidOptions = errors.New("nbd: invalid options")
+	// ErrMemlockLimit is returned by NewServer with Options.MlockBuffers when RLIMIT_MEMLOCK
+	// is below what one connection's buffers need and the process lacks CAP_IPC_LOCK.
+	ErrMemlockLimit = errors.New("nbd: RLIMIT_MEMLOCK too low to lock request buffers")
 )
 
 // Protocol violations: the server closes the connection and logs the error under the key "err".

@@ -8,7 +8,10 @@ import (
 	"math/bits"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Export is one device the server offers, under a name.
@@ -29,6 +32,14 @@ type Export struct {
 	// MinBlock, at least PreferredBlock and at most 1 GiB. MaxBlock bounds the payload of one
 	// READ or WRITE; TRIM and WRITE_ZEROES may be longer.
 	MinBlock, PreferredBlock, MaxBlock uint32
+	// StablePages hands WRITE payloads without FUA to the Device by reference, if it is a
+	// PinnedWriter: the request buffer stays pinned and unchanged after the reply until the
+	// device releases it, so the device may compute parity from it and write it out later
+	// without copying. Its bytes stay charged to the connection's MaxInFlightBytes until then
+	// (see "Concurrency and buffer ownership" in the package documentation). With StablePages
+	// off, or a Device that is no PinnedWriter, writes go through WriteAt and the buffer is
+	// reused once it returns.
+	StablePages bool
 }
 
 // Options configure a Server.
@@ -49,6 +60,18 @@ type Options struct {
 	// the context given to Serve is done (a client that stops reading cannot hold Serve
 	// forever). It does not interrupt Device calls. Zero means 30 seconds.
 	ShutdownTimeout time.Duration
+	// MlockBuffers mlocks every request buffer, so the hot path never waits for a page to be
+	// faulted in or swapped back. NewServer returns ErrMemlockLimit unless the process may lock
+	// one connection's worth (MaxInFlightBytes plus the largest MaxBlock rounded up to a power
+	// of two): RLIMIT_MEMLOCK that high, or CAP_IPC_LOCK. If more connections need more later,
+	// the buffers that cannot be locked are used unlocked and a warning is logged once.
+	MlockBuffers bool
+	// DebugImmutable mprotects each buffer read-only while a PinnedWriter holds it (from
+	// WritePinned until release), so any write to it, by the device or anyone else, faults. A
+	// fault is a SIGSEGV that the Go runtime turns into a fatal error ("unexpected fault
+	// address"), killing the process with a stack trace; that is the point. It costs two
+	// mprotect calls per write; it has no effect without StablePages.
+	DebugImmutable bool
 }
 
 // Server serves exports over NBD. Create it with NewServer; it is safe for concurrent use, and
@@ -59,6 +82,12 @@ type Server struct {
 	maxInFlightBytes int64
 	maxInFlightReqs  int
 	shutdownTimeout  time.Duration
+	mlock            bool  // Options.MlockBuffers
+	debugImmutable   bool  // Options.DebugImmutable
+	poolLimit        int64 // free buffer bytes one connection's pool keeps mapped
+
+	mlockWarned atomic.Bool // a failed mlock has been logged
+	bufStats    bufStats
 }
 
 // NewServer checks opts, fills in defaults and returns a server. It returns ErrNoExports,
@@ -76,6 +105,8 @@ func NewServer(opts Options) (*Server, error) {
 		maxInFlightBytes: opts.MaxInFlightBytes,
 		maxInFlightReqs:  opts.MaxInFlightRequests,
 		shutdownTimeout:  opts.ShutdownTimeout,
+		mlock:            opts.MlockBuffers,
+		debugImmutable:   opts.DebugImmutable,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -89,6 +120,7 @@ func NewServer(opts Options) (*Server, error) {
 	if s.shutdownTimeout == 0 {
 		s.shutdownTimeout = 30 * time.Second
 	}
+	s.poolLimit = 2 * s.maxInFlightBytes // size classes round up to twice the bytes in flight
 	seen := make(map[string]bool)
 	for i, e := range opts.Exports {
 		if err := e.validate(); err != nil {
@@ -100,8 +132,49 @@ func NewServer(opts Options) (*Server, error) {
 		seen[e.Name] = true
 		s.exports[i] = e
 		s.exports[i].fillDefaults()
+		if e.StablePages {
+			if _, ok := e.Device.(PinnedWriter); !ok {
+				s.log.Warn("nbd: StablePages is on but the device is no PinnedWriter; its writes are copied",
+					"export", e.Name)
+			}
+		}
+	}
+	if s.mlock {
+		maxBlock := int64(0)
+		for _, e := range s.exports {
+			maxBlock = max(maxBlock, int64(e.MaxBlock))
+		}
+		need := s.maxInFlightBytes + int64(1)<<bits.Len64(uint64(maxBlock-1))
+		if err := checkMemlock(need); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
+}
+
+// checkMemlock returns ErrMemlockLimit unless the process may mlock need bytes.
+func checkMemlock(need int64) error {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
+		return fmt.Errorf("%w: getrlimit: %v", ErrMemlockLimit, err)
+	}
+	if rl.Cur == unix.RLIM_INFINITY || rl.Cur >= uint64(need) || hasCapIPCLock() {
+		return nil
+	}
+	return fmt.Errorf("%w: RLIMIT_MEMLOCK is %d bytes, one connection's buffers need %d "+
+		"(MaxInFlightBytes plus the largest MaxBlock); raise the limit (ulimit -l, systemd "+
+		"LimitMEMLOCK=), grant CAP_IPC_LOCK, or do not lock buffers", ErrMemlockLimit, rl.Cur, need)
+}
+
+// hasCapIPCLock reports whether the process may lock memory beyond RLIMIT_MEMLOCK. Tests
+// replace it.
+var hasCapIPCLock = func() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[unix.CAP_IPC_LOCK/32].Effective&(1<<(unix.CAP_IPC_LOCK%32)) != 0
 }
 
 func (e *Export) fillDefaults() {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
 )
@@ -22,8 +23,9 @@ type conn struct {
 	br  *bufio.Reader // owned by the reader goroutine
 	log *slog.Logger
 
-	sess *session
-	fua  FUAWriter // the export's Device as a FUAWriter, or nil
+	sess   *session
+	fua    FUAWriter    // the export's Device as a FUAWriter, or nil
+	pinned PinnedWriter // the export's Device as a PinnedWriter if StablePages is on, or nil
 
 	// writeMu serialises replies on nc, so that a header and its payload go out together.
 	// It guards writeErr and errHdr.
@@ -31,28 +33,31 @@ type conn struct {
 	writeErr error                 // first failed reply write; later replies are dropped
 	errHdr   [replyHeaderSize]byte // header of error replies sent by the reader itself
 
-	// mu guards the in-flight accounting, the free list and the worker count; cond (on mu)
-	// wakes the reader when a request is released.
+	// mu guards the in-flight accounting, the free lists of requests and buffers, and the
+	// worker count; cond (on mu) wakes the reader when a request or a buffer is released.
 	mu            sync.Mutex
 	cond          sync.Cond
-	inflight      int        // requests acquired and not yet released
-	inflightBytes int64      // their buffer bytes
-	free          []*request // released requests, for reuse
-	nworkers      int        // workers started; never fewer than inflight
+	inflight      int                   // requests acquired and not yet released
+	inflightBytes int64                 // request bytes of the buffers out of the pool
+	free          []*request            // released requests, for reuse
+	nworkers      int                   // workers started; never fewer than inflight
+	pool          [numClasses][]*buffer // free buffers by size class (see pool.go)
+	poolBytes     int64                 // their mapped bytes
+	bufsOut       int                   // buffers out of the pool: with a request or a device
 
 	work    chan *request // reader → workers; closed when the reader stops
 	workers sync.WaitGroup
 }
 
 // request is one request in flight. It belongs to the reader until sent on work, then to one
-// worker until release; its buffer is never shared with another request.
+// worker until release; its buffer is never shared with another request, and outlives it only
+// while a PinnedWriter holds it.
 type request struct {
 	typ, flags uint16
 	cookie     uint64
 	off        uint64
 	length     uint32
-	reserved   int64   // bytes counted in conn.inflightBytes
-	buf        *[]byte // pooled buffer for READ and WRITE, nil otherwise
+	buf        *buffer // pooled buffer for READ and WRITE, nil otherwise
 
 	hdr  [replyHeaderSize]byte
 	iov  [2][]byte
@@ -70,12 +75,16 @@ func newConn(s *Server, nc net.Conn, log *slog.Logger) *conn {
 func (c *conn) transmit(ctx context.Context, sess *session) {
 	c.sess = sess
 	c.fua, _ = sess.export.Device.(FUAWriter)
+	if sess.export.StablePages {
+		c.pinned, _ = sess.export.Device.(PinnedWriter)
+	}
 	c.work = make(chan *request, c.srv.maxInFlightReqs)
 
 	err := c.readRequests()
 
 	close(c.work)
 	c.workers.Wait()
+	c.waitBuffers()
 
 	c.writeMu.Lock()
 	werr := c.writeErr
@@ -126,9 +135,21 @@ func (c *conn) readRequests() error {
 			c.replyFromReader(h.Handle, errno)
 			continue
 		}
-		req := c.acquire(&h)
+		req, err := c.acquire(&h)
+		if err != nil {
+			// No memory for the buffer: refuse this request, keep the stream in sync.
+			if h.Type == cmdWrite {
+				if _, err := io.CopyN(io.Discard, c.br, int64(h.Length)); err != nil {
+					return err
+				}
+			}
+			c.log.Warn("nbd: request refused", "cmd", cmdName(h.Type), "offset", h.Offset,
+				"length", h.Length, "errno", errnoIO, "err", err)
+			c.replyFromReader(h.Handle, errnoIO)
+			continue
+		}
 		if h.Type == cmdWrite && h.Length > 0 {
-			if _, err := io.ReadFull(c.br, (*req.buf)[:h.Length]); err != nil {
+			if _, err := io.ReadFull(c.br, req.buf.mem[:h.Length]); err != nil {
 				c.release(req)
 				return err
 			}
@@ -201,25 +222,38 @@ func checkCommand(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
 }
 
 // acquire waits until the connection's in-flight limits admit a request like h, then returns
-// a request for it, with a buffer for READ and WRITE. It starts a worker if none is idle.
-func (c *conn) acquire(h *protocol.TransmissionRequestHeader) *request {
+// a request for it, with a buffer for READ and WRITE. It starts a worker if none is idle. Only
+// READ and WRITE wait for bytes: a FLUSH goes through even while the device holds pinned
+// buffers up to the limit. It fails only when a new buffer cannot be mapped.
+func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) {
 	n := int64(0)
 	if h.Type == cmdRead || h.Type == cmdWrite {
 		n = int64(h.Length)
 	}
+	class := classOf(int(n))
 	c.mu.Lock()
 	for c.inflight >= c.srv.maxInFlightReqs ||
-		(c.inflightBytes > 0 && c.inflightBytes+n > c.srv.maxInFlightBytes) {
+		(n > 0 && c.inflightBytes > 0 && c.inflightBytes+n > c.srv.maxInFlightBytes) {
 		c.cond.Wait()
 	}
 	c.inflight++
-	c.inflightBytes += n
 	var req *request
 	if k := len(c.free); k > 0 {
 		req = c.free[k-1]
 		c.free = c.free[:k-1]
 	} else {
 		req = new(request)
+	}
+	var b *buffer
+	if n > 0 {
+		c.inflightBytes += n
+		c.bufsOut++
+		if class >= 0 && len(c.pool[class]) > 0 {
+			k := len(c.pool[class]) - 1
+			b = c.pool[class][k]
+			c.pool[class] = c.pool[class][:k]
+			c.poolBytes -= int64(len(b.mem))
+		}
 	}
 	if c.nworkers < c.inflight {
 		c.nworkers++
@@ -228,28 +262,129 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) *request {
 	c.mu.Unlock()
 
 	req.typ, req.flags, req.cookie = h.Type, h.CommandFlags, h.Handle
-	req.off, req.length, req.reserved = h.Offset, h.Length, n
+	req.off, req.length = h.Offset, h.Length
 	if n > 0 {
-		req.buf = getBuffer(int(n))
+		if b == nil {
+			var err error
+			if b, err = c.newBuffer(class, int(n)); err != nil {
+				c.mu.Lock()
+				c.inflightBytes -= n
+				c.bufsOut--
+				c.mu.Unlock()
+				c.finish(req, nil)
+				return nil, err
+			}
+		}
+		c.srv.bufStats.out.Add(1)
+		b.refs.Store(1)
+		b.charge = n
+		req.buf = b
 	}
-	return req
+	return req, nil
 }
 
-// release returns req's buffer to the pool and req to the free list. The reply has been
-// written (or abandoned) and no Device call holds the buffer any more.
-func (c *conn) release(req *request) {
-	if req.buf != nil {
-		putBuffer(req.buf)
-		req.buf = nil
+// newBuffer maps a buffer for class (n bytes if class is -1), mlocked if the server says so.
+func (c *conn) newBuffer(class, n int) (*buffer, error) {
+	b, lockErr, err := mapBuffer(c, class, n, c.srv.mlock)
+	if err != nil {
+		return nil, err
 	}
+	st := &c.srv.bufStats
+	st.mapped.Add(int64(len(b.mem)))
+	if b.locked {
+		st.locked.Add(int64(len(b.mem)))
+	}
+	if lockErr != nil && c.srv.mlockWarned.CompareAndSwap(false, true) {
+		c.log.Warn("nbd: mlock of a request buffer failed; serving with unlocked buffers",
+			"err", lockErr, "mapped", st.mapped.Load(), "locked", st.locked.Load())
+	}
+	return b, nil
+}
+
+// unmapBuffer unmaps a buffer that has left the pool for good.
+func (c *conn) unmapBuffer(b *buffer) {
+	st := &c.srv.bufStats
+	st.mapped.Add(-int64(len(b.mem)))
+	if b.locked {
+		st.locked.Add(-int64(len(b.mem)))
+	}
+	b.unmap()
+}
+
+// release ends req: its reply has been written (or abandoned). It drops the request's reference
+// to its buffer; the buffer goes back to the pool now, or when the device that still holds it
+// calls release.
+func (c *conn) release(req *request) {
+	b := req.buf
+	req.buf = nil
 	req.iov = [2][]byte{}
 	req.bufs = nil
+	if b != nil && b.refs.Add(-1) != 0 {
+		b = nil // a PinnedWriter still holds it; its release call finishes it
+	}
+	c.finish(req, b)
+}
+
+// finish puts req (if not nil) on the free list and returns b (if not nil), whose last
+// reference has been dropped, to the pool, uncharging its bytes. b is made writable again
+// first; a buffer the pool cannot keep is unmapped.
+func (c *conn) finish(req *request, b *buffer) {
+	if b != nil {
+		b.unprotect()
+		c.srv.bufStats.out.Add(-1)
+	}
+	var drop *buffer
 	c.mu.Lock()
-	c.inflight--
-	c.inflightBytes -= req.reserved
-	c.free = append(c.free, req)
+	if req != nil {
+		c.inflight--
+		c.free = append(c.free, req)
+	}
+	if b != nil {
+		c.inflightBytes -= b.charge
+		c.bufsOut--
+		size := int64(len(b.mem))
+		if b.class >= 0 && c.poolBytes+size <= c.srv.poolLimit {
+			c.pool[b.class] = append(c.pool[b.class], b)
+			c.poolBytes += size
+		} else {
+			drop = b
+		}
+	}
 	c.mu.Unlock()
 	c.cond.Signal()
+	if drop != nil {
+		c.unmapBuffer(drop)
+	}
+}
+
+// waitBuffers waits, once the workers are done, until the device has released every buffer it
+// holds, then unmaps the pool. A device that keeps buffers past Options.ShutdownTimeout gets a
+// log line, and is waited for all the same: unmapping a buffer it still reads would crash.
+func (c *conn) waitBuffers() {
+	c.mu.Lock()
+	if c.bufsOut > 0 {
+		warn := time.AfterFunc(c.srv.shutdownTimeout, func() {
+			c.mu.Lock()
+			n := c.bufsOut
+			c.mu.Unlock()
+			c.log.Warn("nbd: connection done but the device still holds pinned buffers; waiting",
+				"buffers", n)
+		})
+		for c.bufsOut > 0 {
+			c.cond.Wait()
+		}
+		warn.Stop()
+	}
+	var all []*buffer
+	for i := range c.pool {
+		all = append(all, c.pool[i]...)
+		c.pool[i] = nil
+	}
+	c.poolBytes = 0
+	c.mu.Unlock()
+	for _, b := range all {
+		c.unmapBuffer(b)
+	}
 }
 
 // worker processes requests until the reader closes work.
@@ -271,7 +406,7 @@ func (c *conn) serveRequest(req *request) {
 		if req.length == 0 {
 			break
 		}
-		p := (*req.buf)[:req.length]
+		p := req.buf.mem[:req.length]
 		var n int
 		n, err = dev.ReadAt(p, off)
 		if n == len(p) {
@@ -287,11 +422,16 @@ func (c *conn) serveRequest(req *request) {
 		if req.length == 0 {
 			break
 		}
-		p := (*req.buf)[:req.length]
+		p := req.buf.mem[:req.length]
 		var n int
 		switch {
 		case fua && c.fua != nil:
 			n, err = c.fua.WriteAtFUA(p, off)
+		case !fua && c.pinned != nil:
+			// Stable pages: the device may keep p after the call; from here on nothing in the
+			// server writes to it, and it returns to the pool only after the device's release.
+			req.buf.pin(c.srv.debugImmutable)
+			n, err = c.pinned.WritePinned(p, off, req.buf.release)
 		default:
 			n, err = dev.WriteAt(p, off)
 		}

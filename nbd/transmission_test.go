@@ -483,18 +483,25 @@ func TestErrnoOf(t *testing.T) {
 	}
 }
 
-func TestBufferPool(t *testing.T) {
+func TestBufferSizeClasses(t *testing.T) {
 	for _, n := range []int{1, 512, 4096, 4097, 65536, 1 << 20, 32 << 20, 32<<20 + 1} {
-		b := getBuffer(n)
-		if len(*b) < n || uintptr(len(*b)) != uintptr(cap(*b)) {
-			t.Errorf("getBuffer(%d): len %d cap %d", n, len(*b), cap(*b))
+		b, _, err := mapBuffer(nil, classOf(n), n, false)
+		if err != nil {
+			t.Fatalf("mapBuffer(%d): %v", n, err)
 		}
-		if n <= 1<<maxBufShift && len(*b) > max(2*n, 4096) {
-			t.Errorf("getBuffer(%d): %d bytes is not the smallest class", n, len(*b))
+		if len(b.mem) < n || len(b.mem) != cap(b.mem) || len(b.mem)%pageSize != 0 {
+			t.Errorf("mapBuffer(%d): len %d cap %d", n, len(b.mem), cap(b.mem))
 		}
-		if addr := uintptr(unsafe.Pointer(unsafe.SliceData(*b))); addr%pageSize != 0 {
-			t.Errorf("getBuffer(%d) not page-aligned: %#x", n, addr)
+		if len(b.mem) > max(2*n, 4096) && n <= 1<<maxBufShift {
+			t.Errorf("mapBuffer(%d): %d bytes is not the smallest class", n, len(b.mem))
 		}
-		putBuffer(b)
+		if n > 1<<maxBufShift && (b.class != -1 || len(b.mem) > n+pageSize) {
+			t.Errorf("mapBuffer(%d): class %d, %d bytes; want its own mapping", n, b.class, len(b.mem))
+		}
+		if addr := uintptr(unsafe.Pointer(unsafe.SliceData(b.mem))); addr%pageSize != 0 {
+			t.Errorf("mapBuffer(%d) not page-aligned: %#x", n, addr)
+		}
+		b.mem[0], b.mem[len(b.mem)-1] = 1, 2 // writable, all of it
+		b.unmap()
 	}
 }
