@@ -4,7 +4,7 @@ BIN       := bin/raid5d
 PKGS      := ./...
 UNIT_PKGS := ./parity/... ./stripe/... ./raid/... ./nbd/... ./cmd/...
 # Debian packages the end-to-end tests drive: real NBD clients, a filesystem, FUSE.
-DEB_PKGS  := fio libnbd-bin nbdfuse nbdkit qemu-utils fuse3 e2fsprogs
+DEB_PKGS  := fio libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs
 FUZZTIME  ?= 20s
 # make run: a default array of four sparse member files under ./data, served on loopback.
 DATA      ?= data
@@ -56,14 +56,18 @@ lint: ## gofmt and go vet
 	$(GO) vet $(PKGS)
 
 deps: ## install the Debian packages the tests use (idempotent, quiet)
-	@missing=""; for p in $(DEB_PKGS); do \
+	@if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+	missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq >/dev/null && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null || exit 1; \
+	fi; \
+	if ! command -v nbdfuse >/dev/null; then \
+	  echo "installing: nbdfuse"; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nbdfuse >/dev/null || exit 1; \
 	fi
 	@$(GO) mod download
 
