@@ -1,6 +1,7 @@
 package raid
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +15,8 @@ import (
 )
 
 // nLocks is the size of the hashed table of stripe locks (a power of two): stripe s is guarded
-// by locks[s % nLocks].
-const nLocks = 1024
+// by locks.For(s), the mutex s % nLocks.
+const nLocks = stripe.NumLocks
 
 // Array is an assembled RAID-5 array. All its I/O methods may be called concurrently; Close
 // must not be called concurrently with them (it waits for calls in flight, then refuses new ones).
@@ -34,7 +35,18 @@ type Array struct {
 
 	// locks serialise writes, and reads that reconstruct, per stripe (hashed). A request
 	// holds one at a time, in ascending stripe order; only Trim holds several (see lockSpan).
-	locks [nLocks]sync.Mutex
+	// With a cache they also guard the stripe's cache head (see stripe.Cache).
+	locks stripe.Locks
+
+	// cache is the write-back stripe cache; nil without one (IOOptions.StripeCache < 0, or
+	// read-only). Started by start, stopped by Close.
+	cache  *stripe.Cache
+	stable bool // IOOptions.StablePages
+	// unsafeRef (tests only) makes WriteAt keep references to the caller's buffer as if it
+	// were pinned, without any promise that it stays unchanged: the hazard stable pages avoid.
+	unsafeRef bool
+	missFn    func([]byte, stripe.Extent) error // a.readExtent, bound once
+	ctr       counters
 
 	scratch sync.Pool // *scratch: chunk-sized buffers for one stripe operation
 	extents sync.Pool // *[]stripe.Extent
@@ -77,7 +89,7 @@ func (s *scratch) buf(i int, chunk, n int64) []byte {
 	return s.bufs[i][:n]
 }
 
-func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnly bool, log *slog.Logger) (*Array, error) {
+func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnly bool, log *slog.Logger, opts IOOptions) (*Array, error) {
 	coder, err := parity.New(layout.DataMembers())
 	if err != nil {
 		return nil, err
@@ -112,7 +124,25 @@ func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnl
 		return &scratch{bufs: make([][]byte, n), shards: make([][]byte, n), ops: make([]memberOp, 0, 2*n)}
 	}
 	a.extents.New = func() any { s := make([]stripe.Extent, 0, 2*n); return &s }
+	a.missFn = a.readExtent
+	a.stable = opts.StablePages
+	if !readOnly && opts.StripeCache >= 0 {
+		stripes := opts.StripeCache
+		if stripes == 0 {
+			stripes = DefaultCacheStripes(layout)
+		}
+		a.cache = stripe.NewCache(layout, coder, memberIO{a}, &a.locks, stripe.CacheOptions{
+			Stripes: stripes, WriteBackDelay: opts.WriteBackDelay, WriteBackers: opts.WriteBackers, Logger: log,
+		})
+	}
 	return a, nil
+}
+
+// start starts the array's background work (the cache's write-out goroutines); Close stops it.
+func (a *Array) start() {
+	if a.cache != nil {
+		a.cache.Start(context.Background())
+	}
 }
 
 // Layout returns the array's geometry.
@@ -241,14 +271,20 @@ func (a *Array) markDirty() error {
 	return nil
 }
 
-// Flush makes every completed write durable: fdatasync on every member, concurrently.
+// Flush makes every completed write durable: it writes out every dirty stripe of the cache,
+// then fdatasyncs every member, concurrently. It also returns any error of a background
+// write-out since the last Flush (the stripe stays dirty in the cache and is retried).
 func (a *Array) Flush() error {
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
 	if a.closed {
 		return ErrClosed
 	}
-	return a.syncMembers()
+	var err error
+	if a.cache != nil {
+		err = a.cache.Flush()
+	}
+	return errors.Join(err, a.syncMembers())
 }
 
 func (a *Array) syncMembers() error {
@@ -267,7 +303,7 @@ func (a *Array) syncMembers() error {
 // Sync is Flush, under the name go-nbd's backend.Backend uses.
 func (a *Array) Sync() error { return a.Flush() }
 
-// Close waits for calls in flight, flushes, marks the array clean in the superblocks (unless it
+// Close waits for calls in flight, stops the cache's write-out, writes out every dirty stripe, flushes, marks the array clean in the superblocks (unless it
 // was assembled dirty, see Status.Unclean, or read-only) and closes the members.
 func (a *Array) Close() error {
 	a.opMu.Lock()
@@ -278,7 +314,11 @@ func (a *Array) Close() error {
 	a.closed = true
 	var errs []error
 	if !a.readOnly {
-		err := a.syncMembers()
+		var err error
+		if a.cache != nil {
+			err = a.cache.Close()
+		}
+		err = errors.Join(err, a.syncMembers())
 		errs = append(errs, err)
 		a.sbMu.Lock()
 		if err == nil && a.dirty.Load() && !a.unclean {

@@ -23,6 +23,7 @@ type CreateOptions struct {
 	Layout     string // md layout name or short form (stripe.ParseAlgorithm); "" = stripe.DefaultAlgorithm
 	MemberSize int64  // if > 0, absent member files are created, sparse, with this size
 	Force      bool   // overwrite members that already carry a raid5d superblock
+	IOOptions         // stripe cache and stable pages for the returned array
 }
 
 // Create makes a new array of the members at paths (role i is paths[i]), writes their
@@ -120,7 +121,7 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 			Members: len(members), Role: r, DataOffset: DataOffset, DataSize: dataSize, Created: now,
 		}
 	}
-	a, err := newArray(layout, members, sbs, false, nil)
+	a, err := newArray(layout, members, sbs, false, nil, opts.IOOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -130,13 +131,15 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.start()
 	return a, nil
 }
 
 // AssembleOptions configure Assemble. The zero value is a valid default.
 type AssembleOptions struct {
-	ReadOnly bool         // open members read-only; never write (superblocks included)
-	Logger   *slog.Logger // nil: discard
+	ReadOnly  bool         // open members read-only; never write (superblocks included)
+	Logger    *slog.Logger // nil: discard
+	IOOptions              // stripe cache and stable pages (no cache when ReadOnly)
 }
 
 // Assemble opens the members at paths, in any order, and puts them in their roles from their
@@ -245,7 +248,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := newArray(layout, byRole, sbByRole, opts.ReadOnly, log)
+	a, err := newArray(layout, byRole, sbByRole, opts.ReadOnly, log, opts.IOOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -266,6 +269,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 			}
 		}
 	}
+	a.start()
 	return a, nil
 }
 

@@ -20,15 +20,7 @@ type memberOp struct {
 // runOps performs ops, concurrently when there are several, and returns the first error in
 // op order as a *MemberError. The caller holds the stripe lock where the ops need it.
 func (a *Array) runOps(ops []memberOp) error {
-	do := func(op *memberOp) error {
-		m := a.members[op.role]
-		if op.write {
-			_, err := m.WriteAt(op.buf, op.off)
-			return memberErr(m, op.role, "write", op.off, err)
-		}
-		_, err := m.ReadAt(op.buf, op.off)
-		return memberErr(m, op.role, "read", op.off, err)
-	}
+	do := func(op *memberOp) error { return a.memberIO(op.role, op.buf, op.off, op.write) }
 	switch len(ops) {
 	case 0:
 		return nil
@@ -50,6 +42,71 @@ func (a *Array) runOps(ops []memberOp) error {
 	return nil
 }
 
+// memberIO reads or writes buf at absolute offset off of member role, counting the bytes.
+func (a *Array) memberIO(role int, buf []byte, off int64, write bool) error {
+	m := a.members[role]
+	if write {
+		n, err := m.WriteAt(buf, off)
+		a.ctr.memberWrit.Add(uint64(n))
+		return memberErr(m, role, "write", off, err)
+	}
+	n, err := m.ReadAt(buf, off)
+	a.ctr.memberRead.Add(uint64(n))
+	return memberErr(m, role, "read", off, err)
+}
+
+// memberIO is how the stripe cache reaches the members (stripe.Members).
+type memberIO struct{ a *Array }
+
+// Missing returns the missing role, or -1.
+func (m memberIO) Missing() int { return m.a.missing }
+
+// Do performs ops (member data-area offsets) with one goroutine per member touched beyond the
+// first, each running its member's ops in order, and returns the error of the lowest role that
+// failed, as a *MemberError.
+func (m memberIO) Do(ops []stripe.MemberOp) error {
+	a := m.a
+	do := func(op *stripe.MemberOp) error { return a.memberIO(op.Role, op.Buf, a.dataOffset+op.Off, op.Write) }
+	switch len(ops) {
+	case 0:
+		return nil
+	case 1:
+		return do(&ops[0])
+	}
+	var roles uint64
+	for i := range ops {
+		roles |= 1 << ops[i].Role
+	}
+	var errs [stripe.MaxMembers]error
+	run := func(r int) {
+		for i := range ops {
+			if ops[i].Role == r && errs[r] == nil {
+				errs[r] = do(&ops[i])
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	first := -1
+	for r := range a.members {
+		if roles&(1<<r) == 0 {
+			continue
+		}
+		if first < 0 {
+			first = r
+			continue
+		}
+		wg.Go(func() { run(r) })
+	}
+	run(first)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // check refuses ranges that are negative or end past the array.
 func (a *Array) check(off, n int64) error {
 	if off < 0 || n < 0 || off > a.size || n > a.size-off {
@@ -58,29 +115,17 @@ func (a *Array) check(off, n int64) error {
 	return nil
 }
 
-func (a *Array) stripeLock(s int64) *sync.Mutex { return &a.locks[s&(nLocks-1)] }
+func (a *Array) stripeLock(s int64) *sync.Mutex { return a.locks.For(s) }
 
 // lockSpan locks the stripes [s0, s0+n), n ≤ nLocks, in ascending lock order; unlockSpan
 // releases them. It is the only place that holds more than one stripe lock, so the fixed
-// order is enough to rule out deadlock.
-func (a *Array) lockSpan(s0, n int64) {
-	for i := range int64(nLocks) {
-		if (i-s0)&(nLocks-1) < n {
-			a.locks[i].Lock()
-		}
-	}
-}
+// order is enough to rule out deadlock (the cache takes other stripes' locks only with TryLock).
+func (a *Array) lockSpan(s0, n int64)   { a.locks.LockSpan(s0, n) }
+func (a *Array) unlockSpan(s0, n int64) { a.locks.UnlockSpan(s0, n) }
 
-func (a *Array) unlockSpan(s0, n int64) {
-	for i := range int64(nLocks) {
-		if (i-s0)&(nLocks-1) < n {
-			a.locks[i].Unlock()
-		}
-	}
-}
-
-// ReadAt reads len(p) bytes at array offset off into p (io.ReaderAt). Member reads go straight
-// into p, one goroutine per member touched. A missing member's chunks, and a chunk whose read
+// ReadAt reads len(p) bytes at array offset off into p (io.ReaderAt). Units up to date in the
+// stripe cache (including writes not yet written out) are copied from it; member reads go
+// straight into p, one goroutine per member touched. A missing member's chunks, and a chunk whose read
 // fails while the array is otherwise whole, are rebuilt from the rest of their stripe.
 // On error n is the length of the prefix of p known to be good.
 func (a *Array) ReadAt(p []byte, off int64) (int, error) {
@@ -100,7 +145,7 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
 
 	if len(exts) == 1 { // one chunk: no goroutines
-		if err := a.readExtent(p, exts[0]); err != nil {
+		if err := a.readPiece(p, exts[0]); err != nil {
 			return 0, err
 		}
 		return len(p), nil
@@ -119,7 +164,7 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 			if e.Member != r {
 				continue
 			}
-			if err := a.readExtent(p[e.BufOff:e.BufOff+e.Len], e); err != nil {
+			if err := a.readPiece(p[e.BufOff:e.BufOff+e.Len], e); err != nil {
 				mu.Lock()
 				if e.BufOff < failOff {
 					failOff, failErr = e.BufOff, err
@@ -148,18 +193,26 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// readExtent reads one extent into dst, rebuilding it when its member is missing or fails.
+// readPiece reads one extent into dst: through the cache if there is one, else readExtent.
+func (a *Array) readPiece(dst []byte, e stripe.Extent) error {
+	if a.cache != nil {
+		return a.cache.ReadExtent(dst, e, a.missFn)
+	}
+	return a.readExtent(dst, e)
+}
+
+// readExtent reads one extent from its member into dst, rebuilding it when its member is
+// missing or fails.
 func (a *Array) readExtent(dst []byte, e stripe.Extent) error {
 	m := a.members[e.Member]
 	if m == nil {
 		return a.reconstructRead(dst, e)
 	}
 	off := a.dataOffset + e.MemberOff
-	_, err := m.ReadAt(dst, off)
-	if err == nil {
+	merr := a.memberIO(e.Member, dst, off, false)
+	if merr == nil {
 		return nil
 	}
-	merr := memberErr(m, e.Member, "read", off, err)
 	if a.missing >= 0 {
 		return merr
 	}
@@ -204,10 +257,37 @@ func (a *Array) reconstructRead(dst []byte, e stripe.Extent) error {
 }
 
 // WriteAt writes p at array offset off (io.WriterAt), stripe by stripe, each under its stripe
-// lock, updating parity. p is read (possibly twice: for parity and for the member write) and not
-// kept; the caller must not modify it during the call. On error n is the length of the prefix of
-// p whose stripes were written completely.
+// lock. With a cache, whole stripes are written at once (parity from the new data alone) and the
+// rest lands in the cache, to be written out later (Flush makes it durable); without one, every
+// stripe is written with its parity before WriteAt returns. p is not kept. With StablePages,
+// whole stripes are written straight from p, which must not change during the call; otherwise p
+// is copied first and may change at any time. On error n is the length of the prefix of p whose
+// stripes were written completely.
 func (a *Array) WriteAt(p []byte, off int64) (int, error) {
+	if a.unsafeRef {
+		pin := stripe.NewPin(nil)
+		defer pin.Drop()
+		return a.writeAt(p, off, pin)
+	}
+	return a.writeAt(p, off, nil)
+}
+
+// WritePinned is WriteAt for a pinned buffer (nbd.PinnedWriter): p stays unchanged until
+// release runs. With StablePages and a cache, the whole aligned 4 KiB units of a partial-stripe
+// write are kept by reference in the cache, not copied, until written out; release runs,
+// exactly once, after the last member write that reads p has completed — possibly before
+// WritePinned returns, and on error too. Otherwise it is WriteAt followed by release.
+func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
+	if a.cache == nil || !a.stable {
+		defer release()
+		return a.WriteAt(p, off)
+	}
+	pin := stripe.NewPin(release)
+	defer pin.Drop()
+	return a.writeAt(p, off, pin)
+}
+
+func (a *Array) writeAt(p []byte, off int64, pin *stripe.Pin) (int, error) {
 	if err := a.check(off, int64(len(p))); err != nil {
 		return 0, err
 	}
@@ -221,6 +301,9 @@ func (a *Array) WriteAt(p []byte, off int64) (int, error) {
 	}
 	if err := a.markDirty(); err != nil {
 		return 0, err
+	}
+	if a.cache != nil {
+		return a.cache.Write(p, off, a.stable || pin != nil, pin)
 	}
 	return a.write(p, off)
 }
@@ -320,6 +403,7 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 		if err := a.coder.Encode(shards); err != nil {
 			return err
 		}
+		a.ctr.full.Add(1)
 		return writeAll(P)
 	}
 
@@ -333,6 +417,11 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 		rmw = newBytes+L < rcwBytes
 	}
 
+	if rmw {
+		a.ctr.rmw.Add(1)
+	} else {
+		a.ctr.rcw.Add(1)
+	}
 	switch {
 	case rmw:
 		reads = append(reads, memberOp{role: pm, buf: P, off: pOff})
@@ -402,13 +491,24 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 	return writeAll(P)
 }
 
-// WriteAtFUA is WriteAt followed by a flush of every member: the write is durable on return.
+// WriteAtFUA is WriteAt, then a write-out of the cached stripes it touched and an fdatasync of
+// every member: the write is durable on return.
 func (a *Array) WriteAtFUA(p []byte, off int64) (int, error) {
 	n, err := a.WriteAt(p, off)
 	if err != nil {
 		return n, err
 	}
-	return n, a.Flush()
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if a.closed {
+		return n, ErrClosed
+	}
+	if a.cache != nil {
+		if err := a.cache.FlushRange(off, int64(len(p))); err != nil {
+			return n, err
+		}
+	}
+	return n, a.syncMembers()
 }
 
 // Trim discards [off, off+length): afterwards it reads as zeroes. Whole stripes are trimmed on
@@ -457,6 +557,9 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 	for s := first; s < end; s += nLocks {
 		n := min(nLocks, end-s)
 		a.lockSpan(s, n)
+		if a.cache != nil {
+			a.cache.Discard(s, n)
+		}
 		var errs []error
 		for r, m := range a.members {
 			if m != nil {
@@ -475,11 +578,16 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 	return nil
 }
 
-// writeZeroes writes zeroes from the shared zero buffer; the caller holds opMu.
+// writeZeroes writes zeroes from the shared zero buffer (never written, so stable); the caller
+// holds opMu.
 func (a *Array) writeZeroes(off, length int64) error {
 	for length > 0 {
 		n := min(length, int64(len(zeroBuf)))
-		if _, err := a.write(zeroBuf[:n], off); err != nil {
+		write := a.write
+		if a.cache != nil {
+			write = func(p []byte, off int64) (int, error) { return a.cache.Write(p, off, true, nil) }
+		}
+		if _, err := write(zeroBuf[:n], off); err != nil {
 			return err
 		}
 		off += n

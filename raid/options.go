@@ -1,0 +1,92 @@
+package raid
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// IOOptions configure how an array does I/O: the stripe cache and the stable-pages promise.
+// They are part of CreateOptions and AssembleOptions; the zero value is a valid default (a
+// write-back stripe cache of DefaultCacheStripes-sized capacity, buffers copied).
+type IOOptions struct {
+	// StablePages declares that no buffer handed to WriteAt changes until the call returns, and
+	// none handed to WritePinned until its release runs. Whole-stripe writes then compute parity
+	// and write the members straight from the caller's buffer (no copy), and WritePinned keeps
+	// references to whole aligned 4 KiB units of its buffer in the cache instead of copying
+	// them. Off (the default), every write is copied into the cache first, as md does without
+	// skip_copy: a caller that changes its buffer during a write cannot make parity disagree
+	// with the data. Turn it on only when the caller keeps the promise (the nbd server does).
+	StablePages bool
+	// StripeCache is the stripe cache's capacity in stripes: > 0 that many; 0 the default
+	// (DefaultCacheStripes); < 0 no cache: every write is written through synchronously, by
+	// read-modify-write or reconstruct-write, before it returns. The cache's memory is
+	// StripeCache × members × chunk bytes, allocated as stripes are first cached.
+	StripeCache int
+	// WriteBackDelay is how long a partly written stripe waits in the cache for more writes
+	// before it is written out; 0 means stripe.DefaultWriteBackDelay (5 ms).
+	WriteBackDelay time.Duration
+	// WriteBackers is the number of background write-out goroutines; 0 means
+	// stripe.DefaultWriteBackers (4).
+	WriteBackers int
+}
+
+// Default cache sizing: DefaultCacheBytes worth of stripes, at least MinDefaultCacheStripes and
+// at most MaxDefaultCacheStripes. With 4 members and 64 KiB chunks that is 256 stripes, 64 MiB,
+// holding 48 MiB of partial stripes: far more than a client's queue of small sequential writes
+// needs to fill its stripes before they are written out.
+const (
+	DefaultCacheBytes      = 64 << 20
+	MinDefaultCacheStripes = 16
+	MaxDefaultCacheStripes = 256
+)
+
+// DefaultCacheStripes returns the capacity StripeCache 0 gives an array of layout l.
+func DefaultCacheStripes(l stripe.Layout) int {
+	n := DefaultCacheBytes / (int64(l.Members()) * l.ChunkSize())
+	return int(min(max(n, MinDefaultCacheStripes), MaxDefaultCacheStripes))
+}
+
+// Counters are an array's cumulative I/O counters (see Array.Counters).
+type Counters struct {
+	FullStripeWrites   uint64 // stripes written whole, parity from the new data alone: no reads
+	RMWWrites          uint64 // partial-stripe writes (write-outs) by read-modify-write
+	RCWWrites          uint64 // partial-stripe writes (write-outs) by reconstruct-write
+	MemberBytesRead    uint64 // data-area bytes read from members (superblocks not counted)
+	MemberBytesWritten uint64 // data-area bytes written to members
+	CopiedBytes        uint64 // bytes of writes copied into the stripe cache
+	CacheHits          uint64 // read pieces (one chunk's worth at most) served from the cache alone
+	CacheMisses        uint64 // read pieces that needed member reads
+	CacheEvictions     uint64 // clean cached stripes dropped to make room
+	WriteThroughs      uint64 // partial writes written synchronously because the cache was full of dirty stripes
+	CacheStripes       int    // the cache's capacity in stripes, 0 without a cache
+}
+
+// counters are the array's own counters; the cache keeps the rest.
+type counters struct {
+	full, rmw, rcw         atomic.Uint64 // cacheless path
+	memberRead, memberWrit atomic.Uint64
+}
+
+// Counters returns the array's cumulative I/O counters. It may be called concurrently with I/O.
+func (a *Array) Counters() Counters {
+	c := Counters{
+		FullStripeWrites:   a.ctr.full.Load(),
+		RMWWrites:          a.ctr.rmw.Load(),
+		RCWWrites:          a.ctr.rcw.Load(),
+		MemberBytesRead:    a.ctr.memberRead.Load(),
+		MemberBytesWritten: a.ctr.memberWrit.Load(),
+	}
+	if a.cache != nil {
+		cc := a.cache.Counters()
+		c.FullStripeWrites += cc.FullStripeWrites
+		c.RMWWrites += cc.RMWWrites
+		c.RCWWrites += cc.RCWWrites
+		c.CopiedBytes = cc.CopiedBytes
+		c.CacheHits, c.CacheMisses, c.CacheEvictions = cc.Hits, cc.Misses, cc.Evictions
+		c.WriteThroughs = cc.WriteThroughs
+		c.CacheStripes = a.cache.Capacity()
+	}
+	return c
+}

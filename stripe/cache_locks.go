@@ -1,0 +1,41 @@
+package stripe
+
+import "sync"
+
+// NumLocks is the size of a Locks table (a power of two).
+const NumLocks = 1024
+
+// Locks is a fixed table of stripe locks: stripe s is guarded by the mutex For(s), shared by
+// every stripe congruent to s modulo NumLocks. The zero value is ready to use.
+//
+// A goroutine holds at most one of them, except LockSpan, which takes several in ascending
+// table order; together the two rules rule out deadlock. The Cache takes other stripes' locks
+// only with TryLock.
+type Locks struct {
+	mu [NumLocks]sync.Mutex
+}
+
+// For returns the mutex of stripe s.
+func (l *Locks) For(s int64) *sync.Mutex { return &l.mu[s&(NumLocks-1)] }
+
+// LockSpan locks the stripes [s0, s0+n), n ≤ NumLocks, in ascending table order; UnlockSpan
+// releases them.
+func (l *Locks) LockSpan(s0, n int64) {
+	for i := range int64(NumLocks) {
+		if (i-s0)&(NumLocks-1) < n {
+			l.mu[i].Lock()
+		}
+	}
+}
+
+// UnlockSpan releases what LockSpan(s0, n) took.
+func (l *Locks) UnlockSpan(s0, n int64) {
+	for i := range int64(NumLocks) {
+		if (i-s0)&(NumLocks-1) < n {
+			l.mu[i].Unlock()
+		}
+	}
+}
+
+// sameLock reports whether stripes a and b share a mutex.
+func sameLock(a, b int64) bool { return (a-b)&(NumLocks-1) == 0 }
