@@ -35,9 +35,16 @@ type FUAWriter interface {
 // written by the server or anyone else, never reused for another request — until release is called.
 // The device must call release exactly once, after its last read of p; it may call it before
 // WritePinned returns (e.g. when it copied p or wrote it through), and it must call it even on error.
-// release may be called from any goroutine. The reply to the client is sent when WritePinned
-// returns, so the write must be complete in the WriteAt sense by then (readable, and made durable
-// by a later Flush) even while the device still reads p.
+// release may be called from any goroutine; calling it twice panics. The reply to the client is
+// sent when WritePinned returns, so the write must be complete in the WriteAt sense by then
+// (later reads see it, a later Flush makes it durable) even while the device still reads p.
+//
+// A held buffer stays charged to its connection's Options.MaxInFlightBytes, and the server stops
+// reading that connection's requests while they are at the bound, so the device must release
+// its buffers on its own within bounded time (write-back timer, cache pressure), not wait for
+// a later request such as a FLUSH that the server may not read until it does. A connection
+// ends only when the device has released all of its buffers. See the package documentation,
+// "Concurrency and buffer ownership".
 type PinnedWriter interface {
 	WritePinned(p []byte, off int64, release func()) (int, error)
 }

@@ -39,19 +39,47 @@
 // payload above MaxBlock (ErrPayloadTooLarge: the server will neither buffer nor skip it), or
 // an I/O error on the socket.
 //
-// # Concurrency
+// # Concurrency and buffer ownership
 //
 // Serve runs one goroutine per connection and tracks them with a WaitGroup. Within a
 // connection, that goroutine reads and decodes requests and hands each to a worker; workers
 // (started on demand, never more than the requests in flight) call the Device concurrently and
 // write replies as they complete, in any order, each under the connection's write mutex as one
 // writev of header and payload. The reader stops taking requests while the connection has
-// Options.MaxInFlightRequests requests or Options.MaxInFlightBytes of buffers in flight.
+// Options.MaxInFlightRequests requests in flight, and stops taking READ and WRITE requests while
+// its buffers add up to Options.MaxInFlightBytes (FLUSH, TRIM and the others need no buffer and
+// are not held back).
 //
-// Request buffers come from page-aligned size-class pools. A buffer belongs to one request from
-// the moment its header is read until its reply is written and the Device call has returned;
-// the WRITE payload is read straight into it, and the READ reply is written straight from it.
-// The hot path allocates nothing (see BenchmarkRead4K, BenchmarkWrite4K).
+// Request buffers are anonymous private mappings (mmap), not Go memory, in power-of-two size
+// classes from 4 KiB to 32 MiB (a larger request gets a mapping of its own). Each connection
+// keeps its own pool and unmaps it when it ends. A buffer is owned by reference count:
+//
+//   - The request holds one reference from the moment its header is read until its reply is
+//     written. The WRITE payload is read straight into the buffer; the READ reply is written
+//     straight from it. Without stable pages the Device call given the buffer is its only other
+//     user, and it returns to the pool once that call has returned and the reply is written.
+//   - With Export.StablePages and a Device that is a PinnedWriter, a WRITE without FUA is handed
+//     over with WritePinned, and the device holds a second reference until it calls release,
+//     which may be after the reply. From the WritePinned call on, nothing in the server writes
+//     to the buffer, and it returns to the pool only when both references are gone: it is never
+//     reused, and never unmapped, while the device may still read it. FUA writes are not
+//     pinned: they go to WriteAtFUA (or WriteAt and Flush).
+//   - With Options.DebugImmutable, a buffer is mprotect'ed read-only from the WritePinned call
+//     until the last reference is dropped, then made writable before it is reused. A write to it
+//     meanwhile is a SIGSEGV, which the Go runtime reports as a fatal error ("unexpected fault
+//     address") that kills the process with a stack trace: a loud stop instead of silently
+//     wrong parity. (A test can catch it as a panic with runtime/debug.SetPanicOnFault.)
+//   - With Options.MlockBuffers every buffer is mlocked when it is mapped.
+//
+// Buffers a device holds after their reply stay charged to their connection's
+// MaxInFlightBytes: a slow device makes its clients wait instead of making the server map
+// memory without bound. Per connection, the buffers out of the pool map at most twice
+// MaxInFlightBytes (size classes round up; a single larger request is admitted alone), and the
+// pool keeps at most twice MaxInFlightBytes more free. A connection ends, and Serve returns,
+// only after its device has released every buffer it holds; one still held ShutdownTimeout
+// after the connection is done gets a log line, and is waited for. BufferStats reports the
+// mapped, locked and pinned bytes. The hot path allocates nothing, with stable pages or
+// without (see BenchmarkRead4K, BenchmarkWrite4K, BenchmarkWrite1M).
 //
 // On NBD_CMD_DISC, or when Serve's context is done, a connection stops reading, lets the
 // requests in flight finish and reply (a client that stops reading gets
@@ -72,3 +100,13 @@ package nbd
 //
 // BUG(nbd): The handshake has no time limit: an idle client holds a goroutine until it
 // leaves or the server shuts down.
+//
+// BUG(nbd): Request buffers are bounded per connection (up to 4 × MaxInFlightBytes mapped), not
+// server-wide: many clients map that much each. Bound the number of clients.
+//
+// BUG(nbd): A PinnedWriter that never releases a buffer holds its connection, and Serve, for
+// ever (with a warning after ShutdownTimeout); one that releases only on FLUSH can stall a client
+// that writes past MaxInFlightBytes before flushing, since the reader stops before the FLUSH.
+//
+// BUG(nbd): With MlockBuffers, NewServer checks that one connection's buffers can be locked;
+// buffers beyond RLIMIT_MEMLOCK later (many connections) are used unlocked, logged once.
