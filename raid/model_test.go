@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/raid5d/raid5d/raid"
 	"github.com/raid5d/raid5d/stripe"
@@ -26,27 +28,52 @@ func memberPaths(dir string, n int) []string {
 	return paths
 }
 
+// ioMode is a way of writing to an array: its I/O options, and whether writes go through
+// WritePinned.
+type ioMode struct {
+	name   string
+	io     raid.IOOptions
+	pinned bool
+}
+
+// ioModes are the modes every data test runs in: the write-back cache copying (the default),
+// with stable pages, with stable pages and pinned buffers, with a cache of two stripes (constant
+// eviction and write-through), and without a cache.
+var ioModes = []ioMode{
+	{name: "copy"},
+	{name: "stable", io: raid.IOOptions{StablePages: true}},
+	{name: "pinned", io: raid.IOOptions{StablePages: true}, pinned: true},
+	{name: "tiny-cache", io: raid.IOOptions{StripeCache: 2, WriteBackDelay: time.Millisecond}},
+	{name: "cacheless", io: raid.IOOptions{StripeCache: -1}},
+}
+
 // TestModel drives arrays of 3, 4 and 5 members in every layout with concurrent random reads,
 // writes, trims and zeroes, checked against a plain []byte; then, for every role in turn,
 // removes that member, assembles degraded, compares every byte, writes more and compares again.
 // After each phase every member byte is checked against the model: data chunks equal the
-// model's bytes and every parity chunk equals the XOR of its stripe's data.
+// model's bytes and every parity chunk equals the XOR of its stripe's data. The default mode
+// (copy) runs every layout; the other modes one layout per member count.
 func TestModel(t *testing.T) {
-	for _, n := range []int{3, 4, 5} {
-		for li, alg := range layouts {
-			chunk := int64(4 << 10)
-			if (n+li)%2 == 1 {
-				chunk = 8 << 10
+	for _, mode := range ioModes {
+		for _, n := range []int{3, 4, 5} {
+			for li, alg := range layouts {
+				if mode.name != "copy" && li != n%len(layouts) {
+					continue
+				}
+				chunk := int64(4 << 10)
+				if (n+li)%2 == 1 {
+					chunk = 8 << 10
+				}
+				t.Run(fmt.Sprintf("%s-n%d-%s-c%dk", mode.name, n, alg, chunk>>10), func(t *testing.T) {
+					t.Parallel()
+					testModel(t, n, chunk, alg, uint64(n*10+li), mode)
+				})
 			}
-			t.Run(fmt.Sprintf("n%d-%s-c%dk", n, alg, chunk>>10), func(t *testing.T) {
-				t.Parallel()
-				testModel(t, n, chunk, alg, uint64(n*10+li))
-			})
 		}
 	}
 }
 
-func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint64) {
+func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint64, mode ioMode) {
 	const stripes = 24
 	dir := t.TempDir()
 	paths := memberPaths(dir, n)
@@ -55,7 +82,7 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 		t.Fatal(err)
 	}
 	a, err := raid.Create(paths, raid.CreateOptions{Chunk: chunk, Layout: alg.String(),
-		MemberSize: raid.DataOffset + stripes*chunk})
+		MemberSize: raid.DataOffset + stripes*chunk, IOOptions: mode.io})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +91,7 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 		t.Fatalf("Size = %d, want %d", size, want)
 	}
 	model := make([]byte, size)
-	exercise(t, a, model, seed, 120)
+	exercise(t, a, model, seed, 120, mode.pinned)
 	compareArray(t, a, model)
 	if err := a.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
@@ -88,7 +115,7 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 			for i := range n {
 				rev[i] = dpaths[n-1-i]
 			}
-			a, err := raid.Assemble(rev, raid.AssembleOptions{})
+			a, err := raid.Assemble(rev, raid.AssembleOptions{IOOptions: mode.io})
 			if err != nil {
 				t.Fatalf("Assemble degraded: %v", err)
 			}
@@ -98,7 +125,7 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 			}
 			dmodel := bytes.Clone(model)
 			compareArray(t, a, dmodel)
-			exercise(t, a, dmodel, seed*100+uint64(missing), 60)
+			exercise(t, a, dmodel, seed*100+uint64(missing), 60, mode.pinned)
 			compareArray(t, a, dmodel)
 			if err := a.Close(); err != nil {
 				t.Fatalf("Close: %v", err)
@@ -118,8 +145,39 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 // exercise runs 4 goroutines of ops random operations each. The array is cut into slots of
 // a little over two stripes, owned round-robin by the goroutines, so each goroutine's model
 // bytes are its own while neighbouring slots share stripes (exercising the stripe locks).
-func exercise(t *testing.T, a *raid.Array, model []byte, seed uint64, ops int) {
+// With pinned, writes go through WritePinned, each from a buffer of its own that its release
+// function checks is released once and then scribbles over, so that any read of it after
+// release shows up as wrong data; every release must have run after the final Flush.
+func exercise(t *testing.T, a *raid.Array, model []byte, seed uint64, ops int, pinned bool) {
 	t.Helper()
+	var outstanding sync.WaitGroup
+	defer func() {
+		done := make(chan struct{})
+		go func() { outstanding.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Errorf("WritePinned buffers still not released after Flush")
+		}
+	}()
+	write := func(p []byte, off int64) (int, error) {
+		if !pinned {
+			return a.WriteAt(p, off)
+		}
+		q := bytes.Clone(p)
+		var calls atomic.Int32
+		outstanding.Add(1)
+		return a.WritePinned(q, off, func() {
+			if calls.Add(1) != 1 {
+				t.Errorf("WritePinned(%d, %d): release called twice", off, len(q))
+				return
+			}
+			for i := range q {
+				q[i] = 0xee
+			}
+			outstanding.Done()
+		})
+	}
 	const workers = 4
 	ss := a.Layout().StripeSize()
 	slot := 2*ss + 1536 + 7
@@ -143,7 +201,7 @@ func exercise(t *testing.T, a *raid.Array, model []byte, seed uint64, ops int) {
 				case k < 9:
 					p := buf[:n]
 					fill(rng, p)
-					if m, err := a.WriteAt(p, off); err != nil || m != int(n) {
+					if m, err := write(p, off); err != nil || m != int(n) {
 						t.Errorf("WriteAt(%d, %d) = %d, %v", off, n, m, err)
 						return
 					}
