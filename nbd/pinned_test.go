@@ -536,8 +536,8 @@ func TestMlockBuffers(t *testing.T) {
 		if st.Mapped < 4*64<<10 || st.Locked != st.Mapped {
 			t.Errorf("%+v: want every mapped byte (at least 4 held 64 KiB buffers) locked", st)
 		}
-		if got := vmLocked(t); got < before+4*64<<10 && got < st.Locked {
-			t.Errorf("VmLck %d bytes (was %d), want the %d locked bytes", got, before, st.Locked)
+		if got := vmLocked(t); got < before+st.Locked {
+			t.Errorf("VmLck %d bytes (%d before the writes), want at least %d more", got, before, st.Locked)
 		}
 		dev.ReleaseAll()
 		c.request(cmdDisc, 0, 0, 0, 0, nil)

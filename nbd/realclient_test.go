@@ -106,11 +106,51 @@ func TestNbdinfo(t *testing.T) {
 
 // TestQemuIO writes patterns at odd offsets and lengths with qemu-io, reads them back with
 // pattern checks, discards and zeroes ranges, and compares every byte of the device with a model.
+// With stable pages, the device holds each write's buffer until a background goroutine
+// releases it, and DebugImmutable makes the held buffers read-only.
 func TestQemuIO(t *testing.T) {
 	need(t, "qemu-io")
+	t.Run("WriteAt", func(t *testing.T) { qemuIO(t, false) })
+	t.Run("StablePages", func(t *testing.T) { qemuIO(t, true) })
+}
+
+func qemuIO(t *testing.T, stable bool) {
 	const size = 4 << 20
-	mem := nbdtest.NewMemDevice(size)
-	path := serveUnix(t, Options{Exports: []Export{{Name: "disk", Device: mem}}})
+	var mem *nbdtest.MemDevice
+	var dev Device
+	if stable {
+		pdev := nbdtest.NewPinnedDevice(size)
+		mem, dev = pdev.MemDevice, pdev
+		stop, stopped := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(stopped)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(200 * time.Microsecond):
+					pdev.ReleaseAll()
+				}
+			}
+		}()
+		t.Cleanup(func() { // runs after Serve has returned, which needs the releases
+			close(stop)
+			<-stopped
+			if err := pdev.Err(); err != nil {
+				t.Error(err)
+			}
+			if pdev.Pins() == 0 || pdev.Pins() != pdev.Releases() {
+				t.Errorf("%d WritePinned, %d releases; want equal and > 0", pdev.Pins(), pdev.Releases())
+			}
+		})
+	} else {
+		mem = nbdtest.NewMemDevice(size)
+		dev = mem
+	}
+	path := serveUnix(t, Options{
+		Exports:        []Export{{Name: "disk", Device: dev, StablePages: stable}},
+		DebugImmutable: stable,
+	})
 	model := make([]byte, size)
 	fill := func(b byte, off, n int) {
 		for i := off; i < off+n; i++ {
@@ -151,7 +191,9 @@ func TestQemuIO(t *testing.T) {
 	fill(0, 3145728, 131072)
 	fill(0, 3407872, 65536)
 
-	args := []string{"-f", "raw"}
+	// qemu-io's default cache mode is writethrough, which makes every write FUA (never pinned);
+	// writeback sends plain writes and the one FLUSH at the end.
+	args := []string{"-f", "raw", "-t", "writeback"}
 	for _, c := range cmds {
 		args = append(args, "-c", c)
 	}
