@@ -28,7 +28,7 @@
 // SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES and CAN_MULTI_CONN (Device.Flush makes every completed
 // write durable, whichever connection made it); a read-only export has READ_ONLY instead of
 // FUA, TRIM and WRITE_ZEROES. READ, WRITE (FUA via FUAWriter when the Device has it, else
-// WriteAt then Flush), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE and FUA honoured), CACHE (checked,
+// WriteAt then Flush; without FUA via PinnedWriter when Export.StablePages is on), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE and FUA honoured), CACHE (checked,
 // then ignored) and DISC are served. A request the server refuses gets a reply with an error
 // and the connection goes on: EINVAL for an unknown command or flag, a READ, TRIM or CACHE past
 // the end, a misaligned offset or length (Export.MinBlock), or a READ longer than MaxBlock;
