@@ -1,0 +1,374 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure a Conn.
+type Options struct {
+	// MaxInFlight bounds the requests outstanding on the connection; more concurrent calls wait
+	// for a slot. Zero means DefaultMaxInFlight.
+	MaxInFlight int
+	// Dialer dials the server; nil means a zero net.Dialer.
+	Dialer *net.Dialer
+}
+
+// Conn is one NBD connection in the transmission phase. It is safe for concurrent use; see the
+// package documentation.
+type Conn struct {
+	nc   net.Conn
+	info exportInfo
+
+	wmu  sync.Mutex // guards writes to nc, hdr and iov
+	hdr  [requestHeaderSize]byte
+	iov  [2][]byte
+	bufs net.Buffers
+
+	smu        sync.Mutex // guards slots' seq, active, cmd, buf, and readerGone
+	slots      []slot
+	readerGone bool        // the reply reader has returned
+	free       chan uint32 // indices of free slots
+
+	dead      chan struct{} // closed when the connection is broken or closed
+	deadErr   error         // why; written once before dead is closed
+	deadOnce  sync.Once
+	closeOnce sync.Once
+	closing   atomic.Bool
+	readerEnd chan struct{} // closed when the reply reader has returned
+}
+
+// slot is one request in flight. Its cookie is seq<<32 | index, so a late or duplicated reply
+// for an earlier use of the slot is caught.
+type slot struct {
+	seq    uint32
+	active bool
+	cmd    uint16
+	buf    []byte      // READ destination
+	done   chan uint32 // errno of the reply, or errnoBroken
+}
+
+// errnoBroken, sent on a slot's done channel, means the connection broke before the reply.
+const errnoBroken = ^uint32(0)
+
+// Dial connects to the export named by an NBD URI (see ParseURI) and completes the handshake.
+// ctx bounds the dial and the handshake.
+func Dial(ctx context.Context, uri string, opts Options) (*Conn, error) {
+	u, err := ParseURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	d := opts.Dialer
+	if d == nil {
+		d = &net.Dialer{}
+	}
+	nc, err := d.DialContext(ctx, u.Network, u.Address)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	c, err := NewConn(ctx, nc, u.Export, opts)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// NewConn runs the handshake for export on an established connection and returns the Conn,
+// which owns nc from then on (Close closes it). ctx bounds the handshake. On error nc is left
+// open for the caller to close.
+func NewConn(ctx context.Context, nc net.Conn, export string, opts Options) (*Conn, error) {
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(aLongTimeAgo) })
+	br := bufio.NewReaderSize(nc, 64<<10)
+	info, err := handshake(br, nc, export)
+	if !stop() {
+		return nil, fmt.Errorf("client: handshake: %w", context.Cause(ctx))
+	}
+	if err != nil {
+		return nil, err
+	}
+	n := opts.MaxInFlight
+	if n <= 0 {
+		n = DefaultMaxInFlight
+	}
+	c := &Conn{
+		nc: nc, info: info,
+		slots:     make([]slot, n),
+		free:      make(chan uint32, n),
+		dead:      make(chan struct{}),
+		readerEnd: make(chan struct{}),
+	}
+	for i := range c.slots {
+		c.slots[i].done = make(chan uint32, 1)
+		c.free <- uint32(i)
+	}
+	go c.readReplies(br)
+	return c, nil
+}
+
+// Size returns the export size in bytes (it never changes during a connection). The error is
+// always nil; the signature matches nbd.Device.
+func (c *Conn) Size() (int64, error) { return c.info.size, nil }
+
+// Flags returns the transmission flags the server sent (FlagReadOnly, FlagSendFlush, ...).
+func (c *Conn) Flags() uint16 { return c.info.flags }
+
+// BlockSize returns the server's minimum, preferred and maximum block sizes (1, 4096 and
+// 32 MiB when it sent none).
+func (c *Conn) BlockSize() (minimum, preferred, maximum uint32) {
+	return c.info.minBlock, c.info.prefBlock, c.info.maxBlock
+}
+
+// ReadAt reads len(p) bytes at off, as io.ReaderAt: n is len(p) or 0, with an error.
+func (c *Conn) ReadAt(p []byte, off int64) (int, error) {
+	if err := c.checkData(cmdRead, off, len(p)); err != nil {
+		return 0, err
+	}
+	if err := c.do(cmdRead, 0, off, uint32(len(p)), p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WriteAt writes p at off, as io.WriterAt. The write is complete (later reads see it) but
+// durable only after a Flush.
+func (c *Conn) WriteAt(p []byte, off int64) (int, error) {
+	return c.write(p, off, 0)
+}
+
+// WriteAtFUA writes p at off with NBD_CMD_FLAG_FUA: durable when it returns. It returns
+// ErrUnsupported if the server did not advertise FUA.
+func (c *Conn) WriteAtFUA(p []byte, off int64) (int, error) {
+	if c.info.flags&FlagSendFUA == 0 {
+		return 0, fmt.Errorf("%w: FUA (NBD_FLAG_SEND_FUA not set)", ErrUnsupported)
+	}
+	return c.write(p, off, cmdFlagFUA)
+}
+
+func (c *Conn) write(p []byte, off int64, flags uint16) (int, error) {
+	if c.info.flags&FlagReadOnly != 0 {
+		return 0, ErrReadOnly
+	}
+	if err := c.checkData(cmdWrite, off, len(p)); err != nil {
+		return 0, err
+	}
+	if err := c.do(cmdWrite, flags, off, uint32(len(p)), p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush makes every write completed before it was sent durable.
+func (c *Conn) Flush() error {
+	if c.info.flags&FlagSendFlush == 0 {
+		return fmt.Errorf("%w: FLUSH (NBD_FLAG_SEND_FLUSH not set)", ErrUnsupported)
+	}
+	return c.do(cmdFlush, 0, 0, 0, nil)
+}
+
+// Trim tells the server the range is no longer needed.
+func (c *Conn) Trim(off, length int64) error {
+	if err := c.checkRange(FlagSendTrim, off, length); err != nil {
+		return err
+	}
+	return c.do(cmdTrim, 0, off, uint32(length), nil)
+}
+
+// WriteZeroes makes the range read back as zeroes; with noHole the server must allocate it.
+func (c *Conn) WriteZeroes(off, length int64, noHole bool) error {
+	if err := c.checkRange(FlagSendWriteZeroes, off, length); err != nil {
+		return err
+	}
+	var f uint16
+	if noHole {
+		f = cmdFlagNoHole
+	}
+	return c.do(cmdWriteZeroes, f, off, uint32(length), nil)
+}
+
+func (c *Conn) checkData(cmd uint16, off int64, n int) error {
+	if off < 0 || int64(n) > c.info.size-off {
+		return fmt.Errorf("%w: %s of %d bytes at %d, export is %d bytes", ErrRange, cmdName(cmd), n, off, c.info.size)
+	}
+	if uint64(n) > uint64(c.info.maxBlock) {
+		return fmt.Errorf("%w: %s of %d bytes, maximum %d", ErrTooLarge, cmdName(cmd), n, c.info.maxBlock)
+	}
+	return nil
+}
+
+func (c *Conn) checkRange(flag uint16, off, length int64) error {
+	if c.info.flags&FlagReadOnly != 0 {
+		return ErrReadOnly
+	}
+	if c.info.flags&flag == 0 {
+		return fmt.Errorf("%w: flag %#x not advertised", ErrUnsupported, flag)
+	}
+	if off < 0 || length < 0 || length > c.info.size-off || length > 1<<32-1 {
+		return fmt.Errorf("%w: %d bytes at %d, export is %d bytes", ErrRange, length, off, c.info.size)
+	}
+	return nil
+}
+
+// do sends one request and waits for its reply. For cmdWrite, buf is the payload; for cmdRead,
+// the destination.
+func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error {
+	var idx uint32
+	select {
+	case idx = <-c.free:
+	case <-c.dead:
+		return c.deadErr
+	}
+	c.smu.Lock()
+	if c.readerGone {
+		c.smu.Unlock()
+		c.free <- idx
+		return c.deadErr
+	}
+	s := &c.slots[idx]
+	s.seq++
+	s.active, s.cmd = true, cmd
+	if cmd == cmdRead {
+		s.buf = buf
+	}
+	cookie := uint64(s.seq)<<32 | uint64(idx)
+	c.smu.Unlock()
+
+	c.wmu.Lock()
+	binary.BigEndian.PutUint32(c.hdr[0:4], magicRequest)
+	binary.BigEndian.PutUint16(c.hdr[4:6], flags)
+	binary.BigEndian.PutUint16(c.hdr[6:8], cmd)
+	binary.BigEndian.PutUint64(c.hdr[8:16], cookie)
+	binary.BigEndian.PutUint64(c.hdr[16:24], uint64(off))
+	binary.BigEndian.PutUint32(c.hdr[24:28], length)
+	var err error
+	if cmd == cmdWrite && len(buf) > 0 {
+		c.iov[0], c.iov[1] = c.hdr[:], buf
+		c.bufs = c.iov[:]
+		_, err = c.bufs.WriteTo(c.nc)
+		c.iov[1] = nil
+	} else {
+		_, err = c.nc.Write(c.hdr[:])
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(fmt.Errorf("%w: writing %s request: %v", ErrDisconnected, cmdName(cmd), err))
+	}
+
+	errno := <-s.done // the reader answers every active slot exactly once, if only at its end
+	c.smu.Lock()
+	s.active, s.buf = false, nil
+	c.smu.Unlock()
+	c.free <- idx
+	switch errno {
+	case 0:
+		return nil
+	case errnoBroken:
+		return c.deadErr
+	}
+	return &Error{Cmd: cmdName(cmd), Offset: off, Length: int64(length), Errno: errno}
+}
+
+// readReplies reads replies until the connection breaks, handing each to its slot.
+func (c *Conn) readReplies(br *bufio.Reader) {
+	defer close(c.readerEnd)
+	defer c.endReader()
+	var h [replyHeaderSize]byte
+	for {
+		if _, err := io.ReadFull(br, h[:]); err != nil {
+			if c.closing.Load() {
+				err = errors.New("closed by Close")
+			}
+			c.fail(fmt.Errorf("%w: reading replies: %v", ErrDisconnected, err))
+			return
+		}
+		magic := binary.BigEndian.Uint32(h[0:4])
+		errno := binary.BigEndian.Uint32(h[4:8])
+		cookie := binary.BigEndian.Uint64(h[8:16])
+		if magic != magicSimpleReply {
+			c.fail(fmt.Errorf("%w: reply magic %#x (structured replies were not negotiated)", ErrDisconnected, magic))
+			return
+		}
+		idx, seq := uint32(cookie), uint32(cookie>>32)
+		c.smu.Lock()
+		var s *slot
+		if idx < uint32(len(c.slots)) && c.slots[idx].active && c.slots[idx].seq == seq {
+			s = &c.slots[idx]
+		}
+		var dst []byte
+		if s != nil && s.cmd == cmdRead && errno == 0 {
+			dst = s.buf
+		}
+		c.smu.Unlock()
+		if s == nil {
+			c.fail(fmt.Errorf("%w: reply with unknown cookie %#x", ErrDisconnected, cookie))
+			return
+		}
+		if errno == errnoBroken {
+			errno = 5 // EIO; keep the sentinel value ours
+		}
+		if len(dst) > 0 {
+			if _, err := io.ReadFull(br, dst); err != nil {
+				c.fail(fmt.Errorf("%w: reading READ payload: %v", ErrDisconnected, err))
+				return
+			}
+		}
+		s.done <- errno
+	}
+}
+
+// fail marks the connection broken with err (the first cause wins) and closes the socket, so
+// the reader stops; the reader then answers every request still in flight.
+func (c *Conn) fail(err error) {
+	c.deadOnce.Do(func() {
+		c.deadErr = err
+		close(c.dead)
+		c.nc.Close()
+	})
+}
+
+// endReader runs when the reader returns: no reply will come for any slot, so each active one
+// is answered with errnoBroken, and do refuses new requests from now on.
+func (c *Conn) endReader() {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	c.readerGone = true
+	for i := range c.slots {
+		if s := &c.slots[i]; s.active && len(s.done) == 0 {
+			s.done <- errnoBroken
+		}
+	}
+}
+
+// Close sends NBD_CMD_DISC, closes the connection and waits for the reply reader to end.
+// Requests still in flight fail with ErrDisconnected. Close is idempotent; it returns the error
+// of sending DISC, if any.
+func (c *Conn) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.closing.Store(true)
+		select {
+		case <-c.dead:
+		default:
+			var h [requestHeaderSize]byte
+			binary.BigEndian.PutUint32(h[0:4], magicRequest)
+			binary.BigEndian.PutUint16(h[6:8], cmdDisc)
+			c.wmu.Lock()
+			_, err = c.nc.Write(h[:])
+			c.wmu.Unlock()
+		}
+		c.fail(fmt.Errorf("%w: closed by Close", ErrDisconnected))
+		<-c.readerEnd
+	})
+	return err
+}
+
+// aLongTimeAgo is a deadline in the past: pending and future I/O fail at once.
+var aLongTimeAgo = time.Unix(1, 0)

@@ -1,0 +1,46 @@
+// Package client is an NBD client: the fixed-newstyle handshake and the transmission phase,
+// with many requests in flight on one connection.
+//
+//	c, err := client.Dial(ctx, "nbd+unix:///array?socket=/run/raid5d.sock", client.Options{})
+//	...
+//	defer c.Close()
+//	_, err = c.WriteAtFUA(buf, 0) // durable when it returns
+//
+// # Protocol
+//
+// The wire format is doc/proto.md of the NBD reference implementation. The handshake asks for
+// NBD_FLAG_C_FIXED_NEWSTYLE and, when the server offers it, NBD_FLAG_C_NO_ZEROES; it sends
+// NBD_OPT_GO with an NBD_INFO_BLOCK_SIZE request, and falls back to NBD_OPT_EXPORT_NAME when
+// the server answers NBD_REP_ERR_UNSUP (or speaks plain, unfixed newstyle). Transmission uses
+// simple replies: READ, WRITE (optionally with NBD_CMD_FLAG_FUA), FLUSH, TRIM, WRITE_ZEROES
+// (optionally NO_HOLE) and DISC. A request the server did not advertise (FLUSH without
+// NBD_FLAG_SEND_FLUSH, a write to a read-only export, ...) fails with ErrUnsupported or
+// ErrReadOnly before anything is sent.
+//
+// # Concurrency
+//
+// A Conn is safe for concurrent use: every method may be called from many goroutines, and each
+// call is one request on the wire, so N goroutines keep N requests in flight (up to
+// Options.MaxInFlight; further calls wait for a slot). Requests are written whole, one at a
+// time, under a write mutex; one reader goroutine reads the replies in whatever order the server
+// sends them, matches each to its request by cookie, reads a READ's payload straight into the
+// caller's buffer, and wakes the caller. No request allocates.
+//
+// A failed request (the server replied with an error) returns an *Error carrying the NBD
+// errno; the connection goes on. A broken connection (I/O error, a reply that breaks the
+// protocol) fails every request in flight and every later one with an error wrapping
+// ErrDisconnected.
+//
+// # Buffers
+//
+// ReadAt's p is written by the reader goroutine until ReadAt returns; WriteAt's p is only read,
+// and not kept after the call returns.
+package client
+
+// BUG(client): No TLS (NBD_OPT_STARTTLS), structured replies, block status or extended headers.
+//
+// BUG(client): A READ or WRITE longer than the server's maximum block size fails with
+// ErrTooLarge instead of being split.
+//
+// BUG(client): Requests are not cancellable: a call waits for its reply (or the connection to
+// break); use SetDeadline on a dialled net.Conn, or Close, to give up.

@@ -1,0 +1,123 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// Sentinel errors.
+var (
+	// ErrBadURI is returned by ParseURI and Dial for a URI they cannot use.
+	ErrBadURI = errors.New("client: bad NBD URI")
+	// ErrHandshake is returned by Dial and Handshake when the server breaks the handshake
+	// protocol (wrong magic, a reply to another option, a malformed info reply).
+	ErrHandshake = errors.New("client: handshake protocol error")
+	// ErrDisconnected is wrapped by every request error once the connection is broken or closed.
+	ErrDisconnected = errors.New("client: connection is closed")
+	// ErrUnsupported is returned by a request the server did not advertise (FLUSH, FUA, TRIM,
+	// WRITE_ZEROES).
+	ErrUnsupported = errors.New("client: server does not support this request")
+	// ErrReadOnly is returned by writes, trims and zeroing on a read-only export.
+	ErrReadOnly = errors.New("client: export is read-only")
+	// ErrTooLarge is returned by ReadAt and WriteAt for a buffer longer than the server's
+	// maximum block size.
+	ErrTooLarge = errors.New("client: request longer than the server's maximum block size")
+	// ErrRange is returned by a request that reaches past the end of the export or has a
+	// negative offset, before anything is sent.
+	ErrRange = errors.New("client: request beyond end of export")
+)
+
+// Error is a request the server answered with an error. Errno is the NBD error value (the
+// protocol's subset of Linux errno values); errors.Is(err, syscall.EIO) and friends work.
+type Error struct {
+	Cmd    string // READ, WRITE, FLUSH, TRIM, WRITE_ZEROES
+	Offset int64
+	Length int64
+	Errno  uint32
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("client: %s of %d bytes at offset %d: server replied %s (errno %d)",
+		e.Cmd, e.Length, e.Offset, errnoName(e.Errno), e.Errno)
+}
+
+// Unwrap returns the errno as a syscall.Errno.
+func (e *Error) Unwrap() error { return syscall.Errno(e.Errno) }
+
+func errnoName(n uint32) string {
+	switch n {
+	case 1:
+		return "EPERM"
+	case 5:
+		return "EIO"
+	case 12:
+		return "ENOMEM"
+	case 22:
+		return "EINVAL"
+	case 28:
+		return "ENOSPC"
+	case 75:
+		return "EOVERFLOW"
+	case 95:
+		return "ENOTSUP"
+	case 108:
+		return "ESHUTDOWN"
+	}
+	return syscall.Errno(n).Error()
+}
+
+// OptionError is a handshake option the server refused: Reply is the NBD_REP_ERR_* value and
+// Message the server's text, if any. Dial returns it (for example NBD_REP_ERR_UNKNOWN, 0x80000006,
+// for an export name the server does not have).
+type OptionError struct {
+	Option  uint32
+	Reply   uint32
+	Message string
+}
+
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("client: server refused option %s: %s%s", optName(e.Option), repName(e.Reply),
+		func() string {
+			if e.Message == "" {
+				return ""
+			}
+			return ": " + e.Message
+		}())
+}
+
+func optName(o uint32) string {
+	switch o {
+	case optExportName:
+		return "NBD_OPT_EXPORT_NAME"
+	case optGo:
+		return "NBD_OPT_GO"
+	case optAbort:
+		return "NBD_OPT_ABORT"
+	}
+	return fmt.Sprintf("%d", o)
+}
+
+func repName(r uint32) string {
+	switch r {
+	case repErrUnsup:
+		return "NBD_REP_ERR_UNSUP"
+	case repErrPolicy:
+		return "NBD_REP_ERR_POLICY"
+	case repErrInvalid:
+		return "NBD_REP_ERR_INVALID"
+	case repErrPlatform:
+		return "NBD_REP_ERR_PLATFORM"
+	case repErrTLSReqd:
+		return "NBD_REP_ERR_TLS_REQD"
+	case repErrUnknown:
+		return "NBD_REP_ERR_UNKNOWN (no such export)"
+	case repErrShutdown:
+		return "NBD_REP_ERR_SHUTDOWN"
+	case repErrBlockSizeReqd:
+		return "NBD_REP_ERR_BLOCK_SIZE_REQD"
+	case repErrTooBig:
+		return "NBD_REP_ERR_TOO_BIG"
+	}
+	return fmt.Sprintf("reply %#x", r)
+}

@@ -1,0 +1,174 @@
+package client
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+)
+
+// exportInfo is what the handshake learned about the export.
+type exportInfo struct {
+	size                          int64
+	flags                         uint16
+	minBlock, prefBlock, maxBlock uint32
+}
+
+// handshake negotiates export on r/w: greeting, client flags, NBD_OPT_GO (or
+// NBD_OPT_EXPORT_NAME when GO is unsupported or the server is not fixed-newstyle).
+func handshake(r *bufio.Reader, w io.Writer, export string) (exportInfo, error) {
+	var g [18]byte
+	if _, err := io.ReadFull(r, g[:]); err != nil {
+		return exportInfo{}, fmt.Errorf("client: reading the greeting: %w", err)
+	}
+	if m := binary.BigEndian.Uint64(g[0:8]); m != magicNBD {
+		return exportInfo{}, fmt.Errorf("%w: greeting magic %#x", ErrHandshake, m)
+	}
+	if m := binary.BigEndian.Uint64(g[8:16]); m != magicOption {
+		if m == magicOldstyle {
+			return exportInfo{}, fmt.Errorf("%w: oldstyle server (not supported)", ErrHandshake)
+		}
+		return exportInfo{}, fmt.Errorf("%w: greeting option magic %#x", ErrHandshake, m)
+	}
+	hflags := binary.BigEndian.Uint16(g[16:18])
+	var cflags uint32
+	fixed := hflags&flagFixedNewstyle != 0
+	if fixed {
+		cflags |= clientFixedNewstyle
+	}
+	noZeroes := hflags&flagNoZeroes != 0
+	if noZeroes {
+		cflags |= clientNoZeroes
+	}
+	if err := writeUint32(w, cflags); err != nil {
+		return exportInfo{}, err
+	}
+	if fixed {
+		info, ok, err := optionGo(r, w, export)
+		if err != nil || ok {
+			return info, err
+		}
+	}
+	return exportName(r, w, export, noZeroes)
+}
+
+func writeUint32(w io.Writer, v uint32) error {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v)
+	_, err := w.Write(b[:])
+	return err
+}
+
+func writeOption(w io.Writer, opt uint32, data []byte) error {
+	b := make([]byte, 16, 16+len(data))
+	binary.BigEndian.PutUint64(b[0:8], magicOption)
+	binary.BigEndian.PutUint32(b[8:12], opt)
+	binary.BigEndian.PutUint32(b[12:16], uint32(len(data)))
+	_, err := w.Write(append(b, data...))
+	return err
+}
+
+// maxOptionReply bounds the data of one option reply we are willing to read.
+const maxOptionReply = 64 << 10
+
+// optionGo sends NBD_OPT_GO asking for the block size. ok is false (with no error) when the
+// server answers NBD_REP_ERR_UNSUP, so the caller falls back to NBD_OPT_EXPORT_NAME.
+func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok bool, err error) {
+	data := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
+	data = append(data, export...)
+	data = binary.BigEndian.AppendUint16(data, 1)
+	data = binary.BigEndian.AppendUint16(data, infoBlockSize)
+	if err := writeOption(w, optGo, data); err != nil {
+		return info, false, err
+	}
+	gotExport := false
+	for {
+		var h [20]byte
+		if _, err := io.ReadFull(r, h[:]); err != nil {
+			return info, false, fmt.Errorf("client: reading NBD_OPT_GO reply: %w", err)
+		}
+		if m := binary.BigEndian.Uint64(h[0:8]); m != magicOptionReply {
+			return info, false, fmt.Errorf("%w: option reply magic %#x", ErrHandshake, m)
+		}
+		if o := binary.BigEndian.Uint32(h[8:12]); o != optGo {
+			return info, false, fmt.Errorf("%w: reply to option %d, asked %d", ErrHandshake, o, optGo)
+		}
+		typ := binary.BigEndian.Uint32(h[12:16])
+		n := binary.BigEndian.Uint32(h[16:20])
+		if n > maxOptionReply {
+			return info, false, fmt.Errorf("%w: option reply of %d bytes", ErrHandshake, n)
+		}
+		d := make([]byte, n)
+		if _, err := io.ReadFull(r, d); err != nil {
+			return info, false, fmt.Errorf("client: reading NBD_OPT_GO reply: %w", err)
+		}
+		switch {
+		case typ == repAck:
+			if !gotExport {
+				return info, false, fmt.Errorf("%w: NBD_OPT_GO acknowledged without NBD_INFO_EXPORT", ErrHandshake)
+			}
+			if info.maxBlock == 0 {
+				info.minBlock, info.prefBlock, info.maxBlock = 1, 4096, defaultMaxBlock
+			}
+			return info, true, nil
+		case typ == repInfo:
+			if len(d) < 2 {
+				return info, false, fmt.Errorf("%w: empty NBD_REP_INFO", ErrHandshake)
+			}
+			switch binary.BigEndian.Uint16(d[0:2]) {
+			case infoExport:
+				if len(d) != 12 {
+					return info, false, fmt.Errorf("%w: NBD_INFO_EXPORT of %d bytes", ErrHandshake, len(d))
+				}
+				size := binary.BigEndian.Uint64(d[2:10])
+				if size > 1<<63-1 {
+					return info, false, fmt.Errorf("%w: export size %d", ErrHandshake, size)
+				}
+				info.size = int64(size)
+				info.flags = binary.BigEndian.Uint16(d[10:12])
+				gotExport = true
+			case infoBlockSize:
+				if len(d) != 14 {
+					return info, false, fmt.Errorf("%w: NBD_INFO_BLOCK_SIZE of %d bytes", ErrHandshake, len(d))
+				}
+				info.minBlock = binary.BigEndian.Uint32(d[2:6])
+				info.prefBlock = binary.BigEndian.Uint32(d[6:10])
+				info.maxBlock = binary.BigEndian.Uint32(d[10:14])
+				if info.minBlock == 0 || info.maxBlock < info.minBlock {
+					return info, false, fmt.Errorf("%w: block sizes min %d max %d", ErrHandshake, info.minBlock, info.maxBlock)
+				}
+			}
+			// Other information (name, description) is ignored.
+		case typ == repErrUnsup:
+			return info, false, nil
+		case typ&repErrBit != 0:
+			return info, false, &OptionError{Option: optGo, Reply: typ, Message: string(d)}
+		default:
+			return info, false, fmt.Errorf("%w: unexpected reply %#x to NBD_OPT_GO", ErrHandshake, typ)
+		}
+	}
+}
+
+// exportName sends NBD_OPT_EXPORT_NAME; the server answers with the size and flags, or closes
+// the connection if it has no such export.
+func exportName(r *bufio.Reader, w io.Writer, export string, noZeroes bool) (exportInfo, error) {
+	if err := writeOption(w, optExportName, []byte(export)); err != nil {
+		return exportInfo{}, err
+	}
+	n := 8 + 2 + 124
+	if noZeroes {
+		n = 10
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return exportInfo{}, fmt.Errorf("client: NBD_OPT_EXPORT_NAME %q: no answer (is there such an export?): %w", export, err)
+	}
+	size := binary.BigEndian.Uint64(b[0:8])
+	if size > 1<<63-1 {
+		return exportInfo{}, fmt.Errorf("%w: export size %d", ErrHandshake, size)
+	}
+	return exportInfo{
+		size: int64(size), flags: binary.BigEndian.Uint16(b[8:10]),
+		minBlock: 1, prefBlock: 4096, maxBlock: defaultMaxBlock,
+	}, nil
+}
