@@ -149,7 +149,8 @@ type head struct {
 	lprev, lnext *head
 	qprev, qnext *head
 	q            uint8
-	due          time.Time
+	first        time.Time // when it was queued
+	due          time.Time // when to write it out: WriteBackDelay after its last write, at most maxAge after first
 
 	// Guarded by the lock of stripe while bound; by its owner while unbound.
 	buf     []byte    // (D+1)×chunk: data chunk d at [d·chunk, (d+1)·chunk), then parity scratch
@@ -394,12 +395,18 @@ func (c *Cache) dirtied(h *head) {
 		c.queued++
 		c.kickLocked()
 	case h.q == qNone:
-		h.due = time.Now().Add(c.delay)
+		h.first = time.Now()
+		h.due = h.first.Add(c.delay)
 		c.delayed.pushBack(h)
 		h.q = qDelayed
 		c.queued++
 		if c.queued == 1 || c.queued > c.cap/2 {
 			c.kickLocked()
+		}
+	case h.q == qDelayed: // still being written: wait for more
+		h.due = time.Now().Add(c.delay)
+		if limit := h.first.Add(maxAge * c.delay); h.due.After(limit) {
+			h.due = limit
 		}
 	}
 }
@@ -1024,21 +1031,34 @@ func (c *Cache) writeBacker(ctx context.Context) {
 	}
 }
 
+// maxAge bounds, in units of WriteBackDelay, how long a partial stripe that keeps being
+// written waits in the cache.
+const maxAge = 8
+
 // nextLocked takes the next head to write out off its queue, or returns how long to wait
-// (-1: until kicked).
+// (-1: until kicked). The delayed queue is in order of first write; a head at its front that
+// is still being written (its due time moved on) goes to the back, behind the others.
 func (c *Cache) nextLocked(now time.Time) (*head, time.Duration) {
-	h := c.urgent.front()
-	if h == nil {
-		h = c.delayed.front()
+	if h := c.urgent.front(); h != nil {
+		c.dequeueLocked(h)
+		return h, 0
+	}
+	for range c.queued + 1 {
+		h := c.delayed.front()
 		if h == nil {
 			return nil, -1
 		}
-		if c.queued <= c.cap/2 && now.Before(h.due) {
+		if c.queued > c.cap/2 || !now.Before(h.due) {
+			c.dequeueLocked(h)
+			return h, 0
+		}
+		if h.qnext == &c.delayed.root || now.Before(h.first.Add(c.delay)) {
 			return nil, h.due.Sub(now)
 		}
+		c.delayed.remove(h)
+		c.delayed.pushBack(h)
 	}
-	c.dequeueLocked(h)
-	return h, 0
+	return nil, c.delayed.front().due.Sub(now)
 }
 
 // lruList and qList are intrusive doubly linked lists of heads, with a sentinel.

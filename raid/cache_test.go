@@ -1,0 +1,663 @@
+package raid_test
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/raidtest"
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// Writes to a stripe wait in the cache this long unless something writes them out: tests that
+// want write-outs only on Flush use it.
+const never = time.Hour
+
+// pauser is a member whose next data-area write, once armed, waits until resume is closed or a
+// timeout passes: a window between the parity computation and the member write.
+type pauser struct {
+	raid.Member
+	mu      sync.Mutex // guards the fields below
+	armed   bool
+	paused  chan struct{} // closed when the write stops
+	resume  chan struct{} // closed by the test to let it go on
+	timeout time.Duration
+}
+
+func (p *pauser) arm(timeout time.Duration) (paused, resume chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed, p.timeout = true, timeout
+	p.paused, p.resume = make(chan struct{}), make(chan struct{})
+	return p.paused, p.resume
+}
+
+func (p *pauser) WriteAt(b []byte, off int64) (int, error) {
+	p.mu.Lock()
+	fire := p.armed && off >= raid.DataOffset
+	if fire {
+		p.armed = false
+	}
+	paused, resume, timeout := p.paused, p.resume, p.timeout
+	p.mu.Unlock()
+	if fire {
+		close(paused)
+		select {
+		case <-resume:
+		case <-time.After(timeout):
+		}
+	}
+	return p.Member.WriteAt(b, off)
+}
+
+// newCached creates an array of n in-memory members of chunks chunks each, with opts, and
+// returns it with its members (reopened by AssembleMembers, so opts.Logger applies).
+func newCached(t *testing.T, n int, chunk, chunks int64, opts raid.AssembleOptions) (*raid.Array, []*raidtest.Mem) {
+	t.Helper()
+	ms := newMems("c", n, raid.DataOffset+chunks*chunk)
+	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		m.Reopen()
+	}
+	a, err = raid.AssembleMembers(asMembers(ms), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, ms
+}
+
+// badStripes returns the stripes of ms (an idle array's members) whose parity chunk is not
+// the XOR of their data chunks.
+func badStripes(ms []*raidtest.Mem, l stripe.Layout) []int64 {
+	C := l.ChunkSize()
+	stripes := (ms[0].Size() - raid.DataOffset) / C
+	P := make([]byte, C)
+	var bad []int64
+	for s := range stripes {
+		clear(P)
+		off := raid.DataOffset + s*C
+		for d := range l.DataMembers() {
+			subtle.XORBytes(P, P, ms[l.DataMember(s, d)].Bytes()[off:off+C])
+		}
+		if !bytes.Equal(P, ms[l.ParityMember(s)].Bytes()[off:off+C]) {
+			bad = append(bad, s)
+		}
+	}
+	return bad
+}
+
+// memberData returns array bytes [off, off+n) as the idle members hold them (n within one chunk).
+func memberData(ms []*raidtest.Mem, l stripe.Layout, off, n int64) []byte {
+	loc := l.Map(off)
+	return ms[loc.Member].Bytes()[raid.DataOffset+loc.MemberOff:][:n]
+}
+
+// TestHazard shows why stable pages and pinning matter. A member write is paused after parity
+// has been computed, and the caller's buffer changes in that window. When the array skips the
+// copy without any promise (the test-only SetUnsafeReference), parity then disagrees with the
+// data written. With the copy (the default) the stripe stays consistent and holds the data as
+// it was when written; with stable pages and pinned buffers the caller may change its buffer
+// only after release, and the stripe stays consistent too. Each case runs a whole-stripe write
+// (written during the call) and a one-unit write (written out later, here by Flush).
+func TestHazard(t *testing.T) {
+	const n, C = 4, 4 << 10
+	cases := []struct {
+		name         string
+		io           raid.IOOptions
+		unsafe       bool
+		pinned       bool
+		whole        bool
+		consistent   bool
+		waitsRelease bool
+	}{
+		{name: "unsafe-whole", io: raid.IOOptions{StablePages: true}, unsafe: true, whole: true},
+		{name: "unsafe-unit", io: raid.IOOptions{StablePages: true}, unsafe: true},
+		{name: "copy-whole", whole: true, consistent: true},
+		{name: "copy-unit", consistent: true},
+		{name: "pinned-whole", io: raid.IOOptions{StablePages: true}, pinned: true, whole: true, consistent: true},
+		{name: "pinned-unit", io: raid.IOOptions{StablePages: true}, pinned: true, consistent: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ms := newMems("h", n, raid.DataOffset+8*C)
+			hooked := make([]raid.Member, n)
+			ps := make([]*pauser, n)
+			for i, m := range ms {
+				ps[i] = &pauser{Member: m}
+				hooked[i] = ps[i]
+			}
+			tc.io.WriteBackDelay = never
+			a, err := raid.CreateMembers(hooked, raid.CreateOptions{Chunk: C, IOOptions: tc.io})
+			if err != nil {
+				t.Fatal(err)
+			}
+			raid.SetUnsafeReference(a, tc.unsafe)
+			l := a.Layout()
+			size := int64(C)
+			if tc.whole {
+				size = l.StripeSize()
+			}
+			p := make([]byte, size)
+			fill(newRand(1), p)
+			orig := bytes.Clone(p)
+			victim := ps[l.DataMember(0, 0)] // holds p[:C]
+
+			released := make(chan struct{})
+			var releases atomic.Int32
+			release := func() {
+				if releases.Add(1) == 1 {
+					close(released)
+				}
+			}
+			timeout := 2 * time.Second
+			if tc.pinned {
+				timeout = 50 * time.Millisecond // nobody changes the buffer in the window
+			}
+			paused, resume := make(chan struct{}), make(chan struct{})
+			if tc.whole {
+				paused, resume = victim.arm(timeout)
+			}
+			changed := make(chan error, 1)
+			mutate := func() {
+				select {
+				case <-paused:
+				case <-time.After(5 * time.Second):
+					changed <- errors.New("the member write never started")
+					return
+				}
+				if tc.pinned { // the buffer's owner waits for release, as the nbd server does
+					select {
+					case <-released:
+					case <-time.After(5 * time.Second):
+						changed <- errors.New("never released")
+						return
+					}
+				}
+				for i := range C {
+					p[i] ^= 0xff
+				}
+				close(resume)
+				changed <- nil
+			}
+			if tc.whole {
+				go mutate()
+			}
+			var wn int
+			if tc.pinned {
+				wn, err = a.WritePinned(p, 0, release)
+			} else {
+				wn, err = a.WriteAt(p, 0)
+			}
+			if err != nil || wn != len(p) {
+				t.Fatalf("write: %d, %v", wn, err)
+			}
+			if !tc.whole { // cached: the write-out happens in Flush
+				paused, resume = victim.arm(timeout)
+				go mutate()
+				if err := a.Flush(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-changed; err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.pinned && releases.Load() != 1 {
+				t.Fatalf("release ran %d times, want 1", releases.Load())
+			}
+			bad := badStripes(ms, l)
+			if tc.consistent {
+				if len(bad) > 0 {
+					t.Fatalf("stripes %v have stale parity", bad)
+				}
+				if got := memberData(ms, l, 0, C); !bytes.Equal(got, orig[:C]) {
+					t.Fatalf("member holds data that differs from what was written at byte %d", firstDiff(got, orig))
+				}
+				return
+			}
+			if len(bad) != 1 || bad[0] != 0 {
+				t.Fatalf("skipping the copy without a promise: inconsistent stripes %v, want [0] (the hazard not shown)", bad)
+			}
+		})
+	}
+}
+
+// TestPlan: a single-chunk write to a cold stripe of 3, 4 and 8 members is written out by the
+// plan that reads fewer member units — reconstruct-write reads the other D-1 data chunks,
+// read-modify-write the old data and parity (2); a tie goes to reconstruct-write — and parity
+// is right afterwards. Also a one-unit write within a larger chunk, counted in units.
+func TestPlan(t *testing.T) {
+	for _, n := range []int{3, 4, 8} {
+		for _, chunk := range []int64{4 << 10, 16 << 10} {
+			t.Run(fmt.Sprintf("n%d-c%dk", n, chunk>>10), func(t *testing.T) {
+				a, ms := newCached(t, n, chunk, 8, raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: never}})
+				l := a.Layout()
+				model := make([]byte, mustSize(a))
+				fill(newRand(uint64(n)), model)
+				if _, err := a.WriteAt(model, 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := a.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				before := a.Counters()
+				// The second data chunk of stripe 1, or its second unit.
+				off, size := l.StripeSize()+chunk, chunk
+				if chunk > stripe.UnitSize {
+					off, size = off+stripe.UnitSize, stripe.UnitSize
+				}
+				p := make([]byte, size)
+				fill(newRand(99), p)
+				if _, err := a.WriteAt(p, off); err != nil {
+					t.Fatal(err)
+				}
+				copy(model[off:], p)
+				if err := a.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				after := a.Counters()
+				D := int64(n - 1)
+				wantRMW := 2 < D-1
+				reads := min(D-1, 2) * size
+				gotRMW, gotRCW := after.RMWWrites-before.RMWWrites, after.RCWWrites-before.RCWWrites
+				if wantRMW && (gotRMW != 1 || gotRCW != 0) || !wantRMW && (gotRMW != 0 || gotRCW != 1) {
+					t.Fatalf("write-outs: %d RMW, %d RCW; want RMW %v", gotRMW, gotRCW, wantRMW)
+				}
+				if got := int64(after.MemberBytesRead - before.MemberBytesRead); got != reads {
+					t.Fatalf("member bytes read: %d, want %d", got, reads)
+				}
+				if got := int64(after.MemberBytesWritten - before.MemberBytesWritten); got != 2*size {
+					t.Fatalf("member bytes written: %d, want %d (data and parity)", got, 2*size)
+				}
+				compareArray(t, a, model)
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if bad := badStripes(ms, l); len(bad) > 0 {
+					t.Fatalf("stale parity in stripes %v", bad)
+				}
+			})
+		}
+	}
+}
+
+// TestBatching: 4 KiB writes in sequence, issued by several goroutines at once (the way a
+// client with a deep queue sends them), reach the members as full-stripe writes: member reads
+// stay under 1% of the bytes written.
+func TestBatching(t *testing.T) {
+	for _, mode := range ioModes[:3] {
+		t.Run(mode.name, func(t *testing.T) {
+			const chunk, stripes = 64 << 10, 40
+			// A stripe is written out when no write reached it for WriteBackDelay: longer than
+			// the default here, so that a stall of the writers under the race detector on a busy
+			// machine does not count as the stream having stopped.
+			io := mode.io
+			io.WriteBackDelay = 50 * time.Millisecond
+			a, ms := newCached(t, 4, chunk, stripes, raid.AssembleOptions{IOOptions: io})
+			l := a.Layout()
+			total := stripes * l.StripeSize()
+			const unit = 4 << 10
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 4 {
+				wg.Go(func() {
+					rng := newRand(uint64(g))
+					buf := make([]byte, unit)
+					for {
+						off := next.Add(unit) - unit
+						if off >= total {
+							return
+						}
+						fill(rng, buf)
+						binaryPut(buf, off)
+						var err error
+						if mode.pinned {
+							_, err = a.WritePinned(bytes.Clone(buf), off, func() {})
+						} else {
+							_, err = a.WriteAt(buf, off)
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := a.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			c := a.Counters()
+			t.Logf("%+v", c)
+			if c.MemberBytesRead*100 >= uint64(total) {
+				t.Errorf("member reads %d bytes for %d written: want under 1%%", c.MemberBytesRead, total)
+			}
+			if c.FullStripeWrites < stripes*9/10 {
+				t.Errorf("%d full-stripe write-outs for %d stripes written", c.FullStripeWrites, stripes)
+			}
+			got := make([]byte, unit)
+			for off := int64(0); off < total; off += unit {
+				if _, err := a.ReadAt(got, off); err != nil || binaryGet(got) != off {
+					t.Fatalf("unit at %d reads as unit %d, %v", off, binaryGet(got), err)
+				}
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if bad := badStripes(ms, l); len(bad) > 0 {
+				t.Fatalf("stale parity in stripes %v", bad)
+			}
+		})
+	}
+}
+
+func binaryPut(b []byte, v int64) {
+	for i := range 8 {
+		b[i] = byte(v >> (8 * i))
+	}
+}
+
+func binaryGet(b []byte) int64 {
+	var v int64
+	for i := range 8 {
+		v |= int64(b[i]) << (8 * i)
+	}
+	return v
+}
+
+// TestReadYourWrites: goroutines write their own units of shared stripes and read each write
+// back at once, while the cache (four stripes) writes out, evicts and writes through under
+// them; every read must see the write just acknowledged. Units are whole, partial or several.
+func TestReadYourWrites(t *testing.T) {
+	for _, mode := range ioModes[:4] {
+		t.Run(mode.name, func(t *testing.T) {
+			const chunk, stripes, workers = 8 << 10, 12, 4
+			io := mode.io
+			io.StripeCache, io.WriteBackDelay = 4, 200*time.Microsecond
+			a, ms := newCached(t, 4, chunk, stripes, raid.AssembleOptions{IOOptions: io})
+			size := mustSize(a)
+			model := make([]byte, size)
+			const unit = 4 << 10
+			units := size / unit
+			var wg sync.WaitGroup
+			for g := range int64(workers) {
+				wg.Go(func() {
+					rng := newRand(uint64(g) + 7)
+					for range 300 {
+						u := g + rng.Int64N(units/workers)*workers // one of mine
+						off, n := u*unit, int64(unit)
+						switch rng.IntN(3) {
+						case 0: // a piece of the unit
+							off += rng.Int64N(unit)
+							n = 1 + rng.Int64N(u*unit+unit-off)
+						case 1: // the whole unit, via the cache's reference path when pinned
+						}
+						p := make([]byte, n)
+						fill(rng, p)
+						var err error
+						if mode.pinned {
+							_, err = a.WritePinned(p, off, func() {})
+						} else {
+							_, err = a.WriteAt(p, off)
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						copy(model[off:], p)
+						got := make([]byte, unit)
+						if _, err := a.ReadAt(got, u*unit); err != nil {
+							t.Error(err)
+							return
+						}
+						if i := firstDiff(got, model[u*unit:(u+1)*unit]); i < unit {
+							t.Errorf("read of unit %d right after a write differs at byte %d", u, i)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := a.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			compareArray(t, a, model)
+			c := a.Counters()
+			t.Logf("%+v", c)
+			if c.CacheHits == 0 || c.CacheEvictions == 0 {
+				t.Errorf("want cache hits and evictions: %+v", c)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if bad := badStripes(ms, a.Layout()); len(bad) > 0 {
+				t.Fatalf("stale parity in stripes %v", bad)
+			}
+		})
+	}
+}
+
+// TestWriteDuringWriteOut: a write to units whose stripe is being written out (the member
+// write paused) is neither lost nor left out of parity, and reads see it at once.
+func TestWriteDuringWriteOut(t *testing.T) {
+	for _, mode := range ioModes[:3] {
+		t.Run(mode.name, func(t *testing.T) {
+			const C = 4 << 10
+			ms := newMems("w", 4, raid.DataOffset+8*C)
+			ps := make([]*pauser, len(ms))
+			hooked := make([]raid.Member, len(ms))
+			for i, m := range ms {
+				ps[i] = &pauser{Member: m}
+				hooked[i] = ps[i]
+			}
+			io := mode.io
+			io.WriteBackDelay = never
+			a, err := raid.CreateMembers(hooked, raid.CreateOptions{Chunk: C, IOOptions: io})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := a.Layout()
+			write := func(p []byte, off int64) error {
+				if mode.pinned {
+					_, err := a.WritePinned(p, off, func() {})
+					return err
+				}
+				_, err := a.WriteAt(p, off)
+				return err
+			}
+			old, newer := bytes.Repeat([]byte{1}, C), bytes.Repeat([]byte{2}, C)
+			off := int64(C) // data chunk 1 of stripe 0
+			if err := write(old, off); err != nil {
+				t.Fatal(err)
+			}
+			paused, resume := ps[l.Map(off).Member].arm(5 * time.Second)
+			flushed := make(chan error, 1)
+			go func() { flushed <- a.Flush() }()
+			<-paused
+			wrote := make(chan error, 1)
+			go func() { wrote <- write(newer, off) }()
+			time.Sleep(10 * time.Millisecond) // let the new write reach the stripe
+			close(resume)
+			if err := <-flushed; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-wrote; err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, C)
+			if _, err := a.ReadAt(got, off); err != nil || !bytes.Equal(got, newer) {
+				t.Fatalf("read after the racing write: %v, equal %v", err, bytes.Equal(got, newer))
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := memberData(ms, l, off, C); !bytes.Equal(got, newer) {
+				t.Fatal("the member holds the older write")
+			}
+			if bad := badStripes(ms, l); len(bad) > 0 {
+				t.Fatalf("stale parity in stripes %v", bad)
+			}
+		})
+	}
+}
+
+// TestPinnedRelease: WritePinned runs release exactly once, after the last member write that
+// reads the buffer — at once for writes it copies or writes whole, after the write-out for
+// units it keeps, when a later write or a trim makes the kept units obsolete, and on errors.
+func TestPinnedRelease(t *testing.T) {
+	const C = 8 << 10
+	a, _ := newCached(t, 3, C, 8, raid.AssembleOptions{IOOptions: raid.IOOptions{StablePages: true, WriteBackDelay: never}})
+	ss := a.Layout().StripeSize()
+	type counter struct{ n atomic.Int32 }
+	pinned := func(p []byte, off int64) (*counter, error) {
+		c := new(counter)
+		_, err := a.WritePinned(p, off, func() { c.n.Add(1) })
+		return c, err
+	}
+	want := func(c *counter, n int32, what string) {
+		t.Helper()
+		if got := c.n.Load(); got != n {
+			t.Fatalf("%s: release ran %d times, want %d", what, got, n)
+		}
+	}
+	buf := func(n int64) []byte { p := make([]byte, n); fill(newRand(uint64(n)), p); return p }
+
+	c, err := pinned(buf(ss), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(c, 1, "whole stripe, on return")
+	c, _ = pinned(buf(100), ss+10)
+	want(c, 1, "unaligned piece (copied), on return")
+	c, _ = pinned(buf(2*stripe.UnitSize), ss)
+	want(c, 0, "two kept units, on return")
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want(c, 1, "two kept units, after Flush")
+
+	c, _ = pinned(buf(stripe.UnitSize), 2*ss)
+	if _, err := a.WriteAt(make([]byte, stripe.UnitSize), 2*ss); err != nil {
+		t.Fatal(err)
+	}
+	want(c, 1, "kept unit overwritten")
+	c, _ = pinned(buf(stripe.UnitSize), 3*ss)
+	c2, _ := pinned(buf(stripe.UnitSize), 3*ss)
+	want(c, 1, "kept unit overwritten by a pinned write")
+	want(c2, 0, "the pinned overwrite, kept")
+	if err := a.Trim(3*ss, ss); err != nil {
+		t.Fatal(err)
+	}
+	want(c2, 1, "kept unit trimmed")
+
+	c, err = pinned(buf(10), mustSize(a))
+	if !errors.Is(err, raid.ErrOutOfRange) {
+		t.Fatalf("out of range: %v", err)
+	}
+	want(c, 1, "out of range")
+	c, _ = pinned(buf(stripe.UnitSize), 4*ss)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want(c, 1, "kept unit, after Close")
+	c, err = pinned(buf(10), 0)
+	if !errors.Is(err, raid.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+	want(c, 1, "closed array")
+}
+
+// TestWriteOutError: a member write error during a background write-out is logged and
+// reported by the next Flush; the data stays dirty in the cache, readable, and a later Flush
+// writes it once the member works again.
+func TestWriteOutError(t *testing.T) {
+	const C = 4 << 10
+	ms := newMems("f", 3, raid.DataOffset+8*C)
+	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: C})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	fs := make([]*raidtest.Faulty, len(ms))
+	for i, m := range ms {
+		m.Reopen()
+		fs[i] = raidtest.NewFaulty(m)
+	}
+	var logs recorder
+	a, err = raid.AssembleMembers(asMembers(fs), raid.AssembleOptions{Logger: slog.New(&logs),
+		IOOptions: raid.IOOptions{WriteBackDelay: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	loc := a.Layout().Map(0)
+	fs[loc.Member].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
+	p := bytes.Repeat([]byte{7}, 100)
+	if _, err := a.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); logs.count(slog.LevelError) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no error logged for the failed write-out")
+		}
+	}
+	var me *raid.MemberError
+	if err := a.Flush(); !errors.Is(err, raidtest.ErrInjected) || !errors.As(err, &me) || me.Role != loc.Member {
+		t.Fatalf("Flush after a failed write-out: %v; want the member's error", err)
+	}
+	got := make([]byte, len(p))
+	if _, err := a.ReadAt(got, 0); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("read of the unwritten data: %v, equal %v", err, bytes.Equal(got, p))
+	}
+	fs[loc.Member].Clear()
+	if err := a.Flush(); err != nil {
+		t.Fatalf("Flush with the member working again: %v", err)
+	}
+	if got := memberData(ms, a.Layout(), 0, 100); !bytes.Equal(got, p) {
+		t.Fatal("the data did not reach the member")
+	}
+	if bad := badStripes(ms, a.Layout()); len(bad) > 0 {
+		t.Fatalf("stale parity in stripes %v", bad)
+	}
+}
+
+// TestFUA: WriteAtFUA writes out the stripes it touched and syncs before it returns.
+func TestFUA(t *testing.T) {
+	const C = 4 << 10
+	a, ms := newCached(t, 3, C, 8, raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: never}})
+	defer a.Close()
+	p := bytes.Repeat([]byte{9}, 3*C/2)
+	off := a.Layout().StripeSize() - C/2               // across two stripes
+	if _, err := a.WriteAt([]byte{1}, 0); err != nil { // the first write marks the array dirty, with syncs
+		t.Fatal(err)
+	}
+	syncs := ms[0].Syncs()
+	if _, err := a.WriteAtFUA(p, off); err != nil {
+		t.Fatal(err)
+	}
+	if ms[0].Syncs() != syncs+1 {
+		t.Fatalf("syncs %d → %d, want one more", syncs, ms[0].Syncs())
+	}
+	got := append(bytes.Clone(memberData(ms, a.Layout(), off, C/2)), memberData(ms, a.Layout(), off+C/2, C)...)
+	if !bytes.Equal(got, p) {
+		t.Fatal("a FUA write is not on the members when it returns")
+	}
+	if bad := badStripes(ms, a.Layout()); len(bad) > 0 {
+		t.Fatalf("stale parity in stripes %v", bad)
+	}
+}
