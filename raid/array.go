@@ -46,6 +46,8 @@ type Array struct {
 	// were pinned, without any promise that it stays unchanged: the hazard stable pages avoid.
 	unsafeRef bool
 	missFn    func([]byte, stripe.Extent) error // a.readExtent, bound once
+	ioq       []chan ioJob                      // by role: the cache's member I/O (memberio.go)
+	ioWG      sync.WaitGroup                    // the member I/O goroutines
 	ctr       counters
 
 	scratch sync.Pool // *scratch: chunk-sized buffers for one stripe operation
@@ -141,6 +143,7 @@ func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnl
 // start starts the array's background work (the cache's write-out goroutines); Close stops it.
 func (a *Array) start() {
 	if a.cache != nil {
+		a.startIO()
 		a.cache.Start(context.Background())
 	}
 }
@@ -317,6 +320,7 @@ func (a *Array) Close() error {
 		var err error
 		if a.cache != nil {
 			err = a.cache.Close()
+			a.stopIO()
 		}
 		err = errors.Join(err, a.syncMembers())
 		errs = append(errs, err)

@@ -9,7 +9,8 @@ import (
 
 // The array is what the NBD layers serve.
 var (
-	_ backend.Backend = (*raid.Array)(nil)
-	_ nbd.Device      = (*raid.Array)(nil)
-	_ nbd.FUAWriter   = (*raid.Array)(nil)
+	_ backend.Backend  = (*raid.Array)(nil)
+	_ nbd.Device       = (*raid.Array)(nil)
+	_ nbd.FUAWriter    = (*raid.Array)(nil)
+	_ nbd.PinnedWriter = (*raid.Array)(nil)
 )

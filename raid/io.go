@@ -55,58 +55,6 @@ func (a *Array) memberIO(role int, buf []byte, off int64, write bool) error {
 	return memberErr(m, role, "read", off, err)
 }
 
-// memberIO is how the stripe cache reaches the members (stripe.Members).
-type memberIO struct{ a *Array }
-
-// Missing returns the missing role, or -1.
-func (m memberIO) Missing() int { return m.a.missing }
-
-// Do performs ops (member data-area offsets) with one goroutine per member touched beyond the
-// first, each running its member's ops in order, and returns the error of the lowest role that
-// failed, as a *MemberError.
-func (m memberIO) Do(ops []stripe.MemberOp) error {
-	a := m.a
-	do := func(op *stripe.MemberOp) error { return a.memberIO(op.Role, op.Buf, a.dataOffset+op.Off, op.Write) }
-	switch len(ops) {
-	case 0:
-		return nil
-	case 1:
-		return do(&ops[0])
-	}
-	var roles uint64
-	for i := range ops {
-		roles |= 1 << ops[i].Role
-	}
-	var errs [stripe.MaxMembers]error
-	run := func(r int) {
-		for i := range ops {
-			if ops[i].Role == r && errs[r] == nil {
-				errs[r] = do(&ops[i])
-			}
-		}
-	}
-	var wg sync.WaitGroup
-	first := -1
-	for r := range a.members {
-		if roles&(1<<r) == 0 {
-			continue
-		}
-		if first < 0 {
-			first = r
-			continue
-		}
-		wg.Go(func() { run(r) })
-	}
-	run(first)
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // check refuses ranges that are negative or end past the array.
 func (a *Array) check(off, n int64) error {
 	if off < 0 || n < 0 || off > a.size || n > a.size-off {

@@ -617,13 +617,9 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 		c.full.Add(1)
 		return nil
 	}
-	private := h == nil
+	private := h == nil // not cached: copy into a spare head rather than take a cache slot
 	if private {
-		if h = c.bind(s); h != nil {
-			private = false
-		} else {
-			h = c.spare.Get().(*head)
-		}
+		h = c.spare.Get().(*head)
 	}
 	for d := range c.nd {
 		copy(h.buf[int64(d)*c.chunk:int64(d+1)*c.chunk], q[int64(d)*c.chunk:])

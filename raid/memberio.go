@@ -1,0 +1,123 @@
+package raid
+
+import (
+	"sync"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// ioWorkers is the number of goroutines per member that run the cache's member I/O, so that
+// several stripes' reads and writes to one member can be in flight at once.
+const ioWorkers = 4
+
+// memberIO is how the stripe cache reaches the members (stripe.Members). Its Do hands each
+// member's share of a batch to that member's I/O goroutines (started by startIO, stopped by
+// stopIO), so that it allocates nothing.
+type memberIO struct{ a *Array }
+
+// ioBatch is the state of one Do call.
+type ioBatch struct {
+	ops  []stripe.MemberOp
+	errs [stripe.MaxMembers]error // by role
+	wg   sync.WaitGroup
+}
+
+// ioJob asks a member's I/O goroutine to run role's ops of a batch.
+type ioJob struct {
+	b    *ioBatch
+	role int
+}
+
+var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
+
+// startIO starts the member I/O goroutines: ioWorkers per present member.
+func (a *Array) startIO() {
+	a.ioq = make([]chan ioJob, len(a.members))
+	for r, m := range a.members {
+		if m == nil {
+			continue
+		}
+		a.ioq[r] = make(chan ioJob)
+		for range ioWorkers {
+			a.ioWG.Go(func() {
+				for j := range a.ioq[r] {
+					a.runRole(j.b, j.role)
+					j.b.wg.Done()
+				}
+			})
+		}
+	}
+}
+
+// stopIO stops the member I/O goroutines and waits for them. No Do may be running.
+func (a *Array) stopIO() {
+	for _, q := range a.ioq {
+		if q != nil {
+			close(q)
+		}
+	}
+	a.ioWG.Wait()
+	a.ioq = nil
+}
+
+// runRole runs b's ops for role in order, stopping at the first error.
+func (a *Array) runRole(b *ioBatch, role int) {
+	for i := range b.ops {
+		op := &b.ops[i]
+		if op.Role != role {
+			continue
+		}
+		if err := a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write); err != nil {
+			b.errs[role] = err
+			return
+		}
+	}
+}
+
+// Missing returns the missing role, or -1.
+func (m memberIO) Missing() int { return m.a.missing }
+
+// Do performs ops (member data-area offsets): the first member's in the calling goroutine, the
+// others' concurrently on their members' I/O goroutines, each member's in order. It returns
+// the error of the lowest role that failed, as a *MemberError.
+func (m memberIO) Do(ops []stripe.MemberOp) error {
+	a := m.a
+	switch len(ops) {
+	case 0:
+		return nil
+	case 1:
+		op := &ops[0]
+		return a.memberIO(op.Role, op.Buf, a.dataOffset+op.Off, op.Write)
+	}
+	var roles uint64
+	for i := range ops {
+		roles |= 1 << ops[i].Role
+	}
+	b := ioBatches.Get().(*ioBatch)
+	b.ops = ops
+	first := -1
+	for r := range a.members {
+		if roles&(1<<r) == 0 {
+			continue
+		}
+		if first < 0 {
+			first = r
+			continue
+		}
+		b.wg.Add(1)
+		a.ioq[r] <- ioJob{b, r}
+	}
+	a.runRole(b, first)
+	b.wg.Wait()
+	var err error
+	for _, e := range b.errs {
+		if e != nil {
+			err = e
+			break
+		}
+	}
+	clear(b.errs[:])
+	b.ops = nil
+	ioBatches.Put(b)
+	return err
+}
