@@ -69,35 +69,81 @@
 // devices); if the device cannot, raid5d falls back to BLKZEROOUT, and then to writing zeroes.
 // On a large device without hardware zeroing, Create therefore takes as long as writing it once.
 //
+// # Stripe cache and stable pages
+//
+// Writes go through a write-back stripe cache (package stripe's Cache; IOOptions.StripeCache
+// sets its capacity in stripes, default DefaultCacheStripes: 64 MiB worth, 16 to 256 stripes;
+// its memory is stripes × members × chunk bytes, allocated as stripes are first cached):
+//
+//   - A write that covers a whole stripe is written at once, with parity computed from the new
+//     data alone and no member reads (counted as FullStripeWrites).
+//   - Anything else lands in the stripe's cache head as dirty 4 KiB units and WriteAt returns.
+//     Background goroutines (IOOptions.WriteBackers, default 4, stripes in parallel) write a
+//     head out once no write has reached it for IOOptions.WriteBackDelay (default 5 ms, at most
+//     8 delays after its first write), at once when it has become full (then it is a full-stripe
+//     write), and oldest first while more than half the cache is dirty. A partial head is
+//     written by read-modify-write or reconstruct-write, whichever reads fewer units; in a
+//     degraded stripe, units of the missing member are rebuilt (reconstruct-write) where the
+//     cache knows them and read-modify-written where it does not. When every head is dirty, a
+//     partial write is written through synchronously instead (WriteThroughs).
+//   - Reads copy the units the cache holds (including dirty ones: a read sees every write that
+//     returned before it started) and read the rest from the members straight into the caller's
+//     buffer. Flush writes out every dirty head, then fdatasyncs the members; WriteAtFUA writes
+//     out the stripes it touched, then syncs. Trim and WriteZeroes drop or overwrite the heads
+//     they cover. Close writes everything out, syncs and marks the array clean.
+//
+// IOOptions.StablePages is the caller's promise that a buffer does not change while the array
+// reads it. Off (the default), every write is copied into the cache before parity is computed,
+// as Linux md does without skip_copy: a caller that changes its buffer mid-write gets one
+// version or the other, never parity that disagrees with the data. On, whole-stripe writes
+// compute parity from and write members straight from the caller's buffer, and WritePinned
+// (nbd.PinnedWriter) keeps whole aligned 4 KiB units of a partial write by reference, not
+// copied, until they are written out, then calls release, exactly once. The nbd server keeps
+// the promise for its own, pinned request buffers. Breaking it corrupts parity silently
+// (TestHazard shows how). StripeCache < 0 disables the cache: every write is written through,
+// with its parity, before it returns (the code path before the cache, kept for comparison).
+//
+// Counters returns what the array did: full-stripe, RMW and RCW writes, member bytes read and
+// written, bytes copied into the cache, cache hits, misses and evictions.
+//
 // # Concurrency
 //
 // All I/O methods of an Array may be called concurrently. Writes (and trims, and reads that
 // rebuild a chunk from the rest of its stripe) hold the stripe's lock, taken from a fixed table
-// of 1024 mutexes hashed by stripe number. A request that spans stripes takes them one at a
-// time, in ascending order, never holding two; only Trim of whole stripes holds several at once,
-// taken in ascending table order, which cannot deadlock against holders of a single lock.
-// Plain reads take no stripe lock: like io.ReaderAt on a file, a read that overlaps a concurrent
-// write may see old or new bytes, but never parity-related garbage, since the bytes read are the
-// member's own data. The member reads of one request run concurrently, one goroutine per member;
-// the member reads and writes within one stripe run concurrently too.
+// of 1024 mutexes hashed by stripe number (stripe.Locks). The same lock guards the stripe's
+// cache head, and the write-out of a head holds it throughout, so a write to a stripe being
+// written out waits for it and is never lost or left out of parity. A request that spans
+// stripes takes them one at a time, in ascending order, never holding two; only Trim of whole
+// stripes holds several at once, taken in ascending table order, and the cache takes another
+// stripe's lock only with TryLock (to evict it), so nothing can deadlock.
+// Reads take a stripe's lock only while they copy from its cache head. Like io.ReaderAt on a
+// file, a read that overlaps a concurrent write may see old or new bytes, but never
+// parity-related garbage, since the bytes read are the member's own data. The member reads of
+// one request run concurrently, one goroutine per member; the member reads and writes within
+// one stripe run concurrently too (with a cache, on per-member I/O goroutines).
 //
-// Close waits for the calls in flight and makes later calls fail with ErrClosed.
+// Background goroutines — the cache's write-out goroutines and ioWorkers per member for its
+// member I/O — are started by Create and Assemble (not for read-only arrays or without a
+// cache) and stopped, and waited for, by Close. Close waits for the calls in flight and makes
+// later calls fail with ErrClosed.
 //
-// Writes read the caller's buffer twice (for parity and for the member write) and do not keep it
-// after returning; the caller must not change it while the call runs (the nbd server never does).
+// WriteAt does not keep p after it returns (with stable pages on, p must not change during the
+// call). WritePinned may keep p until it calls release.
 //
 // # Caveats
 //
 //   - No write-intent bitmap or journal yet: after a crash (the array assembled dirty, see
 //     Status.Unclean) parity may not match data in stripes that were being written — the RAID-5
 //     write hole — and nothing resyncs it yet. Such an array stays marked dirty on disk until a
-//     resync (a later issue) so the warning is not lost.
+//     resync (a later issue) so the warning is not lost. Writes not yet flushed may be lost in a
+//     crash, as NBD allows: they may still be in the stripe cache.
 //   - A member that fails is not yet marked faulty: reads it fails are rebuilt from the others
 //     while the array is otherwise whole, but write errors are returned to the caller (as
-//     *MemberError, EIO) and may leave that stripe's parity stale. No spares, rebuild or scrub yet.
+//     *MemberError, EIO) and may leave that stripe's parity stale. An error in a background
+//     write-out is logged and returned by the next Flush; the data stays dirty in the cache
+//     (and readable), its next write-out reconstructs parity rather than trusting the old, and
+//     a pinned buffer stays held until a write-out succeeds. No spares, rebuild or scrub yet.
 //   - A crash in the middle of a superblock update can leave members one event apart; Assemble
 //     then refuses the one behind as stale, and the array must be assembled without it.
-//   - No stripe cache: every partial-stripe write does its reads and writes synchronously
-//     (read-modify-write or reconstruct-write, whichever reads fewer bytes). WriteAtFUA is
-//     WriteAt followed by Flush of every member.
+//   - The counters are plain atomics shared by all goroutines, not sharded.
 package raid

@@ -165,8 +165,15 @@ type head struct {
 type workspace struct {
 	ops    []MemberOp
 	shards [][]byte
-	old    []byte // D×chunk: old data for read-modify-write
+	old    []byte  // (D+1)×chunk: old data for read-modify-write, or rebuild scratch
+	cols   []uint8 // per unit column: colDirty, colRMW
 }
+
+// Column flags of a write-out.
+const (
+	colDirty = 1 // some data unit of the column is dirty
+	colRMW   = 2 // the column is written by read-modify-write
+)
 
 // NewCache returns a cache for the array of layout, whose parity coder is coder, reaching the
 // members through m and locking stripes in locks. Start starts its write-out goroutines.
@@ -661,14 +668,14 @@ func (c *Cache) writeOut(h *head, s int64) error {
 	base := s * c.chunk
 	ws := c.getWork()
 	defer c.putWork(ws)
-	colDirty := func(u int) bool {
-		for d := range D {
-			if h.st[d*upc+u]&stDirty != 0 {
-				return true
-			}
+	cols := ws.cols[:upc]
+	clear(cols)
+	for i, st := range h.st {
+		if st&stDirty != 0 {
+			cols[i%upc] = colDirty
 		}
-		return false
 	}
+	colDirty := func(u int) bool { return cols[u]&colDirty != 0 }
 	full := h.nUp == D*upc
 	rmw := false
 	if !full && dm < 0 && !h.mustRCW {
@@ -691,7 +698,12 @@ func (c *Cache) writeOut(h *head, s int64) error {
 		}
 		rmw = rmwReads < rcwReads
 	}
-	colRMW := func(u int) bool { return rmw || dm >= 0 && h.st[dm*upc+u]&stUp == 0 }
+	for u := range upc {
+		if rmw || dm >= 0 && h.st[dm*upc+u]&stUp == 0 {
+			cols[u] |= colRMW
+		}
+	}
+	colRMW := func(u int) bool { return cols[u]&colRMW != 0 }
 	anyRMW := false
 
 	ops := ws.ops[:0]
@@ -830,6 +842,7 @@ func (c *Cache) getWork() *workspace {
 	ws := c.work.Get().(*workspace)
 	if ws.old == nil {
 		ws.old = make([]byte, int64(c.nd+1)*c.chunk)
+		ws.cols = make([]uint8, c.upc)
 	}
 	return ws
 }
