@@ -1,0 +1,55 @@
+package loadgen
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"math/rand/v2"
+)
+
+// Pool is a buffer of incompressible bytes filled once at start; writes copy units out of it
+// and stamp a header on each (see Fill). It is read-only after NewPool and safe for concurrent
+// use.
+type Pool struct {
+	data []byte
+	unit int
+	crcs []uint32 // crcs[i] is the CRC-32C of data[i*unit+HeaderSize : (i+1)*unit]
+}
+
+// DefaultPoolSize is the pool size Run uses (rounded up to a whole number of units).
+const DefaultPoolSize = 32 << 20
+
+// NewPool fills size bytes (rounded up to a multiple of unit) from a ChaCha8 stream keyed by
+// seed and precomputes the payload checksum of every unit position. unit must exceed
+// HeaderSize.
+func NewPool(size, unit int, seed uint64) *Pool {
+	size = (size + unit - 1) / unit * unit
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	p := &Pool{data: make([]byte, size), unit: unit, crcs: make([]uint32, size/unit)}
+	rand.NewChaCha8(key).Read(p.data)
+	for i := range p.crcs {
+		p.crcs[i] = crc32.Checksum(p.data[i*unit+HeaderSize:(i+1)*unit], castagnoli)
+	}
+	return p
+}
+
+// Units returns the number of unit positions in the pool.
+func (p *Pool) Units() int { return len(p.crcs) }
+
+// Fill fills dst (a whole number of units) with the units at positions pos, pos+1, ...
+// (wrapping) of the pool, and stamps unit k with h, its Offset advanced by k units. It returns
+// the position after the last unit used. dst is written; the pool is only read.
+func (p *Pool) Fill(dst []byte, pos int, h Header) int {
+	u := p.unit
+	pos %= len(p.crcs)
+	for k := 0; k+u <= len(dst); k += u {
+		unit := dst[k : k+u]
+		copy(unit[HeaderSize:], p.data[pos*u+HeaderSize:(pos+1)*u])
+		stamp(unit, h, p.crcs[pos])
+		h.Offset += int64(u)
+		if pos++; pos == len(p.crcs) {
+			pos = 0
+		}
+	}
+	return pos
+}
