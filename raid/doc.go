@@ -4,7 +4,7 @@
 //
 // Create makes an array and Assemble puts one together from its members' superblocks; Examine
 // reads the superblocks without assembling. *Array satisfies go-nbd's backend.Backend and the
-// nbd package's Device and FUAWriter.
+// nbd package's Device, FUAWriter and PinnedWriter.
 //
 // # Layout
 //
