@@ -505,15 +505,17 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 	for s := first; s < end; s += nLocks {
 		n := min(nLocks, end-s)
 		a.lockSpan(s, n)
-		if a.cache != nil {
-			a.cache.Discard(s, n)
-		}
 		var errs []error
 		for r, m := range a.members {
 			if m != nil {
 				moff := a.dataOffset + s*C
 				errs = append(errs, memberErr(m, r, "trim", moff, m.Trim(moff, n*C)))
 			}
+		}
+		// Only now forget the cached stripes: until the members read as zeroes, a read that
+		// finds no cache head would see data older than the last writes.
+		if a.cache != nil {
+			a.cache.Discard(s, n)
 		}
 		a.unlockSpan(s, n)
 		if err := errors.Join(errs...); err != nil {

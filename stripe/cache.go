@@ -913,7 +913,7 @@ func (c *Cache) ReadExtent(dst []byte, e Extent, miss func(dst []byte, e Extent)
 }
 
 // Discard forgets the stripes [s0, s0+n), dirty units included (their references are
-// released): the caller is about to make them read as zeroes on every member. The caller holds
+// released): the caller has just made them read as zeroes on every member. The caller holds
 // their locks (Locks.LockSpan).
 func (c *Cache) Discard(s0, n int64) {
 	c.mu.Lock()
