@@ -42,6 +42,7 @@ var commands = []command{
 	{"create", "write superblocks to new members and make an array", runCreate},
 	{"serve", "assemble an array and serve it over NBD", runServe},
 	{"status", "read the members' superblocks and report the array (offline)", runStatus},
+	{"bench", "drive any NBD export with a verifying load: throughput, latency, crash checks", runBench},
 }
 
 func usage(w io.Writer) {
@@ -64,6 +65,7 @@ A MEMBER is a regular file or a block device. Sizes are bytes or take a binary s
 Quick start:
   raid5d create --size 256M data/m0.img data/m1.img data/m2.img data/m3.img
   raid5d serve data/m0.img data/m1.img data/m2.img data/m3.img
+  raid5d bench --rw randwrite --verify --time 10s nbd://127.0.0.1:10809/raid5d
 `)
 }
 

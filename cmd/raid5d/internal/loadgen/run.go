@@ -243,15 +243,7 @@ func Run(ctx context.Context, cfg Config, devs []Device) (*Result, error) {
 	}
 	r.pool = NewPool(max(cfg.PoolSize, 2*cfg.BlockSize), r.unit, cfg.Seed)
 	for i, d := range devs {
-		j := &job{id: i, dev: d}
-		if cfg.Mode.random() {
-			j.first, j.n = 0, r.nblocks/int64(len(devs))
-		} else {
-			j.first = r.nblocks * int64(i) / int64(len(devs))
-			j.n = r.nblocks*int64(i+1)/int64(len(devs)) - j.first
-		}
-		j.n = max(j.n, 1)
-		r.jobs = append(r.jobs, j)
+		r.jobs = append(r.jobs, &job{id: i, dev: d})
 	}
 
 	res := &Result{
@@ -373,7 +365,17 @@ type worker struct {
 
 // phase runs one pass or timed phase of all jobs' workers and returns the merged counts.
 func (r *run) phase(ctx context.Context, spec phaseSpec) phaseStats {
-	for _, j := range r.jobs {
+	// Sequential modes give each job its slice of the region; random ones give each job an
+	// equal share of the I/Os of one pass over the whole region.
+	nj := int64(len(r.jobs))
+	for i, j := range r.jobs {
+		if spec.mode.random() {
+			j.first, j.n = 0, r.nblocks/nj
+		} else {
+			j.first = r.nblocks * int64(i) / nj
+			j.n = r.nblocks*int64(i+1)/nj - j.first
+		}
+		j.n = max(j.n, 1)
 		j.next.Store(0)
 	}
 	var stop atomic.Bool
