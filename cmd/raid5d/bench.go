@@ -21,7 +21,7 @@ throughput, IOPS, latency percentiles and the CPU the generator itself used. URI
 nbd://host[:port][/export] or nbd+unix:///export?socket=PATH.
 
 Writes DESTROY the data in the region. Every write carries incompressible data from a pool
-filled once at start (ChaCha8); each 4 KiB unit (or each block, below 4 KiB) gets a 32-byte
+filled once at start (PCG); each 4 KiB unit (or each block, below 4 KiB) gets a 32-byte
 header: magic, generation, device offset, seed, job, and a CRC-32C over the whole unit. So the
 generator costs little and every byte can be proven later.
 

@@ -18,15 +18,16 @@ type Pool struct {
 // DefaultPoolSize is the pool size Run uses (rounded up to a whole number of units).
 const DefaultPoolSize = 32 << 20
 
-// NewPool fills size bytes (rounded up to a multiple of unit) from a ChaCha8 stream keyed by
-// seed and precomputes the payload checksum of every unit position. unit must exceed
+// NewPool fills size bytes (rounded up to a multiple of unit) from a PCG stream seeded by
+// seed (2.6 GB/s against ChaCha8's 1.4 here: BenchmarkPoolPRNG) and precomputes the payload checksum of every unit position. unit must exceed
 // HeaderSize.
 func NewPool(size, unit int, seed uint64) *Pool {
 	size = (size + unit - 1) / unit * unit
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[:], seed)
 	p := &Pool{data: make([]byte, size), unit: unit, crcs: make([]uint32, size/unit)}
-	rand.NewChaCha8(key).Read(p.data)
+	r := rand.NewPCG(seed, 0x5241494435) // unit is a multiple of 8
+	for i := 0; i < size; i += 8 {
+		binary.LittleEndian.PutUint64(p.data[i:], r.Uint64())
+	}
 	for i := range p.crcs {
 		p.crcs[i] = crc32.Checksum(p.data[i*unit+HeaderSize:(i+1)*unit], castagnoli)
 	}
