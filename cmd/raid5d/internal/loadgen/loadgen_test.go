@@ -143,15 +143,8 @@ func TestVerifyCatches(t *testing.T) {
 			d := newCrashDev(size)
 			cfg := baseConfig(Write, size)
 			cfg.Verify = true
-			var armed bool
-			d.readHook = func(p []byte, off int64) {
-				if armed {
-					tc.hook(p, off, d)
-				}
-			}
-			// The write pass leaves every block at generation 1; then the read-back is hooked.
-			cfg.Progress = nil
-			armed = true
+			// The write pass reads nothing; the read-back that follows is what the hook spoils.
+			d.readHook = func(p []byte, off int64) { tc.hook(p, off, d) }
 			res, err := Run(context.Background(), cfg, devs(d, 1))
 			if !errors.Is(err, ErrVerify) {
 				t.Fatalf("err %v, want ErrVerify", err)
@@ -317,7 +310,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bs above 4K not 4K-aligned", func(c *Config) { c.BlockSize = 6144 }},
 		{"offset misaligned", func(c *Config) { c.Offset = 512 }},
 		{"region past end", func(c *Config) { c.Size = 2 << 20 }},
-		{"too few blocks to verify", func(c *Config) { c.Verify, c.Size = true, 8 * 4096 }},
+		{"too few blocks to verify", func(c *Config) { c.Verify, c.Size = true, 8*4096 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := baseConfig(Write, 1<<20)
