@@ -82,3 +82,44 @@ func TestCreateThenStatus(t *testing.T) {
 		t.Fatalf("failed status: exit %d:\n%s%s", code, out, errOut)
 	}
 }
+
+func TestStripeCacheFlag(t *testing.T) {
+	dir := t.TempDir()
+	var ms []string
+	for i := range 4 {
+		ms = append(ms, filepath.Join(dir, "m"+string(rune('0'+i))))
+	}
+	if code, out, errOut := runCLI(t, append([]string{"create", "--size", "8M", "--chunk", "16K"}, ms...)...); code != 0 {
+		t.Fatalf("create: %s%s", out, errOut)
+	}
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{"", 0},       // unset: the array's default
+		{"off", -1},   // write-through
+		{"300", 300},  // stripes
+		{"1M", 16},    // bytes: 1 MiB / (4 members × 16 KiB)
+		{"1K", 1},     // at least one stripe
+		{"64M", 1024}, // 64 MiB / 64 KiB
+	} {
+		var f cacheSizeFlag
+		if tc.in != "" {
+			if err := f.Set(tc.in); err != nil {
+				t.Fatalf("Set(%q): %v", tc.in, err)
+			}
+		}
+		if got := f.stripesFor(ms); got != tc.want {
+			t.Errorf("--stripe-cache %q: %d stripes, want %d", tc.in, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"0", "-3", "lots", "0K"} {
+		var f cacheSizeFlag
+		if err := f.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted", bad)
+		}
+	}
+	if code, out, errOut := runCLI(t, append([]string{"serve", "--debug-immutable"}, ms...)...); code != 2 || !strings.Contains(errOut, "needs --stable-pages") {
+		t.Errorf("--debug-immutable alone: exit %d: %s%s", code, out, errOut)
+	}
+}
