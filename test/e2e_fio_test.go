@@ -97,22 +97,39 @@ func checkVerifyJobs(t *testing.T, jobs []fioJob, n int) {
 	}
 }
 
+// TestFioVerify runs the verify jobs in each I/O mode the daemon offers: the default
+// (write-back cache, copies), stable pages with pinned buffers and the immutable guard on (a stray
+// write to a held buffer would crash the daemon), and write-through without a cache.
 func TestFioVerify(t *testing.T) {
 	need(t, "fio")
-	a := newArray(t)
-	s := a.serve(t)
+	for _, mode := range []struct {
+		name  string
+		flags []string
+	}{
+		{"default", nil},
+		{"stable-pages", []string{"--stable-pages", "--debug-immutable"}},
+		{"no-cache", []string{"--stripe-cache", "off"}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			if standin && mode.flags != nil {
+				t.Skip("stand-in server has no such modes")
+			}
+			a := newArray(t)
+			s := a.serve(t, mode.flags...)
 
-	jobs := runFio(t, s.uri, "verify.fio")
-	checkVerifyJobs(t, jobs, 4)
-	for _, j := range jobs {
-		// fsync=16: at least one flush per 16 writes went over the wire.
-		if j.Sync.TotalIOs == 0 {
-			t.Errorf("fio job %s issued no flushes", j.Name)
-		}
+			jobs := runFio(t, s.uri, "verify.fio")
+			checkVerifyJobs(t, jobs, 4)
+			for _, j := range jobs {
+				// fsync=16: at least one flush per 16 writes went over the wire.
+				if j.Sync.TotalIOs == 0 {
+					t.Errorf("fio job %s issued no flushes", j.Name)
+				}
+			}
+
+			// What was written is still there after a graceful restart.
+			s.stop()
+			s = a.serve(t, mode.flags...)
+			checkVerifyJobs(t, runFio(t, s.uri, "verify.fio", "--verify_only"), 4)
+		})
 	}
-
-	// What was written is still there after a graceful restart.
-	s.stop()
-	s = a.serve(t)
-	checkVerifyJobs(t, runFio(t, s.uri, "verify.fio", "--verify_only"), 4)
 }

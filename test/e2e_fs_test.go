@@ -225,24 +225,36 @@ func TestFilesystem(t *testing.T) {
 	needBlockDevices(t)
 	src := t.TempDir()
 	sums := makeTree(t, src, 20261130)
+	for _, mode := range []struct {
+		name  string
+		flags []string
+	}{
+		{"default", nil},
+		{"stable-pages", []string{"--stable-pages", "--debug-immutable"}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			if standin && mode.flags != nil {
+				t.Skip("stand-in server has no such modes")
+			}
+			a := newArray(t)
+			s := a.serve(t, mode.flags...)
+			d := attachLoop(t, s.uri)
+			runTool(t, "mkfs.ext4", "-q", d.dev)
+			mnt := d.mount(t)
+			runTool(t, "cp", "-a", src+"/.", mnt)
+			checkTree(t, mnt, sums)
+			d.umount(t, mnt)
+			runTool(t, "fsck.ext4", "-fn", d.dev)
+			d.detach()
 
-	a := newArray(t)
-	s := a.serve(t)
-	d := attachLoop(t, s.uri)
-	runTool(t, "mkfs.ext4", "-q", d.dev)
-	mnt := d.mount(t)
-	runTool(t, "cp", "-a", src+"/.", mnt)
-	checkTree(t, mnt, sums)
-	d.umount(t, mnt)
-	runTool(t, "fsck.ext4", "-fn", d.dev)
-	d.detach()
-
-	// Everything from here on reads what the daemon stored, not a kernel cache.
-	s.stop()
-	s = a.serve(t)
-	d = attachLoop(t, s.uri)
-	runTool(t, "fsck.ext4", "-fn", d.dev)
-	mnt = d.mount(t)
-	checkTree(t, mnt, sums)
-	d.umount(t, mnt)
+			// Everything from here on reads what the daemon stored, not a kernel cache.
+			s.stop()
+			s = a.serve(t, mode.flags...)
+			d = attachLoop(t, s.uri)
+			runTool(t, "fsck.ext4", "-fn", d.dev)
+			mnt = d.mount(t)
+			checkTree(t, mnt, sums)
+			d.umount(t, mnt)
+		})
+	}
 }
