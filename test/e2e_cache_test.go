@@ -1,0 +1,73 @@
+package test
+
+import (
+	"testing"
+)
+
+// counters returns the I/O counters from the daemon's last "stopped" log record (serve logs
+// them at a graceful exit).
+func stoppedCounters(t *testing.T, s *server) map[string]float64 {
+	t.Helper()
+	var last map[string]any
+	for _, r := range logRecords(t, s.out.String(), 0) {
+		if _, ok := r["full_stripe_writes"]; ok {
+			last = r
+		}
+	}
+	if last == nil {
+		t.Fatalf("the daemon logged no counters at exit:\n%s", s.out.String())
+	}
+	c := map[string]float64{}
+	for k, v := range last {
+		if f, ok := v.(float64); ok {
+			c[k] = f
+		}
+	}
+	return c
+}
+
+// TestBatching: 4 KiB sequential writes through NBD (fio, iodepth 32) reach the members as
+// full-stripe writes, reading under 1% of the bytes written — in both cache modes.
+func TestBatching(t *testing.T) {
+	need(t, "fio")
+	if standin {
+		t.Skip("raid5d's counters only")
+	}
+	for _, mode := range []struct {
+		name  string
+		flags []string
+	}{
+		{"copy", nil},
+		{"stable-pages", []string{"--stable-pages"}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			a := newArray(t)
+			s := a.serve(t, mode.flags...)
+			jobs := runFio(t, s.uri, "seq4k.fio")
+			var written int64
+			for _, j := range jobs {
+				if j.Error != 0 {
+					t.Fatalf("fio job %s: error %d", j.Name, j.Error)
+				}
+				written += j.Write.IOBytes
+			}
+			if written != 48<<20 {
+				t.Fatalf("fio wrote %d bytes, want %d", written, 48<<20)
+			}
+			s.stop()
+			c := stoppedCounters(t, s)
+			stripes := float64(written) / stripeData
+			t.Logf("%s: %v full-stripe writes of %.0f stripes, %v RMW, %v RCW, member bytes read %v, copied %v",
+				mode.name, c["full_stripe_writes"], stripes, c["rmw_writes"], c["rcw_writes"], c["member_bytes_read"], c["bytes_copied"])
+			if c["full_stripe_writes"] < 0.9*stripes {
+				t.Errorf("%v full-stripe writes for %.0f stripes written: the cache did not batch", c["full_stripe_writes"], stripes)
+			}
+			if read := c["member_bytes_read"]; read >= 0.01*float64(written) {
+				t.Errorf("members read %v bytes for %d written (%.2f%%), want under 1%%", read, written, 100*read/float64(written))
+			}
+			if mode.flags != nil && c["bytes_copied"] != 0 {
+				t.Errorf("stable pages copied %v bytes into the cache, want 0 for 4 KiB-aligned writes", c["bytes_copied"])
+			}
+		})
+	}
+}
