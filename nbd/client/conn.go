@@ -28,10 +28,17 @@ type Conn struct {
 	nc   net.Conn
 	info exportInfo
 
-	wmu  sync.Mutex // guards writes to nc, hdr and iov
-	hdr  [requestHeaderSize]byte
-	iov  [2][]byte
-	bufs net.Buffers
+	// Requests are queued and written in batches: the caller that finds no writer active
+	// becomes the writer and sends everything queued, in one writev per batch, until the queue
+	// is empty; the others just queue and wait for their replies.
+	wmu     sync.Mutex  // guards wq, wspare, writing, werr
+	wq      []wreq      // requests waiting to be written
+	wspare  []wreq      // the other queue array, swapped with wq per batch
+	writing bool        // a caller is writing; only it touches iov
+	werr    error       // the write error that broke the connection
+	wcond   *sync.Cond  // on wmu: signalled when writing turns false
+	iov     [][]byte    // the writer's scratch for a batch
+	wbufs   net.Buffers // the writer's: iov as WriteTo consumes it
 
 	smu        sync.Mutex // guards slots' seq, active, cmd, buf, and readerGone
 	slots      []slot
@@ -44,6 +51,12 @@ type Conn struct {
 	closeOnce sync.Once
 	closing   atomic.Bool
 	readerEnd chan struct{} // closed when the reply reader has returned
+}
+
+// wreq is a request waiting to be written: its header and, for a WRITE, the caller's payload.
+type wreq struct {
+	hdr     [requestHeaderSize]byte
+	payload []byte
 }
 
 // slot is one request in flight. Its cookie is seq<<32 | index, so a late or duplicated reply
@@ -106,6 +119,8 @@ func NewConn(ctx context.Context, nc net.Conn, export string, opts Options) (*Co
 		dead:      make(chan struct{}),
 		readerEnd: make(chan struct{}),
 	}
+	c.wq, c.wspare = make([]wreq, 0, n+1), make([]wreq, 0, n+1)
+	c.wcond = sync.NewCond(&c.wmu)
 	for i := range c.slots {
 		c.slots[i].done = make(chan uint32, 1)
 		c.free <- uint32(i)
@@ -241,26 +256,17 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 	cookie := uint64(s.seq)<<32 | uint64(idx)
 	c.smu.Unlock()
 
-	c.wmu.Lock()
-	binary.BigEndian.PutUint32(c.hdr[0:4], magicRequest)
-	binary.BigEndian.PutUint16(c.hdr[4:6], flags)
-	binary.BigEndian.PutUint16(c.hdr[6:8], cmd)
-	binary.BigEndian.PutUint64(c.hdr[8:16], cookie)
-	binary.BigEndian.PutUint64(c.hdr[16:24], uint64(off))
-	binary.BigEndian.PutUint32(c.hdr[24:28], length)
-	var err error
-	if cmd == cmdWrite && len(buf) > 0 {
-		c.iov[0], c.iov[1] = c.hdr[:], buf
-		c.bufs = c.iov[:]
-		_, err = c.bufs.WriteTo(c.nc)
-		c.iov[1] = nil
-	} else {
-		_, err = c.nc.Write(c.hdr[:])
+	var r wreq
+	binary.BigEndian.PutUint32(r.hdr[0:4], magicRequest)
+	binary.BigEndian.PutUint16(r.hdr[4:6], flags)
+	binary.BigEndian.PutUint16(r.hdr[6:8], cmd)
+	binary.BigEndian.PutUint64(r.hdr[8:16], cookie)
+	binary.BigEndian.PutUint64(r.hdr[16:24], uint64(off))
+	binary.BigEndian.PutUint32(r.hdr[24:28], length)
+	if cmd == cmdWrite {
+		r.payload = buf
 	}
-	c.wmu.Unlock()
-	if err != nil {
-		c.fail(fmt.Errorf("%w: writing %s request: %v", ErrDisconnected, cmdName(cmd), err))
-	}
+	c.send(&r)
 
 	errno := <-s.done // the reader answers every active slot exactly once, if only at its end
 	c.smu.Lock()
@@ -271,9 +277,65 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 	case 0:
 		return nil
 	case errnoBroken:
+		// The writer may still hold buf in a batch that is failing; the caller may reuse
+		// buf only once it has let go.
+		c.waitWriterIdle()
 		return c.deadErr
 	}
 	return &Error{Cmd: cmdName(cmd), Offset: off, Length: int64(length), Errno: errno}
+}
+
+// send queues r and, unless another caller is writing, writes the queue until it is empty.
+// A write error breaks the connection (the reader then fails every request in flight).
+func (c *Conn) send(r *wreq) {
+	c.wmu.Lock()
+	c.wq = append(c.wq, *r)
+	if c.writing {
+		c.wmu.Unlock()
+		return
+	}
+	c.writing = true
+	for len(c.wq) > 0 && c.werr == nil {
+		batch := c.wq
+		c.wq = c.wspare[:0]
+		c.wmu.Unlock()
+
+		iov := c.iov[:0]
+		for i := range batch {
+			iov = append(iov, batch[i].hdr[:])
+			if len(batch[i].payload) > 0 {
+				iov = append(iov, batch[i].payload)
+			}
+		}
+		c.wbufs = iov
+		_, err := c.wbufs.WriteTo(c.nc)
+		clear(iov) // keep no caller's buffer
+		c.iov = iov[:0]
+		clear(batch)
+
+		c.wmu.Lock()
+		c.wspare = batch[:0]
+		if err != nil {
+			c.werr = err
+		}
+	}
+	c.wq = c.wq[:0] // after a write error nothing more is sent
+	c.writing = false
+	c.wcond.Broadcast()
+	err := c.werr
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(fmt.Errorf("%w: writing requests: %v", ErrDisconnected, err))
+	}
+}
+
+// waitWriterIdle returns when no batch is being written.
+func (c *Conn) waitWriterIdle() {
+	c.wmu.Lock()
+	for c.writing {
+		c.wcond.Wait()
+	}
+	c.wmu.Unlock()
 }
 
 // readReplies reads replies until the connection breaks, handing each to its slot.
@@ -357,11 +419,13 @@ func (c *Conn) Close() error {
 		select {
 		case <-c.dead:
 		default:
-			var h [requestHeaderSize]byte
-			binary.BigEndian.PutUint32(h[0:4], magicRequest)
-			binary.BigEndian.PutUint16(h[6:8], cmdDisc)
+			var r wreq
+			binary.BigEndian.PutUint32(r.hdr[0:4], magicRequest)
+			binary.BigEndian.PutUint16(r.hdr[6:8], cmdDisc)
+			c.send(&r)
+			c.waitWriterIdle()
 			c.wmu.Lock()
-			_, err = c.nc.Write(h[:])
+			err = c.werr
 			c.wmu.Unlock()
 		}
 		c.fail(fmt.Errorf("%w: closed by Close", ErrDisconnected))

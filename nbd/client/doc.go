@@ -21,8 +21,9 @@
 //
 // A Conn is safe for concurrent use: every method may be called from many goroutines, and each
 // call is one request on the wire, so N goroutines keep N requests in flight (up to
-// Options.MaxInFlight; further calls wait for a slot). Requests are written whole, one at a
-// time, under a write mutex; one reader goroutine reads the replies in whatever order the server
+// Options.MaxInFlight; further calls wait for a slot). Requests are queued and written in
+// batches: a caller that finds nobody writing writes everything queued, one writev per batch,
+// until the queue is empty, so under load many requests share a system call. One reader goroutine reads the replies in whatever order the server
 // sends them, matches each to its request by cookie, reads a READ's payload straight into the
 // caller's buffer, and wakes the caller. No request allocates.
 //

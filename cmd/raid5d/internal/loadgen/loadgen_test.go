@@ -37,6 +37,11 @@ func TestHeaderRoundTrip(t *testing.T) {
 				t.Errorf("unit %d, #%d: PutHeader differs from Pool.Fill", unit, k)
 			}
 		}
+		// Stamp rewrites the headers in place in the pool, to the same bytes Fill copies out.
+		st := p.Stamp(p.Units()-1, unit, h)
+		if !bytes.Equal(st, buf[:unit]) || &st[0] != &p.data[(p.Units()-1)*unit] {
+			t.Errorf("unit %d: Stamp differs from Fill, or does not return the pool's own bytes", unit)
+		}
 		if bytes.Equal(buf[HeaderSize:unit], buf[unit+HeaderSize:2*unit]) {
 			t.Errorf("unit %d: consecutive units carry the same payload", unit)
 		}

@@ -6,9 +6,12 @@ import (
 	"math/rand/v2"
 )
 
-// Pool is a buffer of incompressible bytes filled once at start; writes copy units out of it
-// and stamp a header on each (see Fill). It is read-only after NewPool and safe for concurrent
-// use.
+// Pool is a buffer of incompressible bytes filled once at start. Writes are sent straight from
+// it: Stamp rewrites only the 32-byte header of each unit of a slice in place, so a 4 KiB write
+// costs a 28-byte CRC update, not a 4 KiB copy. Each caller of Stamp must own the unit
+// positions it stamps (no two callers, and no request in flight, on the same positions); the
+// payload bytes after each header never change, so the precomputed payload CRCs stay right.
+// Fill is the copying variant for a caller with its own buffer.
 type Pool struct {
 	data []byte
 	unit int
@@ -36,6 +39,19 @@ func NewPool(size, unit int, seed uint64) *Pool {
 
 // Units returns the number of unit positions in the pool.
 func (p *Pool) Units() int { return len(p.crcs) }
+
+// Stamp stamps the n bytes (a whole number of units) at unit position pos with h, its Offset
+// advanced by one unit per unit, and returns them: a slice of the pool, valid until the caller
+// stamps the same positions again. pos+n/unit must not pass Units().
+func (p *Pool) Stamp(pos, n int, h Header) []byte {
+	u := p.unit
+	b := p.data[pos*u : pos*u+n]
+	for k := 0; k < n; k += u {
+		stamp(b[k:k+u], h, p.crcs[pos+k/u])
+		h.Offset += int64(u)
+	}
+	return b
+}
 
 // Fill fills dst (a whole number of units) with the units at positions pos, pos+1, ...
 // (wrapping) of the pool, and stamps unit k with h, its Offset advanced by k units. It returns

@@ -182,6 +182,7 @@ type run struct {
 	tracking bool           // per-block state: one I/O per block at a time, generations known
 	state    []atomic.Int64 // per block: generation of its last write, busyBit while claimed
 	pool     *Pool
+	region   int // pool units per worker, a whole number of blocks
 	log      *logWriter
 	jobs     []*job
 
@@ -241,7 +242,10 @@ func Run(ctx context.Context, cfg Config, devs []Device) (*Result, error) {
 		}
 		r.state = make([]atomic.Int64, r.nblocks)
 	}
-	r.pool = NewPool(max(cfg.PoolSize, 2*cfg.BlockSize), r.unit, cfg.Seed)
+	// Each worker sends its writes from its own region of the pool, rotating through it, so it
+	// can stamp headers in place: the pool holds at least one block per worker.
+	r.pool = NewPool(max(cfg.PoolSize, int(workers)*cfg.BlockSize), r.unit, cfg.Seed)
+	r.region = r.pool.Units() / int(workers) / (cfg.BlockSize / r.unit) * (cfg.BlockSize / r.unit)
 	for i, d := range devs {
 		r.jobs = append(r.jobs, &job{id: i, dev: d})
 	}
@@ -350,17 +354,19 @@ type phaseStats struct {
 
 // worker is one of IODepth goroutines of a job.
 type worker struct {
-	r       *run
-	j       *job
-	spec    *phaseSpec
-	stop    *atomic.Bool
-	rng     *rand.Rand
-	buf     []byte
-	poolPos int
-	st      phaseStats
-	ios     atomic.Int64 // for progress
-	bytes   atomic.Int64
-	_       [64]byte
+	r    *run
+	j    *job
+	spec *phaseSpec
+	stop *atomic.Bool
+	rng  *rand.Rand
+	buf  []byte // read destination
+	// The worker's region of the pool: units [regionStart, regionStart+r.region); poolPos is
+	// where its next write starts.
+	regionStart, poolPos int
+	st                   phaseStats
+	ios                  atomic.Int64 // for progress
+	bytes                atomic.Int64
+	_                    [64]byte
 }
 
 // phase runs one pass or timed phase of all jobs' workers and returns the merged counts.
@@ -383,10 +389,11 @@ func (r *run) phase(ctx context.Context, spec phaseSpec) phaseStats {
 	for _, j := range r.jobs {
 		for k := range r.cfg.IODepth {
 			w := &worker{r: r, j: j, spec: &spec, stop: &stop,
-				rng:     rand.New(rand.NewPCG(r.cfg.Seed, uint64(j.id)<<32|uint64(k))),
-				buf:     make([]byte, r.cfg.BlockSize),
-				poolPos: (j.id*r.cfg.IODepth + k) * (r.cfg.BlockSize / r.unit) * 7,
+				rng: rand.New(rand.NewPCG(r.cfg.Seed, uint64(j.id)<<32|uint64(k))),
+				buf: make([]byte, r.cfg.BlockSize),
 			}
+			w.regionStart = (j.id*r.cfg.IODepth + k) * r.region
+			w.poolPos = w.regionStart
 			ws = append(ws, w)
 		}
 	}
@@ -518,26 +525,30 @@ func (w *worker) write(b int64, cur uint32) uint32 {
 			return cur
 		}
 	}
-	w.poolPos = r.pool.Fill(w.buf, w.poolPos, Header{Gen: gen, Offset: off, Seed: r.cfg.Seed, Writer: uint32(j.id)})
+	bs := r.cfg.BlockSize
+	p := r.pool.Stamp(w.poolPos, bs, Header{Gen: gen, Offset: off, Seed: r.cfg.Seed, Writer: uint32(j.id)})
+	if w.poolPos += bs / r.unit; w.poolPos == w.regionStart+r.region {
+		w.poolPos = w.regionStart
+	}
 	t := time.Now()
 	var err error
 	if r.cfg.FUA {
-		_, err = j.dev.WriteAtFUA(w.buf, off)
+		_, err = j.dev.WriteAtFUA(p, off)
 	} else {
-		_, err = j.dev.WriteAt(w.buf, off)
+		_, err = j.dev.WriteAt(p, off)
 	}
 	w.st.wlat.Record(time.Since(t))
 	if err != nil {
-		r.fail(fmt.Errorf("write of %d bytes at %d: %w", len(w.buf), off, err))
+		r.fail(fmt.Errorf("write of %d bytes at %d: %w", bs, off, err))
 		return gen
 	}
 	if r.log != nil {
 		r.log.ack(j.id, b, gen, r.cfg.FUA)
 	}
 	w.st.writes++
-	w.st.wbytes += int64(len(w.buf))
+	w.st.wbytes += int64(bs)
 	w.ios.Add(1)
-	w.bytes.Add(int64(len(w.buf)))
+	w.bytes.Add(int64(bs))
 	if n := int64(r.cfg.FlushEvery); n > 0 && j.writes.Add(1)%n == 0 {
 		w.flush()
 	}
