@@ -55,6 +55,7 @@ its request buffers; the flag exists because the library cannot assume it for ev
 		"(write-through, no cache); memory used is stripes × members × chunk. Default: 64M worth of stripes, 16 to 256")
 	writeBackDelay := fs.Duration("write-back-delay", 0, "how long a partial stripe waits in the cache for more writes (`duration`; default 5ms)")
 	mlock := fs.Bool("mlock", false, "mlock the request buffers (needs RLIMIT_MEMLOCK or CAP_IPC_LOCK)")
+	pprofAddr := fs.String("pprof", "", "serve Go's pprof profiles on this loopback `address` (e.g. 127.0.0.1:6060)")
 	debugImmutable := fs.Bool("debug-immutable", false, "debugging: mprotect request buffers read-only while the array holds them\n"+
 		"(with --stable-pages); a stray write then crashes the daemon loudly. Slow")
 	members, err := parseFlags(fs, args)
@@ -69,6 +70,11 @@ its request buffers; the flag exists because the library cannot assume it for ev
 		return err
 	}
 
+	if *pprofAddr != "" {
+		if err := startPprof(*pprofAddr, log); err != nil {
+			return err
+		}
+	}
 	if *debugImmutable && !*stablePages {
 		return fmt.Errorf("%w: --debug-immutable needs --stable-pages", errUsage)
 	}
