@@ -1,0 +1,94 @@
+package control
+
+import "time"
+
+// Member states (MemberStatus.State), as the array reports them.
+const (
+	StateActive     = "active"
+	StateFaulty     = "faulty"
+	StateSpare      = "spare"
+	StateRebuilding = "rebuilding"
+)
+
+// Status is the running array as the daemon reports it; it is also the JSON that
+// `raid5d status --json` prints.
+type Status struct {
+	Daemon   Daemon `json:"daemon"`
+	UUID     string `json:"uuid"`
+	State    string `json:"state"` // clean, active, degraded, failed
+	Dirty    bool   `json:"dirty"`
+	Unclean  bool   `json:"unclean"` // assembled after an unclean shutdown
+	Events   uint64 `json:"events"`
+	Size     int64  `json:"size"` // bytes
+	Level    int    `json:"level"`
+	Disks    int    `json:"raid_disks"` // roles
+	Chunk    int64  `json:"chunk"`
+	Layout   string `json:"layout"`
+	ReadOnly bool   `json:"read_only"`
+
+	Members []MemberStatus `json:"members"` // by role, then faulty members and spares
+	Missing []int          `json:"missing"` // roles with no working member
+
+	Sync      *Progress `json:"sync,omitempty"`       // the rebuild or scrub running now
+	LastScrub *Progress `json:"last_scrub,omitempty"` // the last finished or stopped scrub
+
+	SyncSpeedMin int64 `json:"sync_speed_min"` // bytes/s
+	SyncSpeedMax int64 `json:"sync_speed_max"` // bytes/s
+
+	Counters Counters `json:"counters"`
+}
+
+// Daemon says which daemon answered.
+type Daemon struct {
+	PID     int       `json:"pid"`
+	Version string    `json:"version"`
+	Export  string    `json:"export"`
+	Address string    `json:"address"` // where it serves NBD
+	Started time.Time `json:"started"`
+}
+
+// MemberStatus is one member of the running array.
+type MemberStatus struct {
+	Path        string `json:"path"`
+	Role        int    `json:"role"`  // the role it holds or is rebuilt into; -1 for an idle spare
+	State       string `json:"state"` // active, faulty, spare, rebuilding
+	Events      uint64 `json:"events"`
+	Device      string `json:"device_uuid"`
+	ReadErrors  uint64 `json:"read_errors"`
+	WriteErrors uint64 `json:"write_errors"`
+}
+
+// Progress is a rebuild or scrub, running or finished.
+type Progress struct {
+	Kind        string  `json:"kind"` // rebuild, check or repair
+	Role        int     `json:"role"` // rebuild: the role being rebuilt; -1 otherwise
+	Done        int64   `json:"done"` // bytes of member data area
+	Total       int64   `json:"total"`
+	BytesPerSec float64 `json:"bytes_per_sec"`
+	ETASeconds  float64 `json:"eta_seconds"`
+	Mismatches  int64   `json:"mismatches"`            // check/repair: stripes whose parity did not match
+	MismatchAt  []int64 `json:"mismatch_at,omitempty"` // the first (at most 100) such stripes
+}
+
+// Percent is Done as a percentage of Total (0 when Total is 0).
+func (p *Progress) Percent() float64 {
+	if p.Total <= 0 {
+		return 0
+	}
+	return 100 * float64(p.Done) / float64(p.Total)
+}
+
+// Counters are the array's cumulative I/O counters.
+type Counters struct {
+	FullStripeWrites   uint64 `json:"full_stripe_writes"`
+	RMWWrites          uint64 `json:"rmw_writes"`
+	RCWWrites          uint64 `json:"rcw_writes"`
+	MemberBytesRead    uint64 `json:"member_bytes_read"`
+	MemberBytesWritten uint64 `json:"member_bytes_written"`
+	CopiedBytes        uint64 `json:"bytes_copied"`
+	CacheHits          uint64 `json:"cache_hits"`
+	CacheMisses        uint64 `json:"cache_misses"`
+	CacheEvictions     uint64 `json:"cache_evictions"`
+	WriteThroughs      uint64 `json:"write_throughs"`
+	CacheStripes       int    `json:"cache_stripes"`
+}
