@@ -2,7 +2,8 @@
 # Stable pages off vs on, side by side in one run: 4 members, 16 KiB chunk (48 KiB stripe),
 # fio writing one full stripe per I/O (test/fio/stripe48k.fio, and a queue-depth-16 variant
 # without per-write flushes). Prints throughput and the daemon's CPU seconds per GB written
-# (utime+stime from /proc), and the on/off ratios. Members live on /dev/shm so the members are
+# (utime+stime from /proc), bytes copied into the cache per byte written (from the daemon's
+# counters at exit), and the on/off ratios. Members live on /dev/shm so the members are
 # not the bottleneck. Bounded: RUNTIME seconds per run (default 8), ROUNDS alternations (default 3,
 # median reported); every daemon started here is stopped by PID.
 set -euo pipefail
@@ -21,26 +22,28 @@ tck=$(getconf CLK_TCK)
 
 run() { # flags... ; prints "MB/s cpu_s_per_GB"
   local job=$1; shift
-  bin/raid5d serve --socket "$DIR/s" --log-level warn "$@" "$DIR"/m{0..3}.img &
+  bin/raid5d serve --socket "$DIR/s" --log-format json "$@" "$DIR"/m{0..3}.img 2>"$DIR/log" &
   pid=$!
   for _ in $(seq 100); do [ -S "$DIR/s" ] && break; sleep 0.05; done
   local t0; t0=$(awk '{print $14+$15}' /proc/$pid/stat)
   local out; out=$(NBD_URI="nbd+unix:///?socket=$DIR/s" RUNTIME=$RUNTIME fio --output-format=json "$job" 2>/dev/null)
   local t1; t1=$(awk '{print $14+$15}' /proc/$pid/stat)
   kill "$pid"; wait "$pid" || true; pid=""
-  python3 - "$out" "$t0" "$t1" "$tck" <<'PY'
+  python3 - "$out" "$t0" "$t1" "$tck" "$DIR/log" <<'PY'
 import json, sys
 t = sys.argv[1]; j = json.loads(t[t.index("{"):])["jobs"][0]["write"]
 cpu = (float(sys.argv[3]) - float(sys.argv[2])) / float(sys.argv[4])
 gb = j["io_bytes"] / 1e9
-print("%.0f %.3f" % (j["bw_bytes"] / 1e6, cpu / gb if gb else 0))
+# The daemon's counters at exit: bytes copied into the cache per byte written.
+ctr = [json.loads(l) for l in open(sys.argv[5]) if '"full_stripe_writes"' in l][-1]
+print("%.0f %.3f %.2f" % (j["bw_bytes"] / 1e6, cpu / gb if gb else 0, ctr["bytes_copied"] / max(1, j["io_bytes"])))
 PY
 }
 
 qd16=$(mktemp); trap 'cleanup; rm -f "$qd16"' EXIT
 sed -e 's/^iodepth=1/iodepth=16/' -e 's/^fsync=1/end_fsync=1/' test/fio/stripe48k.fio > "$qd16"
 
-printf '%-22s %10s %12s %10s %12s %9s %9s\n' workload off-MB/s off-cpu-s/GB on-MB/s on-cpu-s/GB MB/s-x cpu/GB-x
+printf '%-18s %9s %12s %9s %9s %12s %9s %7s %8s\n' workload off-MB/s off-cpu-s/GB off-copy on-MB/s on-cpu-s/GB on-copy MB/s-x cpu/GB-x
 for job in test/fio/stripe48k.fio "$qd16"; do
   name="48k qd1 fsync=1"; [ "$job" = "$qd16" ] && name="48k qd16"
   offs=(); ons=()
@@ -51,7 +54,7 @@ for job in test/fio/stripe48k.fio "$qd16"; do
 import sys, statistics as st
 a = sys.argv[2:]; i = a.index("--"); off = [x.split() for x in a[:i]]; on = [x.split() for x in a[i+1:]]
 med = lambda rows, k: st.median(float(r[k]) for r in rows)
-ob, oc, nb, nc = med(off, 0), med(off, 1), med(on, 0), med(on, 1)
-print("%-22s %10.0f %12.3f %10.0f %12.3f %9.2f %9.2f" % (sys.argv[1], ob, oc, nb, nc, nb / ob, nc / oc))
+ob, oc, ox, nb, nc, nx = med(off, 0), med(off, 1), med(off, 2), med(on, 0), med(on, 1), med(on, 2)
+print("%-18s %9.0f %12.3f %9.2f %9.0f %12.3f %9.2f %7.2f %8.2f" % (sys.argv[1], ob, oc, ox, nb, nc, nx, nb / ob, nc / oc))
 PY
 done
