@@ -17,6 +17,9 @@ var (
 	// ErrMemlockLimit is returned by NewServer with Options.MlockBuffers when RLIMIT_MEMLOCK
 	// is below what one connection's buffers need and the process lacks CAP_IPC_LOCK.
 	ErrMemlockLimit = errors.New("nbd: RLIMIT_MEMLOCK too low to lock request buffers")
+	// ErrTLSConfig is returned by LoadTLSConfig when a certificate, key or CA file cannot be
+	// loaded.
+	ErrTLSConfig = errors.New("nbd: bad TLS configuration")
 )
 
 // Protocol violations: the server closes the connection and logs the error under the key "err".
@@ -36,6 +39,28 @@ var (
 	// ErrPayloadTooLarge: a WRITE announced a payload larger than the export's MaxBlock. The
 	// server will not buffer it, and skipping it could be a denial of service, so it disconnects.
 	ErrPayloadTooLarge = errors.New("nbd: write payload larger than the maximum block size")
+)
+
+// Refusals and limits: the server closes the connection and logs the error under the key
+// "err", like the protocol violations above.
+var (
+	// ErrTLSRequired: under TLSRequire, NBD_OPT_EXPORT_NAME came before NBD_OPT_STARTTLS;
+	// that option cannot fail politely, so the session ends.
+	ErrTLSRequired = errors.New("nbd: TLS required")
+	// ErrTLSHandshake: the TLS handshake after NBD_OPT_STARTTLS failed (no or a bad client
+	// certificate, no common version or cipher, a plaintext client); too late to go back.
+	ErrTLSHandshake = errors.New("nbd: TLS handshake failed")
+	// ErrAccessDenied: NBD_OPT_EXPORT_NAME named an export whose allow-list does not admit
+	// the client (Export.AllowedClients, Export.AllowedUIDs).
+	ErrAccessDenied = errors.New("nbd: access to export denied")
+	// ErrTooManyConnections: a connection arrived with Options.MaxConnections already served;
+	// it is closed before the greeting.
+	ErrTooManyConnections = errors.New("nbd: too many connections")
+	// ErrHandshakeTimeout: the client did not finish the handshake within
+	// Options.HandshakeTimeout.
+	ErrHandshakeTimeout = errors.New("nbd: handshake timed out")
+	// ErrIdleTimeout: the client sent no request for Options.IdleTimeout with none in flight.
+	ErrIdleTimeout = errors.New("nbd: connection idle too long")
 )
 
 // errClientAbort ends a handshake on NBD_OPT_ABORT; it is not a failure.

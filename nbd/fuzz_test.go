@@ -3,6 +3,7 @@ package nbd
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/binary"
 	"log/slog"
 	"testing"
@@ -105,44 +106,102 @@ func optionBytes(id uint32, data []byte) []byte {
 	return append(b, data...)
 }
 
-// FuzzHandshake feeds arbitrary client bytes to the handshake. It must end (the input runs
-// out), never panic, and write a well-formed stream: the greeting, then option replies, then
-// for NBD_OPT_EXPORT_NAME the 10 or 134 bytes of export information.
+// FuzzHandshake feeds arbitrary client bytes to the handshake of a server with TLS off, on or
+// required. It must end (the input runs out), never panic, and write a well-formed stream: the
+// greeting, then option replies, then for NBD_OPT_EXPORT_NAME the 10 or 134 bytes of export
+// information. STARTTLS "upgrades" without cryptography (the stub below), as a client with the
+// certificate "alice" or none, so that the rules around it are explored: under TLSRequire
+// nothing but STARTTLS and ABORT is served before the upgrade, NBD_REP_ERR_TLS_REQD never comes
+// after it, and the export "secret" (AllowedClients: alice) is reached only by alice.
 func FuzzHandshake(f *testing.F) {
 	flags := binary.BigEndian.AppendUint32(nil, clientFixedNewstyle|clientNoZeroes)
 	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
-	f.Add(cat(flags, optionBytes(optGo, infoData("disk", infoBlockSize))))
-	f.Add(cat(flags, optionBytes(optList, nil), optionBytes(optInfo, infoData("", infoName, infoDescription)),
-		optionBytes(0x77, []byte("junk")), optionBytes(optExportName, nil)))
-	f.Add(cat(binary.BigEndian.AppendUint32(nil, 0), optionBytes(optExportName, []byte("disk"))))
-	f.Add(cat(flags, optionBytes(optStartTLS, nil), optionBytes(optAbort, nil)))
-	f.Add(cat(flags, optionBytes(optGo, []byte{0, 0, 0, 9, 'x'})))
-	f.Add(cat(flags, optionBytes(optExportName, []byte("nope"))))
-	s, err := NewServer(Options{
-		Exports: []Export{{Name: "disk", Description: "d", Device: nbdtest.NewMemDevice(1 << 20)}},
-		Logger:  slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		f.Fatal(err)
+	for mode := range uint8(6) {
+		f.Add(mode, cat(flags, optionBytes(optGo, infoData("disk", infoBlockSize))))
+		f.Add(mode, cat(flags, optionBytes(optList, nil), optionBytes(optInfo, infoData("", infoName, infoDescription)),
+			optionBytes(0x77, []byte("junk")), optionBytes(optExportName, nil)))
+		f.Add(mode, cat(binary.BigEndian.AppendUint32(nil, 0), optionBytes(optExportName, []byte("disk"))))
+		f.Add(mode, cat(flags, optionBytes(optStartTLS, nil), optionBytes(optAbort, nil)))
+		f.Add(mode, cat(flags, optionBytes(optGo, []byte{0, 0, 0, 9, 'x'})))
+		f.Add(mode, cat(flags, optionBytes(optExportName, []byte("nope"))))
+		// STARTTLS flows: the upgrade, a second STARTTLS, STARTTLS with data, then the exports.
+		f.Add(mode, cat(flags, optionBytes(optList, nil), optionBytes(optStartTLS, nil),
+			optionBytes(optStartTLS, nil), optionBytes(optList, nil), optionBytes(optGo, infoData("secret"))))
+		f.Add(mode, cat(flags, optionBytes(optStartTLS, []byte("x")), optionBytes(optStartTLS, nil),
+			optionBytes(optInfo, infoData("secret")), optionBytes(optExportName, []byte("secret"))))
+		f.Add(mode, cat(flags, optionBytes(optInfo, infoData("secret")), optionBytes(optExportName, []byte("disk"))))
+		f.Add(mode, cat(flags, optionBytes(optStartTLS, nil), optionBytes(optExportName, []byte("disk"))))
 	}
-	f.Fuzz(func(t *testing.T, in []byte) {
+	servers := make([]*Server, 3)
+	for i, m := range []TLSMode{TLSOff, TLSOn, TLSRequire} {
+		opts := Options{
+			Exports: []Export{{Name: "disk", Description: "d", Device: nbdtest.NewMemDevice(1 << 20)}},
+			Logger:  slog.New(slog.DiscardHandler),
+			TLSMode: m,
+		}
+		if m != TLSOff {
+			opts.TLSConfig = &tls.Config{ClientAuth: tls.VerifyClientCertIfGiven}
+			opts.Exports = append(opts.Exports, Export{Name: "secret", Device: nbdtest.NewMemDevice(4096),
+				AllowedClients: []string{"alice"}})
+		}
+		s, err := NewServer(opts)
+		if err != nil {
+			f.Fatal(err)
+		}
+		servers[i] = s
+	}
+	f.Fuzz(func(t *testing.T, mode uint8, in []byte) {
+		s := servers[int(mode)%3]
+		alice := mode/3%2 == 1
 		var out bytes.Buffer
-		sess, err := s.handshake(bufio.NewReader(bytes.NewReader(in)), &out, s.log)
+		upgradedAt := -1
+		h := &handshakeConn{r: bufio.NewReader(bytes.NewReader(in)), w: &out, log: s.log}
+		h.upgrade = func(h *handshakeConn) error {
+			if h.peer.tls {
+				t.Fatal("a second upgrade")
+			}
+			upgradedAt = out.Len()
+			h.peer.tls = true
+			if alice {
+				h.peer.certNames = []string{"alice"}
+			}
+			return nil
+		}
+		sess, err := s.handshake(h)
 		if (sess == nil) == (err == nil) {
 			t.Fatalf("handshake = %v, %v: want exactly one", sess, err)
+		}
+		if sess != nil {
+			if s.tlsMode == TLSRequire && !h.peer.tls {
+				t.Fatalf("session for %q without TLS under TLSRequire", sess.export.Name)
+			}
+			if sess.export.Name == "secret" && !alice {
+				t.Fatalf("session for the secret export without alice's certificate")
+			}
 		}
 		o := out.Bytes()
 		if len(o) < 18 || binary.BigEndian.Uint64(o) != magicNBD {
 			t.Fatalf("no greeting: %x", o)
 		}
-		o = o[18:]
-		for len(o) >= 20 && binary.BigEndian.Uint64(o) == magicOptionReply {
-			n := 20 + int(binary.BigEndian.Uint32(o[16:]))
-			if n > len(o) {
+		pos := 18
+		for len(o)-pos >= 20 && binary.BigEndian.Uint64(o[pos:]) == magicOptionReply {
+			id, typ := binary.BigEndian.Uint32(o[pos+8:]), binary.BigEndian.Uint32(o[pos+12:])
+			n := 20 + int(binary.BigEndian.Uint32(o[pos+16:]))
+			if n > len(o)-pos {
 				t.Fatalf("truncated option reply")
 			}
-			o = o[n:]
+			tlsOn := upgradedAt >= 0 && pos >= upgradedAt
+			switch {
+			case typ == repErrTLSReqd && (tlsOn || s.tlsMode == TLSOff):
+				t.Fatalf("NBD_REP_ERR_TLS_REQD to option %d with TLS %v in mode %v", id, tlsOn, s.tlsMode)
+			case s.tlsMode == TLSRequire && !tlsOn && id != optStartTLS && id != optAbort && typ != repErrTLSReqd:
+				t.Fatalf("option %d answered %#x before STARTTLS under TLSRequire", id, typ)
+			case id == optInfo && typ == repInfo && !alice && bytes.Contains(o[pos+20:pos+n], []byte("secret")):
+				t.Fatalf("INFO on the secret export without alice's certificate")
+			}
+			pos += n
 		}
+		o = o[pos:]
 		switch {
 		case len(o) == 0:
 		case sess != nil && (len(o) == 10 || len(o) == 134):

@@ -18,23 +18,36 @@ type session struct {
 	flags  uint16 // transmission flags sent to the client
 }
 
-// handshake runs the fixed-newstyle handshake on r and w: greeting, client flags, then options
+// handshakeConn is the handshake's view of a connection: where options come from and
+// replies go, and who the client is.
+type handshakeConn struct {
+	r    *bufio.Reader
+	w    io.Writer
+	log  *slog.Logger
+	peer peer
+	// upgrade runs the TLS handshake once NBD_REP_ACK to NBD_OPT_STARTTLS has been sent, and
+	// replaces r and w and fills in peer. Only called when the server has TLS.
+	upgrade func(h *handshakeConn) error
+}
+
+// handshake runs the fixed-newstyle handshake on h: greeting, client flags, then options
 // until NBD_OPT_EXPORT_NAME or a successful NBD_OPT_GO. It returns the session, or an error
 // when the connection must close: errClientAbort after NBD_OPT_ABORT (acknowledged), a protocol
-// violation (ErrClientFlags, ErrBadOptionMagic, ErrOptionTooLong, ErrUnknownExport), or an I/O
-// error. Each reply goes out in one Write.
-func (s *Server) handshake(r *bufio.Reader, w io.Writer, log *slog.Logger) (*session, error) {
+// violation (ErrClientFlags, ErrBadOptionMagic, ErrOptionTooLong, ErrUnknownExport), a refusal
+// that NBD_OPT_EXPORT_NAME cannot report (ErrTLSRequired, ErrAccessDenied), a failed TLS
+// handshake (ErrTLSHandshake), or an I/O error. Each reply goes out in one Write.
+func (s *Server) handshake(h *handshakeConn) (*session, error) {
 	var out bytes.Buffer
 	binary.Write(&out, binary.BigEndian, protocol.NegotiationNewstyleHeader{
 		OldstyleMagic:  magicNBD,
 		OptionMagic:    magicOption,
 		HandshakeFlags: flagFixedNewstyle | flagNoZeroes,
 	})
-	if _, err := w.Write(out.Bytes()); err != nil {
+	if _, err := h.w.Write(out.Bytes()); err != nil {
 		return nil, err
 	}
 	var cf [4]byte
-	if _, err := io.ReadFull(r, cf[:]); err != nil {
+	if _, err := io.ReadFull(h.r, cf[:]); err != nil {
 		return nil, err
 	}
 	clientFlags := binary.BigEndian.Uint32(cf[:])
@@ -45,10 +58,10 @@ func (s *Server) handshake(r *bufio.Reader, w io.Writer, log *slog.Logger) (*ses
 	// A client without NBD_FLAG_C_FIXED_NEWSTYLE gets fixed newstyle anyway (the protocol
 	// allows it); such a client sends only NBD_OPT_EXPORT_NAME, which is answered the same.
 
-	var data []byte // option data, reused
+	var data []byte // option data, reused; never more than maxOptionLength
 	for {
 		var oh [16]byte
-		if _, err := io.ReadFull(r, oh[:]); err != nil {
+		if _, err := io.ReadFull(h.r, oh[:]); err != nil {
 			return nil, err
 		}
 		opt := protocol.NegotiationOptionHeader{
@@ -67,26 +80,37 @@ func (s *Server) handshake(r *bufio.Reader, w io.Writer, log *slog.Logger) (*ses
 			data = make([]byte, opt.Length)
 		}
 		data = data[:opt.Length]
-		if _, err := io.ReadFull(r, data); err != nil {
+		if _, err := io.ReadFull(h.r, data); err != nil {
 			return nil, err
 		}
-		log.Debug("nbd: option", "option", opt.ID, "length", opt.Length)
+		h.log.Debug("nbd: option", "option", opt.ID, "length", opt.Length)
 
 		out.Reset()
+		if s.tlsMode == TLSRequire && !h.peer.tls && opt.ID != optStartTLS && opt.ID != optAbort {
+			// FORCEDTLS: nothing but STARTTLS and ABORT before the upgrade.
+			if opt.ID == optExportName {
+				return nil, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS", ErrTLSRequired)
+			}
+			appendOptionError(&out, opt.ID, repErrTLSReqd, "TLS is required: send NBD_OPT_STARTTLS first")
+			if _, err := h.w.Write(out.Bytes()); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		switch opt.ID {
 		case optExportName:
-			sess, err := s.exportName(&out, string(data), noZeroes)
+			sess, err := s.exportName(&out, h, string(data), noZeroes)
 			if err != nil {
 				return nil, err
 			}
-			_, err = w.Write(out.Bytes())
+			_, err = h.w.Write(out.Bytes())
 			return sess, err
 
 		case optAbort:
 			// Data, if any, is ignored as the protocol asks. The client may already be gone,
 			// so a failed write of the ACK changes nothing.
 			appendOptionReply(&out, opt.ID, repAck, nil)
-			w.Write(out.Bytes())
+			h.w.Write(out.Bytes())
 			return nil, errClientAbort
 
 		case optList:
@@ -96,6 +120,9 @@ func (s *Server) handshake(r *bufio.Reader, w io.Writer, log *slog.Logger) (*ses
 			}
 			for i := range s.exports {
 				e := &s.exports[i]
+				if !e.allowed(&h.peer) {
+					continue // the protocol lets a server omit what the client may not use
+				}
 				d := binary.BigEndian.AppendUint32(nil, uint32(len(e.Name)))
 				d = append(d, e.Name...)
 				d = append(d, e.Description...)
@@ -104,8 +131,8 @@ func (s *Server) handshake(r *bufio.Reader, w io.Writer, log *slog.Logger) (*ses
 			appendOptionReply(&out, opt.ID, repAck, nil)
 
 		case optInfo, optGo:
-			sess := s.infoOrGo(&out, opt.ID, data)
-			if _, err := w.Write(out.Bytes()); err != nil {
+			sess := s.infoOrGo(&out, h, opt.ID, data)
+			if _, err := h.w.Write(out.Bytes()); err != nil {
 				return nil, err
 			}
 			if sess != nil && opt.ID == optGo {
@@ -114,24 +141,59 @@ func (s *Server) handshake(r *bufio.Reader, w io.Writer, log *slog.Logger) (*ses
 			continue
 
 		case optStartTLS:
-			appendOptionError(&out, opt.ID, repErrUnsup, "TLS is not supported by this server")
+			switch {
+			case s.tlsMode == TLSOff:
+				appendOptionError(&out, opt.ID, repErrUnsup, "TLS is not enabled on this server")
+			case h.peer.tls:
+				appendOptionError(&out, opt.ID, repErrInvalid, "TLS is already on")
+			case len(data) != 0:
+				appendOptionError(&out, opt.ID, repErrInvalid, "NBD_OPT_STARTTLS takes no data")
+			default:
+				appendOptionReply(&out, opt.ID, repAck, nil)
+				if _, err := h.w.Write(out.Bytes()); err != nil {
+					return nil, err
+				}
+				if err := h.upgrade(h); err != nil {
+					return nil, err
+				}
+				h.log.Debug("nbd: TLS on", "peer", h.peer.String())
+				continue
+			}
 		case optStructuredReply, optListMetaContext, optSetMetaContext, optExtendedHeaders:
 			appendOptionError(&out, opt.ID, repErrUnsup, "structured replies are not supported by this server")
 		default:
 			appendOptionError(&out, opt.ID, repErrUnsup, fmt.Sprintf("unknown option %d", opt.ID))
 		}
-		if _, err := w.Write(out.Bytes()); err != nil {
+		if _, err := h.w.Write(out.Bytes()); err != nil {
 			return nil, err
 		}
 	}
 }
 
+// admit checks h's client against export e. It returns 0 if the client may use it, else the
+// option error to answer: NBD_REP_ERR_TLS_REQD when a certificate would be needed and TLS is
+// still off, NBD_REP_ERR_POLICY otherwise. A refusal is logged.
+func (s *Server) admit(h *handshakeConn, e *Export) uint32 {
+	if e.allowed(&h.peer) {
+		return 0
+	}
+	h.log.Warn("nbd: access to export denied", "export", e.Name, "peer", h.peer.String())
+	if !h.peer.tls && s.tlsMode != TLSOff && len(e.AllowedClients) > 0 {
+		return repErrTLSReqd
+	}
+	return repErrPolicy
+}
+
 // exportName answers NBD_OPT_EXPORT_NAME into out. An unknown export cannot be refused
-// politely: it returns ErrUnknownExport and the connection closes.
-func (s *Server) exportName(out *bytes.Buffer, name string, noZeroes bool) (*session, error) {
+// politely: it returns ErrUnknownExport and the connection closes; so does a client that may
+// not use the export (ErrAccessDenied).
+func (s *Server) exportName(out *bytes.Buffer, h *handshakeConn, name string, noZeroes bool) (*session, error) {
 	e := s.lookup(name)
 	if e == nil {
 		return nil, fmt.Errorf("%w: %q (NBD_OPT_EXPORT_NAME)", ErrUnknownExport, name)
+	}
+	if s.admit(h, e) != 0 {
+		return nil, fmt.Errorf("%w: export %q, %s (NBD_OPT_EXPORT_NAME)", ErrAccessDenied, e.Name, h.peer.String())
 	}
 	sess, err := newSession(e)
 	if err != nil {
@@ -164,7 +226,7 @@ func newSession(e *Export) (*session, error) {
 // Data: 32-bit name length, name, 16-bit count, count 16-bit information requests. The reply is
 // NBD_INFO_EXPORT, NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked for, NBD_INFO_BLOCK_SIZE
 // always (the server enforces MinBlock and MaxBlock, so it tells every client), then ACK.
-func (s *Server) infoOrGo(out *bytes.Buffer, id uint32, data []byte) *session {
+func (s *Server) infoOrGo(out *bytes.Buffer, h *handshakeConn, id uint32, data []byte) *session {
 	name, reqs, ok := parseInfoRequest(data)
 	if !ok {
 		appendOptionError(out, id, repErrInvalid, "malformed NBD_OPT_INFO/NBD_OPT_GO data")
@@ -173,6 +235,10 @@ func (s *Server) infoOrGo(out *bytes.Buffer, id uint32, data []byte) *session {
 	e := s.lookup(name)
 	if e == nil {
 		appendOptionError(out, id, repErrUnknown, fmt.Sprintf("no export named %q", name))
+		return nil
+	}
+	if rep := s.admit(h, e); rep != 0 {
+		appendOptionError(out, id, rep, fmt.Sprintf("access to export %q denied", e.Name))
 		return nil
 	}
 	sess, err := newSession(e)

@@ -436,6 +436,13 @@ func TestDebugImmutable(t *testing.T) {
 		t.Fatal("held buffer changed")
 	}
 	dev.Release(nil)
+	// The request's own reference goes after its reply is written: wait for the buffer to be
+	// back in the pool (finish makes it writable before it counts it back).
+	for deadline := time.Now().Add(10 * time.Second); s.BufferStats().Out != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("buffer not back in the pool: %+v", s.BufferStats())
+		}
+	}
 	// Back in the pool: writable, and (the only free 4 KiB buffer) the next request's.
 	if addr := writeFaults(b, 100); addr != 0 {
 		t.Fatalf("write to a released buffer faulted at %#x", addr)

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +41,17 @@ type Export struct {
 	// off, or a Device that is no PinnedWriter, writes go through WriteAt and the buffer is
 	// reused once it returns.
 	StablePages bool
+	// AllowedClients and AllowedUIDs restrict the export to the clients they name; both empty
+	// admit every client that got through the handshake so far. A client is admitted when the
+	// subject CN or a DNS SAN of its verified TLS client certificate is in AllowedClients, or
+	// it is a unix socket peer whose uid (SO_PEERCRED) is in AllowedUIDs. Others get
+	// NBD_REP_ERR_POLICY to NBD_OPT_INFO and NBD_OPT_GO (NBD_REP_ERR_TLS_REQD if a certificate
+	// could still admit them after STARTTLS), do not see the export in NBD_OPT_LIST, and are
+	// disconnected after NBD_OPT_EXPORT_NAME (ErrAccessDenied); each refusal is logged.
+	// AllowedClients needs TLS with verified client certificates (Options.TLSConfig with
+	// ClientAuth RequireAndVerifyClientCert or VerifyClientCertIfGiven).
+	AllowedClients []string
+	AllowedUIDs    []int
 }
 
 // Options configure a Server.
@@ -72,6 +84,31 @@ type Options struct {
 	// address"), killing the process with a stack trace; that is the point. It costs two
 	// mprotect calls per write; it has no effect without StablePages.
 	DebugImmutable bool
+
+	// TLSConfig enables NBD_OPT_STARTTLS with this configuration (a certificate at least; set
+	// ClientCAs and ClientAuth for mutual TLS, or use LoadTLSConfig). The server uses a copy
+	// with MinVersion raised to TLS 1.2 if it was lower.
+	TLSConfig *tls.Config
+	// TLSMode says whether TLS is off, offered or required; TLSDefault means TLSRequire when
+	// TLSConfig is set, else TLSOff. TLSOn and TLSRequire need TLSConfig.
+	TLSMode TLSMode
+
+	// MaxConnections bounds the connections served at once, server-wide (every listener and
+	// ServeConn call). One past it is closed at once, before the greeting, with a log line
+	// (ErrTooManyConnections, at most one per second). Zero means DefaultMaxConnections.
+	MaxConnections int
+	// MaxTotalInFlightBytes bounds the request buffers of all connections together, on top of
+	// each connection's MaxInFlightBytes: a reader whose READ or WRITE would exceed it waits
+	// (logged at most once per second). A single request larger than the bound is served when
+	// nothing else is in flight. Zero means DefaultMaxTotalInFlightBytes.
+	MaxTotalInFlightBytes int64
+	// HandshakeTimeout bounds the handshake, from accepting the connection to the end of
+	// option haggling, TLS included; a client that takes longer is dropped (ErrHandshakeTimeout).
+	// Zero means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// IdleTimeout, when positive, closes a connection in the transmission phase that has had
+	// no request in flight and sent none for that long (ErrIdleTimeout). Zero means no limit.
+	IdleTimeout time.Duration
 }
 
 // Server serves exports over NBD. Create it with NewServer; it is safe for concurrent use, and
@@ -85,8 +122,17 @@ type Server struct {
 	mlock            bool  // Options.MlockBuffers
 	debugImmutable   bool  // Options.DebugImmutable
 	poolLimit        int64 // free buffer bytes one connection's pool keeps mapped
+	tlsConfig        *tls.Config // nil when tlsMode is TLSOff
+	tlsMode          TLSMode     // TLSOff, TLSOn or TLSRequire
+	maxConns         int64
+	handshakeTimeout time.Duration
+	idleTimeout      time.Duration
 
-	mlockWarned atomic.Bool // a failed mlock has been logged
+	conns       atomic.Int64 // connections being served (ServeConn calls past the limit check)
+	mem         budget       // request bytes in flight, server-wide
+	connsLog    rateLog      // MaxConnections hit
+	memLog      rateLog      // MaxTotalInFlightBytes hit
+	mlockWarned atomic.Bool  // a failed mlock has been logged
 	bufStats    bufStats
 }
 
@@ -96,7 +142,9 @@ func NewServer(opts Options) (*Server, error) {
 	if len(opts.Exports) == 0 {
 		return nil, ErrNoExports
 	}
-	if opts.MaxInFlightBytes < 0 || opts.MaxInFlightRequests < 0 || opts.ShutdownTimeout < 0 {
+	if opts.MaxInFlightBytes < 0 || opts.MaxInFlightRequests < 0 || opts.ShutdownTimeout < 0 ||
+		opts.MaxConnections < 0 || opts.MaxTotalInFlightBytes < 0 || opts.HandshakeTimeout < 0 ||
+		opts.IdleTimeout < 0 {
 		return nil, fmt.Errorf("%w: negative limit", ErrInvalidOptions)
 	}
 	s := &Server{
@@ -107,9 +155,42 @@ func NewServer(opts Options) (*Server, error) {
 		shutdownTimeout:  opts.ShutdownTimeout,
 		mlock:            opts.MlockBuffers,
 		debugImmutable:   opts.DebugImmutable,
+		tlsMode:          opts.TLSMode,
+		maxConns:         int64(opts.MaxConnections),
+		handshakeTimeout: opts.HandshakeTimeout,
+		idleTimeout:      opts.IdleTimeout,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	switch s.tlsMode {
+	case TLSDefault:
+		s.tlsMode = TLSOff
+		if opts.TLSConfig != nil {
+			s.tlsMode = TLSRequire
+		}
+	case TLSOff:
+	case TLSOn, TLSRequire:
+		if opts.TLSConfig == nil {
+			return nil, fmt.Errorf("%w: TLS mode %v without a TLSConfig", ErrInvalidOptions, s.tlsMode)
+		}
+	default:
+		return nil, fmt.Errorf("%w: unknown %v", ErrInvalidOptions, s.tlsMode)
+	}
+	if s.tlsMode != TLSOff {
+		s.tlsConfig = opts.TLSConfig.Clone()
+		s.tlsConfig.MinVersion = max(s.tlsConfig.MinVersion, tls.VersionTLS12)
+	}
+	if s.maxConns == 0 {
+		s.maxConns = DefaultMaxConnections
+	}
+	s.mem.max = opts.MaxTotalInFlightBytes
+	if s.mem.max == 0 {
+		s.mem.max = DefaultMaxTotalInFlightBytes
+	}
+	s.mem.cond.L = &s.mem.mu
+	if s.handshakeTimeout == 0 {
+		s.handshakeTimeout = DefaultHandshakeTimeout
 	}
 	if s.maxInFlightBytes == 0 {
 		s.maxInFlightBytes = DefaultMaxInFlightBytes
@@ -130,6 +211,11 @@ func NewServer(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("%w: duplicate name %q", ErrInvalidExport, e.Name)
 		}
 		seen[e.Name] = true
+		if len(e.AllowedClients) > 0 && (s.tlsMode == TLSOff || !verifiesClients(s.tlsConfig)) {
+			return nil, fmt.Errorf("%w: export %q has AllowedClients but the server does not "+
+				"verify client certificates (TLS off, or TLSConfig.ClientAuth below "+
+				"VerifyClientCertIfGiven)", ErrInvalidExport, e.Name)
+		}
 		s.exports[i] = e
 		s.exports[i].fillDefaults()
 		if e.StablePages {
@@ -276,12 +362,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 // ServeConn serves one connection: handshake, then transmission, until the client disconnects,
 // breaks the protocol, or ctx is done (then in-flight requests are finished and replied to
-// first). It closes nc and returns when every goroutine it started has ended.
+// first). It closes nc and returns when every goroutine it started has ended. A connection
+// past Options.MaxConnections is closed at once.
 func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	defer nc.Close()
 	log := s.log.With("remote", nc.RemoteAddr().String())
-	// On shutdown: no more reading (pending reads fail at once), and a bounded time to write
-	// the replies still owed.
+	if n := s.conns.Add(1); n > s.maxConns {
+		s.conns.Add(-1)
+		s.connsLog.warn(log, "nbd: connection limit reached; closing new connection before the greeting",
+			"err", fmt.Errorf("%w: %d served (MaxConnections)", ErrTooManyConnections, n-1))
+		return
+	}
+	defer s.conns.Add(-1)
+	// The handshake has a deadline; shutdown makes reads fail at once and bounds the time to
+	// write the replies still owed. Both act on nc, under a TLS session as well.
+	nc.SetDeadline(time.Now().Add(s.handshakeTimeout))
 	stop := context.AfterFunc(ctx, func() {
 		nc.SetReadDeadline(aLongTimeAgo)
 		nc.SetWriteDeadline(time.Now().Add(s.shutdownTimeout))
@@ -289,13 +384,22 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	defer stop()
 
 	c := newConn(s, nc, log)
-	sess, err := s.handshake(c.br, nc, log)
+	h := &handshakeConn{r: c.br, w: nc, log: log}
+	unixPeer(nc, &h.peer)
+	if s.tlsMode != TLSOff {
+		h.upgrade = func(h *handshakeConn) error { return c.startTLS(ctx, h) }
+	}
+	sess, err := s.handshake(h)
 	if err != nil {
+		var ne net.Error
 		switch {
 		case errors.Is(err, errClientAbort):
 			log.Debug("nbd: client aborted the handshake")
 		case ctx.Err() != nil:
 			log.Debug("nbd: handshake interrupted by shutdown", "err", err)
+		case errors.As(err, &ne) && ne.Timeout():
+			log.Warn("nbd: handshake too slow; closing connection", "err",
+				fmt.Errorf("%w after %v (HandshakeTimeout): %w", ErrHandshakeTimeout, s.handshakeTimeout, err))
 		case isClosed(err):
 			log.Debug("nbd: client left during the handshake", "err", err)
 		default:
@@ -303,8 +407,15 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		}
 		return
 	}
+	// Lift the handshake deadline, unless shutdown has begun: then its deadlines stand (the
+	// AfterFunc has run, or runs after this, since ctx.Err is set before it is called).
+	nc.SetDeadline(time.Time{})
+	if ctx.Err() != nil {
+		nc.SetReadDeadline(aLongTimeAgo)
+		nc.SetWriteDeadline(time.Now().Add(s.shutdownTimeout))
+	}
 	log.Info("nbd: client connected", "export", sess.export.Name, "size", sess.size,
-		"flags", fmt.Sprintf("%#x", sess.flags))
+		"flags", fmt.Sprintf("%#x", sess.flags), "peer", h.peer.String())
 	c.transmit(ctx, sess)
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,6 +48,14 @@ type conn struct {
 
 	work    chan *request // reader → workers; closed when the reader stops
 	workers sync.WaitGroup
+
+	// Idle timeout (Options.IdleTimeout > 0): lastActive is the time (UnixNano) of the last
+	// request read or of the last request finishing; idleTimer checks it. idleTimer and
+	// idleDone are guarded by mu; idled is set when the timer stopped the reader.
+	lastActive atomic.Int64
+	idleTimer  *time.Timer
+	idleDone   bool
+	idled      atomic.Bool
 }
 
 // request is one request in flight. It belongs to the reader until sent on work, then to one
@@ -79,8 +88,20 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 		c.pinned, _ = sess.export.Device.(PinnedWriter)
 	}
 	c.work = make(chan *request, c.srv.maxInFlightReqs)
+	if c.srv.idleTimeout > 0 {
+		c.lastActive.Store(time.Now().UnixNano())
+		c.mu.Lock()
+		c.idleTimer = time.AfterFunc(c.srv.idleTimeout, c.checkIdle)
+		c.mu.Unlock()
+	}
 
 	err := c.readRequests()
+	if c.srv.idleTimeout > 0 {
+		c.mu.Lock()
+		c.idleTimer.Stop()
+		c.idleDone = true
+		c.mu.Unlock()
+	}
 
 	close(c.work)
 	c.workers.Wait()
@@ -90,6 +111,9 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	werr := c.writeErr
 	c.writeMu.Unlock()
 	switch {
+	case c.idled.Load() && werr == nil:
+		c.log.Warn("nbd: closing idle connection", "err",
+			fmt.Errorf("%w: no request for %v (IdleTimeout)", ErrIdleTimeout, c.srv.idleTimeout))
 	case err == nil && werr == nil:
 		c.log.Info("nbd: client disconnected (NBD_CMD_DISC)")
 	case werr != nil && ctx.Err() != nil:
@@ -114,6 +138,9 @@ func (c *conn) readRequests() error {
 	for {
 		if _, err := io.ReadFull(c.br, hb[:]); err != nil {
 			return err
+		}
+		if c.srv.idleTimeout > 0 {
+			c.lastActive.Store(time.Now().UnixNano())
 		}
 		h := decodeRequest(&hb)
 		errno, err := checkRequest(&h, c.sess)
@@ -260,6 +287,11 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) 
 		c.workers.Go(c.worker)
 	}
 	c.mu.Unlock()
+	if n > 0 && c.srv.mem.take(n) {
+		c.srv.memLog.warn(c.log, "nbd: server-wide in-flight bytes reached MaxTotalInFlightBytes; "+
+			"a request waited for other connections' requests to finish",
+			"limit", c.srv.mem.max, "length", n)
+	}
 
 	req.typ, req.flags, req.cookie = h.Type, h.CommandFlags, h.Handle
 	req.off, req.length = h.Offset, h.Length
@@ -271,6 +303,7 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) 
 				c.inflightBytes -= n
 				c.bufsOut--
 				c.mu.Unlock()
+				c.srv.mem.give(n)
 				c.finish(req, nil)
 				return nil, err
 			}
@@ -333,11 +366,17 @@ func (c *conn) finish(req *request, b *buffer) {
 		b.unprotect()
 		c.srv.bufStats.out.Add(-1)
 	}
+	if b != nil {
+		c.srv.mem.give(b.charge)
+	}
 	var drop *buffer
 	c.mu.Lock()
 	if req != nil {
 		c.inflight--
 		c.free = append(c.free, req)
+		if c.inflight == 0 && c.srv.idleTimeout > 0 {
+			c.lastActive.Store(time.Now().UnixNano())
+		}
 	}
 	if b != nil {
 		c.inflightBytes -= b.charge
@@ -384,6 +423,26 @@ func (c *conn) waitBuffers() {
 	c.mu.Unlock()
 	for _, b := range all {
 		c.unmapBuffer(b)
+	}
+}
+
+// checkIdle runs on idleTimer: it stops the reader if the connection has been idle for
+// IdleTimeout, else sets the timer for when it could be.
+func (c *conn) checkIdle() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.idleDone {
+		return
+	}
+	idle := time.Since(time.Unix(0, c.lastActive.Load()))
+	switch {
+	case c.inflight > 0:
+		c.idleTimer.Reset(c.srv.idleTimeout)
+	case idle < c.srv.idleTimeout:
+		c.idleTimer.Reset(c.srv.idleTimeout - idle)
+	default:
+		c.idled.Store(true)
+		c.nc.SetReadDeadline(aLongTimeAgo)
 	}
 }
 

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"encoding/binary"
+	"time"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
 )
@@ -135,6 +136,13 @@ const (
 	DefaultMaxInFlightBytes = 64 << 20
 	// DefaultMaxInFlightRequests bounds the requests one connection processes at once.
 	DefaultMaxInFlightRequests = 64
+)
+
+// Server-wide limit defaults (Options.MaxConnections, MaxTotalInFlightBytes, HandshakeTimeout).
+const (
+	DefaultMaxConnections        = 128
+	DefaultMaxTotalInFlightBytes = 1 << 30
+	DefaultHandshakeTimeout      = 10 * time.Second
 )
 
 // decodeRequest decodes a request header. It checks nothing; see conn.check.

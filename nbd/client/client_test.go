@@ -479,3 +479,27 @@ func StartNbdkit(t *testing.T, plugin string, args ...string) string {
 	}
 	return "nbd+unix:///?socket=" + sock
 }
+
+// TestNoAllocs: a request allocates nothing in steady state (client and in-process server
+// together, since AllocsPerRun counts the whole process).
+func TestNoAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	dev := nbdtest.FUADevice{MemDevice: nbdtest.NewMemDevice(1 << 20)}
+	c := dial(t, "nbd+unix:///?socket="+serve(t, nbd.Export{Name: "a", Device: dev}))
+	buf := make([]byte, 4096)
+	for _, tc := range []struct {
+		name string
+		fn   func()
+	}{
+		{"write", func() { c.WriteAt(buf, 8192) }},
+		{"read", func() { c.ReadAt(buf, 8192) }},
+		{"fua", func() { c.WriteAtFUA(buf, 8192) }},
+		{"flush", func() { c.Flush() }},
+	} {
+		if n := testing.AllocsPerRun(200, tc.fn); n > 0.1 {
+			t.Errorf("%s: %.2f allocations per request", tc.name, n)
+		}
+	}
+}
