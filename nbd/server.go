@@ -119,9 +119,9 @@ type Server struct {
 	maxInFlightBytes int64
 	maxInFlightReqs  int
 	shutdownTimeout  time.Duration
-	mlock            bool  // Options.MlockBuffers
-	debugImmutable   bool  // Options.DebugImmutable
-	poolLimit        int64 // free buffer bytes one connection's pool keeps mapped
+	mlock            bool        // Options.MlockBuffers
+	debugImmutable   bool        // Options.DebugImmutable
+	poolLimit        int64       // free buffer bytes one connection's pool keeps mapped
 	tlsConfig        *tls.Config // nil when tlsMode is TLSOff
 	tlsMode          TLSMode     // TLSOff, TLSOn or TLSRequire
 	maxConns         int64
