@@ -83,6 +83,9 @@ type server struct {
 	t    testing.TB
 	sock string
 	uri  string // nbd+unix:///?socket=...
+	// control is raid5d's control socket, for the management commands (--control); one per
+	// server, so no test meets another's daemon, or a daemon at the default socket.
+	control string
 
 	stopped bool // stop was called; only the test goroutine touches it
 }
@@ -98,7 +101,7 @@ func (a *array) serve(t testing.TB, flags ...string) *server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	s := &server{t: t, sock: filepath.Join(sockDir, "nbd.sock")}
+	s := &server{t: t, sock: filepath.Join(sockDir, "nbd.sock"), control: filepath.Join(sockDir, "control.sock")}
 	s.uri = "nbd+unix:///?socket=" + s.sock
 
 	if standin {
@@ -116,7 +119,7 @@ func (a *array) serve(t testing.TB, flags ...string) *server {
 			"blocksize-minimum=512", "blocksize-preferred=4096", "blocksize-maximum=32M")
 		s.proc = startProc(t, "nbdkit", args...)
 	} else {
-		args := []string{"serve", "--socket", s.sock, "--log-format", "json"}
+		args := []string{"serve", "--socket", s.sock, "--control", s.control, "--log-format", "json"}
 		args = append(args, flags...)
 		s.proc = startProc(t, raid5dBin, append(args, a.members...)...)
 	}

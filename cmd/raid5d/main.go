@@ -41,7 +41,13 @@ type command struct {
 var commands = []command{
 	{"create", "write superblocks to new members and make an array", runCreate},
 	{"serve", "assemble an array and serve it over NBD", runServe},
-	{"status", "read the members' superblocks and report the array (offline)", runStatus},
+	{"status", "report the array: the running daemon's view, or the members' superblocks offline", runStatus},
+	{"fail", "mark a member of the running array faulty", runFail},
+	{"remove", "remove a faulty member or a spare from the running array", runRemove},
+	{"add", "add a spare to the running array (a rebuild starts if it is degraded)", runAdd},
+	{"replace", "rebuild a member's role onto a new member, then retire the old one", runReplace},
+	{"scrub", "check or repair the running array's parity in the background, or stop that", runScrub},
+	{"rebuild", "set the running array's rebuild and scrub speed limits", runRebuild},
 	{"bench", "drive any NBD export with a verifying load: throughput, latency, crash checks", runBench},
 }
 
@@ -66,6 +72,13 @@ Quick start:
   raid5d create --size 256M data/m0.img data/m1.img data/m2.img data/m3.img
   raid5d serve data/m0.img data/m1.img data/m2.img data/m3.img
   raid5d bench --rw randwrite --verify --time 10s nbd://127.0.0.1:10809/raid5d
+
+Managing a running array (through its control socket, see raid5d serve --help):
+  raid5d status                      raid5d fail 2            raid5d add data/spare.img
+  raid5d scrub check --wait          raid5d remove 2          raid5d rebuild --speed-max 50M
+
+Exit status: 0 done, 1 error, 2 usage error, 3 degraded (status), 4 no daemon answers at the
+control socket, 5 parity mismatches found (scrub check --wait).
 `)
 }
 
@@ -102,6 +115,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, errDegraded):
 			fmt.Fprintf(stderr, "raid5d %s: %v\n", c.name, err)
 			return 3
+		case errors.As(err, new(*exitError)):
+			var e *exitError
+			errors.As(err, &e)
+			fmt.Fprintf(stderr, "raid5d %s: %v\n", c.name, err)
+			return e.code
 		case errors.Is(err, errUsage):
 			fmt.Fprintf(stderr, "raid5d %s: %v\nRun 'raid5d %s --help' for usage.\n", c.name, err, c.name)
 			return 2

@@ -9,10 +9,13 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/raid"
 )
@@ -42,10 +45,16 @@ Stable pages (--stable-pages): the server promises that a request buffer is neve
 the array holds it, so whole-stripe writes compute parity and write members straight from the
 request buffer, and partial writes keep a reference to it in the cache instead of copying. It
 saves one memory copy of every byte written. It is always safe here, because the NBD server owns
-its request buffers; the flag exists because the library cannot assume it for every caller.`, stdout)
+its request buffers; the flag exists because the library cannot assume it for every caller.
+
+Management: the daemon answers raid5d status, fail, remove, add, replace, scrub and rebuild on a
+control socket (permission 0600, owner only). It refuses to start if another daemon answers
+there, and removes a stale socket left by one that died.
+`+controlHelp, stdout)
 	listen := fs.String("listen", defaultListen, "TCP `address` to listen on (host:port)")
 	socket := fs.String("socket", "", "listen on this unix socket `path` instead of TCP")
-	export := fs.String("export", "raid5d", "export `name` (clients asking for the empty name get it too)")
+	cf := addControlFlags(fs, "export `name` (clients asking for the empty name get it too); also names the default control socket")
+	export := cf.export
 	readOnly := fs.Bool("read-only", false, "serve read-only: writes, trims and zeroing get EPERM")
 	logFormat := fs.String("log-format", "text", "log `format` on stderr: text or json")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
@@ -78,6 +87,21 @@ its request buffers; the flag exists because the library cannot assume it for ev
 	if *debugImmutable && !*stablePages {
 		return fmt.Errorf("%w: --debug-immutable needs --stable-pages", errUsage)
 	}
+	// Member paths are made absolute, so status shows them whole and management commands run
+	// from any directory can name them.
+	for i, m := range members {
+		if members[i], err = filepath.Abs(m); err != nil {
+			return err
+		}
+	}
+	// The control socket comes first: a second daemon for the same socket stops here, before it
+	// touches the members. Listen sets the umask briefly: no other goroutine runs yet.
+	ctlPath := cf.socket()
+	ctlLn, err := control.Listen(ctlPath)
+	if err != nil {
+		return fmt.Errorf("--control %s: %w", ctlPath, err)
+	}
+	defer ctlLn.Close() // removes the socket
 	a, err := raid.Assemble(members, raid.AssembleOptions{
 		ReadOnly: *readOnly,
 		Logger:   log,
@@ -121,8 +145,15 @@ its request buffers; the flag exists because the library cannot assume it for ev
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	log.Info("serving", "address", addr, "export", *export, "read_only", *readOnly, "attach", attachHint(*socket, *listen))
+	ctlCtx, stopControl := context.WithCancel(ctx)
+	waitControl := startControl(ctlCtx, controlServer(a, control.Daemon{
+		PID: os.Getpid(), Version: versionString(), Export: *export, Address: attachHint(*socket, *listen), Started: time.Now(),
+	}, log), ctlLn, log)
+	log.Info("serving", "address", addr, "export", *export, "read_only", *readOnly, "attach", attachHint(*socket, *listen),
+		"control", ctlPath)
 	serveErr := srv.Serve(ctx, ln)
+	stopControl()
+	waitControl() // no management request runs once the array closes
 	if *socket != "" {
 		os.Remove(*socket)
 	}

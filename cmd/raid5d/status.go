@@ -1,35 +1,77 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
 	"github.com/raid5d/raid5d/raid"
 )
 
 func runStatus(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("status", "MEMBER...",
-		`Reads the superblocks of the MEMBERs (never writes) and prints the array's geometry, each
-member's role, events counter and state, and what is missing or stale. Run it while the array is
-not being served (a running daemon's superblocks may be a moment behind).
+	fs := newFlagSet("status", "[flags] [MEMBER...]",
+		`Reports the array. Online: when a daemon answers at the control socket, it reports the running
+array as /proc/mdstat and mdadm --detail would: state, members with their roles, states and
+read/write errors, a rebuild or scrub in progress with a progress bar, speed and ETA, the last
+scrub's mismatch count, the speed limits and the I/O counters. Offline: when no daemon answers and
+MEMBERs are given, it reads their superblocks (never writes) and prints the geometry, each member's
+role, events counter and state, and what is missing or stale. The first line says which.
+With MEMBERs given and a daemon answering that serves none of them, the report is offline.
+
+`+controlHelp+`
 
 Exit status: 0 clean or active, 1 on an error or a failed array (two or more members missing),
-3 degraded.`, stdout)
+2 usage error (also when no daemon answers and no MEMBERs are given), 3 degraded (also while a
+rebuild runs).`, stdout)
+	cf := addControlFlags(fs, "export `name` of the daemon, to find its default control socket")
+	asJSON := fs.Bool("json", false, "print the status as JSON (its \"source\" says online or offline)")
 	paths, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(paths) == 0 {
-		return fmt.Errorf("%w: no members given", errUsage)
+	sock := cf.socket()
+	st, err := control.Do(sock, control.Request{Op: control.OpStatus})
+	switch {
+	case err == nil && servesAny(st, paths):
+		st.Source = "online"
+		if *asJSON {
+			if err := writeJSON(stdout, st); err != nil {
+				return err
+			}
+		} else {
+			printOnline(stdout, sock, st)
+		}
+		return onlineExit(st)
+	case err == nil:
+		// A daemon answers, but for another array.
+	case !errors.Is(err, control.ErrNoDaemon):
+		return err
+	case len(paths) == 0:
+		// Neither a daemon nor MEMBERs: a usage error, as before there was a control socket.
+		return fmt.Errorf("%w: no members given, and %v; or give the MEMBERs to read their superblocks offline",
+			errUsage, noDaemon(sock))
 	}
 	rep, err := raid.Examine(paths)
 	if rep != nil {
-		printReport(stdout, rep)
+		if *asJSON {
+			if err := writeJSON(stdout, offlineStatus(rep)); err != nil {
+				return err
+			}
+		} else {
+			if st != nil {
+				fmt.Fprintf(stdout, "offline: the daemon at %s serves other members; read from these members' superblocks\n", sock)
+			} else {
+				fmt.Fprintf(stdout, "offline: no daemon answers at %s; read from the members' superblocks\n", sock)
+			}
+			printReport(stdout, rep)
+		}
 	}
 	if err != nil {
 		return err
@@ -41,6 +83,63 @@ Exit status: 0 clean or active, 1 on an error or a failed array (two or more mem
 		return errDegraded
 	}
 	return nil
+}
+
+// servesAny reports whether the daemon's array has one of paths as a member (or paths is empty).
+func servesAny(st *control.Status, paths []string) bool {
+	if len(paths) == 0 {
+		return true
+	}
+	for _, p := range paths {
+		abs, _ := filepath.Abs(p)
+		for _, m := range st.Members {
+			if m.Path == p || m.Path == abs {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func onlineExit(st *control.Status) error {
+	switch {
+	case st.State == raid.StateFailed.String():
+		return fmt.Errorf("array %s has failed: %d roles without a working member", st.UUID, len(st.Missing))
+	case len(st.Missing) > 0 || st.State == raid.StateDegraded.String():
+		return errDegraded
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// offlineStatus is the JSON form of an offline report.
+func offlineStatus(rep *raid.Report) *control.Status {
+	st := &control.Status{
+		Source: "offline", UUID: rep.UUID.String(), State: rep.State.String(), Dirty: rep.Dirty,
+		Events: rep.Events, Size: rep.Size, Level: 5, Disks: rep.Layout.Members(), Chunk: rep.Layout.ChunkSize(),
+		Missing: rep.Missing, Members: []control.MemberStatus{},
+	}
+	if st.Disks > 0 {
+		st.Layout = rep.Layout.Algorithm().String()
+	}
+	for _, m := range rep.Members {
+		ms := control.MemberStatus{Path: m.Path, Role: m.Role, State: control.StateActive, Events: m.Events, Device: m.Device.String()}
+		switch {
+		case errors.Is(m.Err, os.ErrNotExist):
+			ms.State, ms.Device = "missing", ""
+		case m.Err != nil:
+			ms.State, ms.Device = "refused: "+m.Err.Error(), ""
+		case m.Stale:
+			ms.State = "stale"
+		}
+		st.Members = append(st.Members, ms)
+	}
+	return st
 }
 
 // errDegraded makes `raid5d status` exit 3, so scripts can tell degraded from failed.

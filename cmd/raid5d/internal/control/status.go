@@ -13,6 +13,9 @@ const (
 // Status is the running array as the daemon reports it; it is also the JSON that
 // `raid5d status --json` prints.
 type Status struct {
+	// Source is "online" (a daemon answered) or "offline" (read from the members' superblocks);
+	// the client sets it, the daemon leaves it empty.
+	Source   string `json:"source,omitempty"`
 	Daemon   Daemon `json:"daemon"`
 	UUID     string `json:"uuid"`
 	State    string `json:"state"` // clean, active, degraded, failed

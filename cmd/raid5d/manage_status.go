@@ -1,0 +1,190 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
+)
+
+// barWidth is the number of cells between the brackets of a progress bar.
+const barWidth = 20
+
+// progressBar draws pct (0 to 100) the way /proc/mdstat does: [=========>          ].
+func progressBar(pct float64) string {
+	n := int(pct * barWidth / 100)
+	switch {
+	case n >= barWidth:
+		return "[" + strings.Repeat("=", barWidth) + "]"
+	case n < 0:
+		n = 0
+	}
+	return "[" + strings.Repeat("=", n) + ">" + strings.Repeat(" ", barWidth-n-1) + "]"
+}
+
+// formatRate is bytes per second for people: 52.4M, 1M, 900K.
+func formatRate(b int64) string {
+	units := []string{"", "K", "M", "G", "T"}
+	f := float64(b)
+	i := 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	if f == float64(int64(f)) {
+		return fmt.Sprintf("%d%s", int64(f), units[i])
+	}
+	return fmt.Sprintf("%.1f%s", f, units[i])
+}
+
+func formatETA(sec float64) string {
+	if sec <= 0 {
+		return "-"
+	}
+	return time.Duration(sec * float64(time.Second)).Round(time.Second).String()
+}
+
+// progressLine is one line for a running rebuild or scrub:
+// [=========>          ]  45.2% (28.8M/63M) 50.1M/s, ETA 1s
+func progressLine(p *control.Progress) string {
+	s := fmt.Sprintf("%s %5.1f%% (%s/%s) %s/s, ETA %s", progressBar(p.Percent()), p.Percent(),
+		formatRate(p.Done), formatRate(p.Total), formatRate(int64(p.BytesPerSec)), formatETA(p.ETASeconds))
+	if p.Kind != "rebuild" {
+		s += ", " + mismatchText(p)
+	}
+	return s
+}
+
+func mismatchText(p *control.Progress) string {
+	s := fmt.Sprintf("%d mismatches", p.Mismatches)
+	if len(p.MismatchAt) > 0 {
+		at := make([]string, len(p.MismatchAt))
+		for i, n := range p.MismatchAt {
+			at[i] = fmt.Sprint(n)
+		}
+		more := ""
+		if int64(len(at)) < p.Mismatches {
+			more = ", ..."
+		}
+		s += " (stripes " + strings.Join(at, ", ") + more + ")"
+	}
+	return s
+}
+
+// roleMap is mdstat's [UU_U]: U for a role with an active member, _ otherwise.
+func roleMap(st *control.Status) string {
+	up := make([]bool, st.Disks)
+	for _, m := range st.Members {
+		if m.State == control.StateActive && m.Role >= 0 && m.Role < st.Disks {
+			up[m.Role] = true
+		}
+	}
+	n := 0
+	var b strings.Builder
+	for _, u := range up {
+		if u {
+			n++
+			b.WriteByte('U')
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return fmt.Sprintf("[%d/%d] [%s]", st.Disks, n, b.String())
+}
+
+// printSummary is the few lines a management command prints after its request.
+func printSummary(w io.Writer, st *control.Status) {
+	fmt.Fprintf(w, "array %s: %s %s\n", st.UUID, stateWords(st), roleMap(st))
+	if p := st.Sync; p != nil {
+		fmt.Fprintf(w, "  %s: %s\n", syncName(p), progressLine(p))
+	}
+}
+
+func syncName(p *control.Progress) string {
+	if p.Kind == "rebuild" {
+		return fmt.Sprintf("rebuild of role %d", p.Role)
+	}
+	return "scrub " + p.Kind
+}
+
+func stateWords(st *control.Status) string {
+	s := st.State
+	if p := st.Sync; p != nil {
+		if p.Kind == "rebuild" {
+			s += ", rebuilding"
+		} else {
+			s += ", scrubbing (" + p.Kind + ")"
+		}
+	}
+	if st.ReadOnly {
+		s += ", read-only"
+	}
+	return s
+}
+
+// printOnline is raid5d status for a running daemon: /proc/mdstat and mdadm --detail in one.
+func printOnline(w io.Writer, sock string, st *control.Status) {
+	d := st.Daemon
+	fmt.Fprintf(w, "online: daemon pid %d (%s) at control socket %s, serving export %q on %s since %s\n",
+		d.PID, d.Version, sock, d.Export, d.Address, d.Started.Format(time.RFC3339))
+	fmt.Fprintf(w, "array %s\n", st.UUID)
+	fmt.Fprintf(w, "  state:    %s%s\n", stateWords(st), onlineNote(st))
+	fmt.Fprintf(w, "  level:    raid%d %s, chunk %s, %s\n", st.Level, roleMap(st), formatSize(st.Chunk), st.Layout)
+	fmt.Fprintf(w, "  size:     %s (%d bytes)\n", formatSize(st.Size), st.Size)
+	fmt.Fprintf(w, "  events:   %d\n", st.Events)
+	if p := st.Sync; p != nil {
+		fmt.Fprintf(w, "  %-9s %s\n", p.Kind+":", progressLine(p))
+	}
+	if p := st.LastScrub; p != nil {
+		fmt.Fprintf(w, "  last scrub: %s %s, %s\n", p.Kind, finishedOrStopped(p), mismatchText(p))
+	}
+	fmt.Fprintf(w, "  speed:    min %s/s, max %s/s (raid5d rebuild --speed-min/--speed-max)\n",
+		formatRate(st.SyncSpeedMin), formatRate(st.SyncSpeedMax))
+	fmt.Fprintln(w, "members:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ROLE\tPATH\tSTATE\tEVENTS\tREAD-ERRORS\tWRITE-ERRORS\tDEVICE")
+	for _, m := range st.Members {
+		role := "-"
+		if m.Role >= 0 {
+			role = fmt.Sprint(m.Role)
+		}
+		state := m.State
+		if m.State == control.StateRebuilding {
+			state = fmt.Sprintf("rebuilding into role %d", m.Role)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%d\t%s\n", role, m.Path, state, m.Events, m.ReadErrors, m.WriteErrors, m.Device)
+	}
+	tw.Flush()
+	if len(st.Missing) > 0 {
+		roles := make([]string, len(st.Missing))
+		for i, r := range st.Missing {
+			roles[i] = fmt.Sprint(r)
+		}
+		fmt.Fprintf(w, "missing: role %s\n", strings.Join(roles, ", role "))
+	}
+	c := st.Counters
+	fmt.Fprintln(w, "counters:")
+	fmt.Fprintf(w, "  writes:  %d full-stripe, %d read-modify-write, %d reconstruct-write, %d write-through\n",
+		c.FullStripeWrites, c.RMWWrites, c.RCWWrites, c.WriteThroughs)
+	fmt.Fprintf(w, "  members: %d bytes read, %d bytes written; %d bytes copied into the cache\n",
+		c.MemberBytesRead, c.MemberBytesWritten, c.CopiedBytes)
+	fmt.Fprintf(w, "  cache:   %d stripes, %d hits, %d misses, %d evictions\n",
+		c.CacheStripes, c.CacheHits, c.CacheMisses, c.CacheEvictions)
+}
+
+func onlineNote(st *control.Status) string {
+	switch {
+	case st.State == "failed":
+		return fmt.Sprintf(" (%d roles without a working member: data there cannot be served)", len(st.Missing))
+	case st.Sync != nil && st.Sync.Kind == "rebuild":
+		return fmt.Sprintf(" (role %d being rebuilt: no redundancy until it finishes)", st.Sync.Role)
+	case len(st.Missing) > 0:
+		return fmt.Sprintf(" (role %d missing: served from parity, no redundancy left)", st.Missing[0])
+	case st.Unclean:
+		return " (assembled after an unclean shutdown)"
+	}
+	return ""
+}
