@@ -370,7 +370,7 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	if n := s.conns.Add(1); n > s.maxConns {
 		s.conns.Add(-1)
 		s.connsLog.warn(log, "nbd: connection limit reached; closing new connection before the greeting",
-			"err", fmt.Errorf("%w: %d served (MaxConnections)", ErrTooManyConnections, n-1))
+			"limit", "MaxConnections", "err", fmt.Errorf("%w: %d served (MaxConnections)", ErrTooManyConnections, n-1))
 		return
 	}
 	defer s.conns.Add(-1)
@@ -398,7 +398,7 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		case ctx.Err() != nil:
 			log.Debug("nbd: handshake interrupted by shutdown", "err", err)
 		case errors.As(err, &ne) && ne.Timeout():
-			log.Warn("nbd: handshake too slow; closing connection", "err",
+			log.Warn("nbd: handshake too slow; closing connection", "limit", "HandshakeTimeout", "err",
 				fmt.Errorf("%w after %v (HandshakeTimeout): %w", ErrHandshakeTimeout, s.handshakeTimeout, err))
 		case isClosed(err):
 			log.Debug("nbd: client left during the handshake", "err", err)

@@ -112,7 +112,7 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	c.writeMu.Unlock()
 	switch {
 	case c.idled.Load() && werr == nil:
-		c.log.Warn("nbd: closing idle connection", "err",
+		c.log.Warn("nbd: closing idle connection", "limit", "IdleTimeout", "err",
 			fmt.Errorf("%w: no request for %v (IdleTimeout)", ErrIdleTimeout, c.srv.idleTimeout))
 	case err == nil && werr == nil:
 		c.log.Info("nbd: client disconnected (NBD_CMD_DISC)")
@@ -290,7 +290,7 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) 
 	if n > 0 && c.srv.mem.take(n) {
 		c.srv.memLog.warn(c.log, "nbd: server-wide in-flight bytes reached MaxTotalInFlightBytes; "+
 			"a request waited for other connections' requests to finish",
-			"limit", c.srv.mem.max, "length", n)
+			"limit", "MaxTotalInFlightBytes", "max", c.srv.mem.max, "length", n)
 	}
 
 	req.typ, req.flags, req.cookie = h.Type, h.CommandFlags, h.Handle

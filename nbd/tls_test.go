@@ -1,0 +1,470 @@
+package nbd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/nbd/nbdtest"
+)
+
+// testPKI is a CA with a server certificate (localhost, 127.0.0.1) and two client
+// certificates, "alice" and "bob", written as PEM files in dir (the layout libnbd and qemu
+// read: ca-cert.pem, client-cert.pem and client-key.pem are alice's).
+type testPKI struct {
+	dir                string
+	caPool             *x509.CertPool
+	server, alice, bob tls.Certificate
+}
+
+func newTestPKI(t *testing.T) *testPKI {
+	t.Helper()
+	dir := t.TempDir()
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	writePEM := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serial := int64(1)
+	now := time.Now()
+	caKey := key()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "raid5d test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	writePEM("ca-cert.pem", "CERTIFICATE", caDER)
+	p := &testPKI{dir: dir, caPool: x509.NewCertPool()}
+	p.caPool.AddCert(caCert)
+
+	issue := func(cn string, usage x509.ExtKeyUsage, file string) tls.Certificate {
+		k := key()
+		serial++
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+			KeyUsage:    x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		}
+		if usage == x509.ExtKeyUsageServerAuth {
+			tmpl.DNSNames = []string{"localhost"}
+			tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kder, err := x509.MarshalPKCS8PrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if file != "" {
+			writePEM(file+"-cert.pem", "CERTIFICATE", der)
+			writePEM(file+"-key.pem", "PRIVATE KEY", kder)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+	}
+	p.server = issue("localhost", x509.ExtKeyUsageServerAuth, "server")
+	p.alice = issue("alice", x509.ExtKeyUsageClientAuth, "client")
+	p.bob = issue("bob", x509.ExtKeyUsageClientAuth, "")
+	return p
+}
+
+// serverConfig loads the server's configuration from the PEM files, as the daemon would.
+func (p *testPKI) serverConfig(t *testing.T, mutual bool) *tls.Config {
+	t.Helper()
+	ca := ""
+	if mutual {
+		ca = filepath.Join(p.dir, "ca-cert.pem")
+	}
+	cfg, err := LoadTLSConfig(filepath.Join(p.dir, "server-cert.pem"), filepath.Join(p.dir, "server-key.pem"), ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func (p *testPKI) clientConfig(cert *tls.Certificate) *tls.Config {
+	cfg := &tls.Config{RootCAs: p.caPool, ServerName: "localhost"}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{*cert}
+	}
+	return cfg
+}
+
+// startTLS sends NBD_OPT_STARTTLS, expects the ACK and runs the TLS handshake; it returns the
+// handshake's error (with TLS 1.3, a refused client certificate shows only on the first read).
+func (c *rawClient) startTLS(cfg *tls.Config) error {
+	c.t.Helper()
+	c.option(optStartTLS, nil)
+	if r := c.optionReply(); r.id != optStartTLS || r.typ != repAck {
+		c.t.Fatalf("STARTTLS reply (%d, %#x), want ACK", r.id, r.typ)
+	}
+	tc := tls.Client(c.nc, cfg)
+	tc.SetDeadline(time.Now().Add(30 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		return err
+	}
+	c.nc, c.r = tc, bufio.NewReader(tc)
+	return nil
+}
+
+// tlsExports: "disk" for anyone, "alice" for alice's certificate only.
+func tlsExports() (Options, *nbdtest.MemDevice) {
+	mem := nbdtest.NewMemDevice(testSize)
+	return Options{Exports: []Export{
+		{Name: "disk", Device: mem},
+		{Name: "alice", Device: nbdtest.NewMemDevice(testSize), AllowedClients: []string{"alice"}},
+	}}, mem
+}
+
+func TestTLSRequire(t *testing.T) {
+	pki := newTestPKI(t)
+	newServer := func(t *testing.T) (*Server, *logStore) {
+		opts, _ := tlsExports()
+		opts.TLSConfig = pki.serverConfig(t, true) // TLSDefault with a config: require
+		return testServer(t, opts)
+	}
+	t.Run("options before STARTTLS", func(t *testing.T) {
+		s, _ := newServer(t)
+		c, _ := unixConn(t, s)
+		c.greet(clientFixedNewstyle | clientNoZeroes)
+		for _, tt := range []struct {
+			name string
+			id   uint32
+			data []byte
+			want uint32
+		}{
+			{"LIST", optList, nil, repErrTLSReqd},
+			{"INFO", optInfo, infoData("disk"), repErrTLSReqd},
+			{"GO", optGo, infoData("disk"), repErrTLSReqd},
+			{"STRUCTURED_REPLY", optStructuredReply, nil, repErrTLSReqd},
+			{"unknown", 0x4242, []byte("junk"), repErrTLSReqd},
+			{"STARTTLS with data", optStartTLS, []byte("x"), repErrInvalid},
+		} {
+			c.option(tt.id, tt.data)
+			if r := c.optionReply(); r.id != tt.id || r.typ != tt.want {
+				t.Errorf("%s: reply (%d, %#x), want (%d, %#x)", tt.name, r.id, r.typ, tt.id, tt.want)
+			}
+		}
+		if err := c.startTLS(pki.clientConfig(&pki.alice)); err != nil {
+			t.Fatal(err)
+		}
+		c.option(optStartTLS, nil)
+		if r := c.optionReply(); r.typ != repErrInvalid {
+			t.Errorf("second STARTTLS: reply %#x, want ERR_INVALID", r.typ)
+		}
+		c.option(optList, nil)
+		n := 0
+		for r := c.optionReply(); r.typ != repAck; r = c.optionReply() {
+			if r.typ != repServer {
+				t.Fatalf("LIST after TLS: reply %#x", r.typ)
+			}
+			n++
+		}
+		if n != 2 {
+			t.Errorf("LIST after TLS as alice: %d exports, want 2", n)
+		}
+		c.option(optGo, infoData("alice"))
+		if _, final := c.infoReplies(optGo); final != repAck {
+			t.Fatalf("GO alice as alice: %#x", final)
+		}
+		p := pattern(1, 8192)
+		if errno, _ := c.do(cmdWrite, 0, 4096, 8192, p); errno != 0 {
+			t.Fatal(errno)
+		}
+		if errno, got := c.do(cmdRead, 0, 4096, 8192, nil); errno != 0 || !bytes.Equal(got, p) {
+			t.Fatalf("read back over TLS: errno %d, equal %v", errno, bytes.Equal(got, p))
+		}
+	})
+	t.Run("bob is refused alice's export", func(t *testing.T) {
+		s, logs := newServer(t)
+		c, done := unixConn(t, s)
+		c.greet(clientFixedNewstyle | clientNoZeroes)
+		if err := c.startTLS(pki.clientConfig(&pki.bob)); err != nil {
+			t.Fatal(err)
+		}
+		c.option(optInfo, infoData("alice"))
+		if _, final := c.infoReplies(optInfo); final != repErrPolicy {
+			t.Errorf("INFO alice as bob: %#x, want ERR_POLICY", final)
+		}
+		c.option(optGo, infoData("disk"))
+		if _, final := c.infoReplies(optGo); final != repAck {
+			t.Fatalf("GO disk as bob: %#x", final)
+		}
+		c.request(cmdDisc, 0, 0, 0, 0, nil)
+		<-done
+
+		c, done = unixConn(t, s)
+		c.greet(clientFixedNewstyle)
+		if err := c.startTLS(pki.clientConfig(&pki.bob)); err != nil {
+			t.Fatal(err)
+		}
+		c.option(optExportName, []byte("alice"))
+		c.expectClosed()
+		<-done
+		if !logs.loggedErr(ErrAccessDenied) {
+			t.Error("no log line with ErrAccessDenied")
+		}
+	})
+	t.Run("EXPORT_NAME before STARTTLS closes", func(t *testing.T) {
+		s, logs := newServer(t)
+		c, done := unixConn(t, s)
+		c.greet(clientFixedNewstyle)
+		c.option(optExportName, []byte("disk"))
+		c.expectClosed()
+		<-done
+		if !logs.loggedErr(ErrTLSRequired) {
+			t.Error("no log line with ErrTLSRequired")
+		}
+	})
+	for _, tt := range []struct {
+		name string
+		cfg  *tls.Config
+	}{
+		{"client without a certificate", pki.clientConfig(nil)},
+		{"client certificate from another CA", func() *tls.Config {
+			other := newTestPKI(t)
+			cfg := pki.clientConfig(&other.alice)
+			return cfg
+		}()},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, logs := newServer(t)
+			c, done := unixConn(t, s)
+			c.greet(clientFixedNewstyle)
+			if err := c.startTLS(tt.cfg); err == nil {
+				// TLS 1.3: the client learns of the refusal on its first read.
+				c.option(optList, nil)
+				var b [1]byte
+				if _, err := c.r.Read(b[:]); err == nil {
+					t.Fatal("server answered a client without a valid certificate")
+				}
+			}
+			<-done
+			if !logs.loggedErr(ErrTLSHandshake) {
+				t.Error("no log line with ErrTLSHandshake")
+			}
+		})
+	}
+}
+
+func TestTLSOn(t *testing.T) {
+	pki := newTestPKI(t)
+	opts, mem := tlsExports()
+	opts.TLSConfig, opts.TLSMode = pki.serverConfig(t, false), TLSOn
+	opts.TLSConfig.ClientAuth, opts.TLSConfig.ClientCAs = tls.VerifyClientCertIfGiven, pki.caPool
+	s, _ := testServer(t, opts)
+
+	// Plaintext: the open export works, the one that needs a certificate asks for TLS.
+	c, done := unixConn(t, s)
+	c.greet(clientFixedNewstyle | clientNoZeroes)
+	c.option(optGo, infoData("alice"))
+	if _, final := c.infoReplies(optGo); final != repErrTLSReqd {
+		t.Errorf("GO alice in plaintext: %#x, want ERR_TLS_REQD", final)
+	}
+	c.option(optList, nil)
+	if r := c.optionReply(); r.typ != repServer || string(r.data[4:8]) != "disk" {
+		t.Errorf("LIST in plaintext: %#x %q, want disk only", r.typ, r.data)
+	}
+	if r := c.optionReply(); r.typ != repAck {
+		t.Errorf("LIST in plaintext lists more than disk: %#x %q", r.typ, r.data)
+	}
+	c.option(optGo, infoData("disk"))
+	if _, final := c.infoReplies(optGo); final != repAck {
+		t.Fatalf("GO disk in plaintext: %#x", final)
+	}
+	p := pattern(2, 4096)
+	if errno, _ := c.do(cmdWrite, 0, 0, 4096, p); errno != 0 {
+		t.Fatal(errno)
+	}
+	c.request(cmdDisc, 0, 0, 0, 0, nil)
+	<-done
+	if !bytes.Equal(mem.Bytes()[:4096], p) {
+		t.Error("plaintext write did not reach the device")
+	}
+
+	// TLS without a certificate (allowed: VerifyClientCertIfGiven) reaches disk, not alice.
+	c, done = unixConn(t, s)
+	c.greet(clientFixedNewstyle | clientNoZeroes)
+	if err := c.startTLS(pki.clientConfig(nil)); err != nil {
+		t.Fatal(err)
+	}
+	c.option(optInfo, infoData("alice"))
+	if _, final := c.infoReplies(optInfo); final != repErrPolicy {
+		t.Errorf("INFO alice over TLS without a certificate: %#x, want ERR_POLICY", final)
+	}
+	c.option(optGo, infoData("disk"))
+	if _, final := c.infoReplies(optGo); final != repAck {
+		t.Fatalf("GO disk over TLS: %#x", final)
+	}
+	if errno, got := c.do(cmdRead, 0, 0, 4096, nil); errno != 0 || !bytes.Equal(got, p) {
+		t.Fatalf("read over TLS: errno %d", errno)
+	}
+	c.request(cmdDisc, 0, 0, 0, 0, nil)
+	<-done
+}
+
+func TestTLSOff(t *testing.T) {
+	pki := newTestPKI(t)
+	s, _ := testServer(t, Options{Exports: []Export{{Device: nbdtest.NewMemDevice(testSize)}},
+		TLSConfig: pki.serverConfig(t, false), TLSMode: TLSOff})
+	c, _ := pipe(t, s)
+	c.greet(clientFixedNewstyle)
+	c.option(optStartTLS, nil)
+	if r := c.optionReply(); r.typ != repErrUnsup {
+		t.Errorf("STARTTLS with TLS off: %#x, want ERR_UNSUP", r.typ)
+	}
+	c.handshakeGoAfterGreet("")
+}
+
+// handshakeGoAfterGreet enters transmission with NBD_OPT_GO on a greeted connection.
+func (c *rawClient) handshakeGoAfterGreet(name string) {
+	c.t.Helper()
+	c.option(optGo, infoData(name))
+	if _, final := c.infoReplies(optGo); final != repAck {
+		c.t.Fatalf("NBD_OPT_GO %q: final reply %#x", name, final)
+	}
+}
+
+func TestAllowedUIDs(t *testing.T) {
+	uid := os.Getuid()
+	s, logs := testServer(t, Options{Exports: []Export{
+		{Name: "mine", Device: nbdtest.NewMemDevice(testSize), AllowedUIDs: []int{uid}},
+		{Name: "theirs", Device: nbdtest.NewMemDevice(testSize), AllowedUIDs: []int{uid + 1}},
+	}})
+	t.Run("unix socket", func(t *testing.T) {
+		c, _ := unixConn(t, s)
+		c.greet(clientFixedNewstyle | clientNoZeroes)
+		c.option(optInfo, infoData("theirs"))
+		if _, final := c.infoReplies(optInfo); final != repErrPolicy {
+			t.Errorf("INFO theirs: %#x, want ERR_POLICY", final)
+		}
+		c.handshakeGoAfterGreet("mine")
+	})
+	t.Run("EXPORT_NAME denied closes", func(t *testing.T) {
+		c, done := unixConn(t, s)
+		c.greet(clientFixedNewstyle)
+		c.option(optExportName, []byte("theirs"))
+		c.expectClosed()
+		<-done
+		if !logs.loggedErr(ErrAccessDenied) {
+			t.Error("no log line with ErrAccessDenied")
+		}
+	})
+	t.Run("TCP has no uid", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := serve(ctx, s, ln)
+		defer func() { cancel(); <-done }()
+		nc, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		c := newRawClient(t, nc)
+		c.greet(clientFixedNewstyle)
+		c.option(optGo, infoData("mine"))
+		if _, final := c.infoReplies(optGo); final != repErrPolicy {
+			t.Errorf("GO mine over TCP: %#x, want ERR_POLICY", final)
+		}
+	})
+}
+
+func TestTLSOptionsValidation(t *testing.T) {
+	pki := newTestPKI(t)
+	dev := nbdtest.NewMemDevice(4096)
+	plain := pki.serverConfig(t, false)
+	mutual := pki.serverConfig(t, true)
+	for _, tt := range []struct {
+		name string
+		opts Options
+		want error
+		mode TLSMode
+	}{
+		{"require without config", Options{TLSMode: TLSRequire}, ErrInvalidOptions, 0},
+		{"on without config", Options{TLSMode: TLSOn}, ErrInvalidOptions, 0},
+		{"unknown mode", Options{TLSMode: 42, TLSConfig: plain}, ErrInvalidOptions, 0},
+		{"AllowedClients without TLS", Options{Exports: []Export{{Device: dev, AllowedClients: []string{"a"}}}}, ErrInvalidExport, 0},
+		{"AllowedClients without verification", Options{TLSConfig: plain,
+			Exports: []Export{{Device: dev, AllowedClients: []string{"a"}}}}, ErrInvalidExport, 0},
+		{"AllowedClients with TLS off", Options{TLSConfig: mutual, TLSMode: TLSOff,
+			Exports: []Export{{Device: dev, AllowedClients: []string{"a"}}}}, ErrInvalidExport, 0},
+		{"negative timeout", Options{HandshakeTimeout: -1}, ErrInvalidOptions, 0},
+		{"negative connections", Options{MaxConnections: -1}, ErrInvalidOptions, 0},
+		{"no TLS", Options{}, nil, TLSOff},
+		{"config means require", Options{TLSConfig: plain}, nil, TLSRequire},
+		{"config and off", Options{TLSConfig: plain, TLSMode: TLSOff}, nil, TLSOff},
+		{"on", Options{TLSConfig: plain, TLSMode: TLSOn}, nil, TLSOn},
+		{"mutual with AllowedClients", Options{TLSConfig: mutual,
+			Exports: []Export{{Device: dev, AllowedClients: []string{"a"}}}}, nil, TLSRequire},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.opts.Exports == nil {
+				tt.opts.Exports = []Export{{Device: dev}}
+			}
+			s, err := NewServer(tt.opts)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("NewServer: %v, want %v", err, tt.want)
+			}
+			if err == nil && s.tlsMode != tt.mode {
+				t.Errorf("mode %v, want %v", s.tlsMode, tt.mode)
+			}
+		})
+	}
+	s, _ := NewServer(Options{Exports: []Export{{Device: dev}}, TLSConfig: &tls.Config{MinVersion: tls.VersionTLS10}})
+	if s.tlsConfig.MinVersion != tls.VersionTLS12 {
+		t.Errorf("MinVersion %#x, want TLS 1.2", s.tlsConfig.MinVersion)
+	}
+	for _, m := range []string{"off", "on", "require"} {
+		if got, err := ParseTLSMode(m); err != nil || got.String() != m {
+			t.Errorf("ParseTLSMode(%q) = %v, %v", m, got, err)
+		}
+	}
+	if _, err := ParseTLSMode("yes"); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("ParseTLSMode(yes) = %v, want ErrInvalidOptions", err)
+	}
+	f := func(name string) string { return filepath.Join(pki.dir, name) }
+	if cfg := mutual; cfg.ClientAuth != tls.RequireAndVerifyClientCert || cfg.ClientCAs == nil || len(cfg.Certificates) != 1 {
+		t.Errorf("LoadTLSConfig with a client CA: %+v", cfg)
+	}
+	for _, files := range [][3]string{
+		{f("nope.pem"), f("server-key.pem"), ""},
+		{f("server-cert.pem"), f("client-key.pem"), ""},
+		{f("server-cert.pem"), f("server-key.pem"), f("nope.pem")},
+		{f("server-cert.pem"), f("server-key.pem"), f("server-key.pem")},
+	} {
+		if _, err := LoadTLSConfig(files[0], files[1], files[2]); !errors.Is(err, ErrTLSConfig) {
+			t.Errorf("LoadTLSConfig(%q) = %v, want ErrTLSConfig", files, err)
+		}
+	}
+}
