@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
+)
+
+// fakeArray stands in for a running array behind the control socket. A scrub advances by a
+// quarter of the array with every status request and finds mismatches stripes.
+type fakeArray struct {
+	mu         sync.Mutex // guards all below
+	st         control.Status
+	calls      []string
+	mismatches int64
+}
+
+func (f *fakeArray) record(s string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, s)
+}
+
+func (f *fakeArray) Fail(m string) error   { f.record("fail " + m); return nil }
+func (f *fakeArray) Remove(m string) error { f.record("remove " + m); return nil }
+func (f *fakeArray) AddSpare(p string) error {
+	f.record("add " + p)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.Members = append(f.st.Members, control.MemberStatus{Path: p, Role: 1, State: control.StateRebuilding})
+	f.st.Sync = &control.Progress{Kind: "rebuild", Role: 1, Done: 452, Total: 1000, BytesPerSec: 50 << 20, ETASeconds: 3}
+	return nil
+}
+func (f *fakeArray) Replace(m, p string) error { f.record("replace " + m + " " + p); return nil }
+func (f *fakeArray) StartScrub(repair bool) error {
+	kind := "check"
+	if repair {
+		kind = "repair"
+	}
+	f.record("scrub " + kind)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.st.Sync != nil {
+		return fmt.Errorf("wrapped: %w", control.ErrBusy)
+	}
+	f.st.Sync = &control.Progress{Kind: kind, Role: -1, Total: 1000}
+	return nil
+}
+func (f *fakeArray) StopScrub() error { f.record("scrub stop"); return nil }
+func (f *fakeArray) SetSyncSpeed(lo, hi int64) error {
+	f.record(fmt.Sprint("speed ", lo, " ", hi))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if lo > 0 {
+		f.st.SyncSpeedMin = lo
+	}
+	if hi > 0 {
+		f.st.SyncSpeedMax = hi
+	}
+	return nil
+}
+
+func (f *fakeArray) status() control.Status {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := f.st.Sync; p != nil && p.Kind != "rebuild" {
+		p.Done += p.Total / 4
+		if p.Done >= p.Total {
+			last := *p
+			last.Mismatches = f.mismatches
+			f.st.LastScrub, f.st.Sync = &last, nil
+		}
+	}
+	st := f.st
+	if st.Sync != nil {
+		p := *st.Sync
+		st.Sync = &p
+	}
+	return st
+}
+
+func (f *fakeArray) lastCall() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.calls) == 0 {
+		return ""
+	}
+	return f.calls[len(f.calls)-1]
+}
+
+// serveFake serves a healthy four-member fake array on a fresh control socket until the test ends.
+func serveFake(t *testing.T) (*fakeArray, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "r5ctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "c.sock")
+	f := &fakeArray{st: control.Status{
+		UUID: "5889fe24-a8e0-5658-aa76-dcde00d70286", State: "active", Level: 5, Disks: 4, Chunk: 64 << 10,
+		Layout: "left-symmetric", Size: 3 * 63 << 20, SyncSpeedMin: 1 << 20, SyncSpeedMax: 200 << 20,
+		Daemon: control.Daemon{PID: 42, Export: "raid5d", Address: "nbd+unix:///?socket=/x"},
+	}}
+	for r := range 4 {
+		f.st.Members = append(f.st.Members, control.MemberStatus{Path: fmt.Sprintf("/m%d", r), Role: r, State: control.StateActive})
+	}
+	ln, err := control.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- (&control.Server{Array: f, Status: f.status}).Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return f, sock
+}
+
+func TestManageCommands(t *testing.T) {
+	f, sock := serveFake(t)
+	abs, err := filepath.Abs("spare.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		call string // what the array got
+		out  string // in stdout
+	}{
+		{[]string{"fail", "2"}, "fail 2", "marked faulty: 2"},
+		{[]string{"fail", "/dev/sdc"}, "fail /dev/sdc", "marked faulty: /dev/sdc"},
+		{[]string{"remove", "/m2"}, "remove /m2", "removed: /m2"},
+		{[]string{"add", "spare.img"}, "add " + abs, "added spare: " + abs},
+		{[]string{"replace", "1", "spare.img"}, "replace 1 " + abs, "replacing 1 with " + abs},
+		{[]string{"scrub", "stop"}, "scrub stop", "scrub stopped"},
+		{[]string{"rebuild", "--speed-min", "2M", "--speed-max", "300M"}, fmt.Sprint("speed ", 2<<20, " ", 300<<20), "min 2M/s, max 300M/s"},
+		{[]string{"rebuild", "--speed-max", "10M"}, fmt.Sprint("speed 0 ", 10<<20), "min 2M/s, max 10M/s"},
+	} {
+		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {
+			code, out, errOut := runCLI(t, append(tc.args, "--control", sock)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s%s", code, out, errOut)
+			}
+			if got := f.lastCall(); got != tc.call {
+				t.Errorf("array got %q, want %q", got, tc.call)
+			}
+			if !strings.Contains(out, tc.out) {
+				t.Errorf("output lacks %q:\n%s", tc.out, out)
+			}
+		})
+	}
+}
+
+func TestScrubWait(t *testing.T) {
+	for _, tc := range []struct {
+		action     string
+		mismatches int64
+		code       int
+		out        string
+	}{
+		{"check", 0, 0, "scrub check finished: 0 mismatches"},
+		{"check", 3, exitMismatches, "scrub check finished: 3 mismatches"},
+		{"repair", 3, 0, "scrub repair finished: 3 mismatches"},
+	} {
+		t.Run(fmt.Sprint(tc.action, tc.mismatches), func(t *testing.T) {
+			f, sock := serveFake(t)
+			f.mismatches = tc.mismatches
+			code, out, errOut := runCLI(t, "scrub", tc.action, "--wait", "--poll", "1ms", "--control", sock)
+			if code != tc.code || !strings.Contains(out, tc.out) {
+				t.Fatalf("exit %d (want %d), output lacks %q:\n%s%s", code, tc.code, tc.out, out, errOut)
+			}
+		})
+	}
+}
+
+func TestManageErrors(t *testing.T) {
+	f, sock := serveFake(t)
+	f.st.Sync = &control.Progress{Kind: "rebuild", Total: 10}
+	none := filepath.Join(t.TempDir(), "none.sock")
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		contains string
+	}{
+		{[]string{"scrub", "check", "--control", sock}, 1, "busy"},
+		{[]string{"fail", "--control", none, "1"}, exitNoDaemon, "Point --control at"},
+		{[]string{"status", "--control", none}, 2, "no members given"},
+		{[]string{"fail", "--control", sock}, 2, "want one MEMBER"},
+		{[]string{"replace", "--control", sock, "1"}, 2, "want MEMBER and PATH"},
+		{[]string{"scrub", "--control", sock, "fix"}, 2, `scrub "fix"`},
+		{[]string{"scrub", "--control", sock, "stop", "--wait"}, 2, "--wait goes with check or repair"},
+		{[]string{"rebuild", "--control", sock}, 2, "give --speed-min"},
+		{[]string{"rebuild", "--control", sock, "--speed-min", "5M", "--speed-max", "1M"}, 2, "is above"},
+		{[]string{"rebuild", "--control", sock, "--speed-min", "fast"}, 2, "invalid size"},
+	} {
+		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.args...)
+			if code != tc.code || !strings.Contains(out+errOut, tc.contains) {
+				t.Fatalf("exit %d (want %d); output lacks %q:\n%s%s", code, tc.code, tc.contains, out, errOut)
+			}
+		})
+	}
+}
+
+func TestManageHelp(t *testing.T) {
+	for _, tc := range []struct {
+		cmd   string
+		flags []string
+	}{
+		{"status", []string{"-control path", "-json", "-export name", "Exit status"}},
+		{"fail", []string{"-control path", "role number", "Exit status"}},
+		{"remove", []string{"-control path", "Exit status"}},
+		{"add", []string{"-control path", "spare", "Exit status"}},
+		{"replace", []string{"-control path", "Exit status"}},
+		{"scrub", []string{"-wait", "-control path", "mismatches", "Exit status"}},
+		{"rebuild", []string{"-speed-min rate", "-speed-max rate", "Exit status"}},
+		{"serve", []string{"-control path", "/run/raid5d/EXPORT.sock", "XDG_RUNTIME_DIR"}},
+	} {
+		t.Run(tc.cmd, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tc.cmd, "--help")
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			for _, s := range tc.flags {
+				if !strings.Contains(out, s) {
+					t.Errorf("%s --help lacks %q:\n%s", tc.cmd, s, out)
+				}
+			}
+		})
+	}
+}
+
+func TestStatusOnline(t *testing.T) {
+	f, sock := serveFake(t)
+	f.st.State = "degraded"
+	f.st.Members[1].State = control.StateFaulty
+	f.st.Members[1].ReadErrors = 17
+	f.st.Missing = []int{1}
+	if err := f.AddSpare("/spare"); err != nil {
+		t.Fatal(err)
+	}
+	f.st.LastScrub = &control.Progress{Kind: "check", Role: -1, Done: 10, Total: 10, Mismatches: 2, MismatchAt: []int64{4, 9}}
+
+	code, out, errOut := runCLI(t, "status", "--control", sock)
+	if code != 3 {
+		t.Errorf("degraded array: exit %d, want 3\n%s", code, errOut)
+	}
+	for _, want := range []string{
+		"online: daemon pid 42",
+		"degraded, rebuilding",
+		"[4/3] [U_UU]",
+		"[=========>          ]  45.2%",
+		"50M/s, ETA 3s",
+		"last scrub: check finished, 2 mismatches (stripes 4, 9)",
+		"rebuilding into role 1",
+		"missing: role 1",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexpLine(out, "/m1", "faulty", "17") {
+		t.Errorf("no member line shows /m1 faulty with 17 read errors:\n%s", out)
+	}
+
+	// --json is the daemon's status, whole, plus its source.
+	code, out, _ = runCLI(t, "status", "--json", "--control", sock)
+	if code != 3 {
+		t.Errorf("--json: exit %d, want 3", code)
+	}
+	var got control.Status
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	want := f.status()
+	want.Source = "online"
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("status --json:\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// regexpLine reports whether one line of out contains every word.
+func regexpLine(out string, words ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		all := true
+		for _, w := range words {
+			all = all && strings.Contains(line, w)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+func TestStatusOfflineWhenDaemonServesOthers(t *testing.T) {
+	_, sock := serveFake(t)
+	dir := t.TempDir()
+	var ms []string
+	for i := range 3 {
+		ms = append(ms, filepath.Join(dir, fmt.Sprint("m", i)))
+	}
+	if code, out, errOut := runCLI(t, append([]string{"create", "--size", "4M"}, ms...)...); code != 0 {
+		t.Fatalf("create: exit %d: %s%s", code, out, errOut)
+	}
+	code, out, errOut := runCLI(t, append([]string{"status", "--control", sock}, ms...)...)
+	if code != 0 || !strings.HasPrefix(out, "offline: the daemon at "+sock+" serves other members") {
+		t.Fatalf("exit %d:\n%s%s", code, out, errOut)
+	}
+	code, out, _ = runCLI(t, append([]string{"status", "--json", "--control", filepath.Join(dir, "none")}, ms...)...)
+	var st control.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil || code != 0 {
+		t.Fatalf("offline --json: exit %d, %v\n%s", code, err, out)
+	}
+	if st.Source != "offline" || len(st.Members) != 3 || st.Members[2].Path != ms[2] || st.Disks != 3 {
+		t.Errorf("offline --json: %+v", st)
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	for _, tc := range []struct {
+		pct  float64
+		want string
+	}{
+		{0, "[>                   ]"},
+		{4.9, "[>                   ]"},
+		{5, "[=>                  ]"},
+		{45.2, "[=========>          ]"},
+		{99.9, "[===================>]"},
+		{100, "[====================]"},
+		{150, "[====================]"},
+		{-1, "[>                   ]"},
+	} {
+		if got := progressBar(tc.pct); got != tc.want {
+			t.Errorf("progressBar(%v) = %q, want %q", tc.pct, got, tc.want)
+		}
+	}
+}
+
+func TestDefaultControlPath(t *testing.T) {
+	for _, tc := range []struct {
+		euid    int
+		haveRun bool
+		xdg     string
+		want    string
+	}{
+		{0, true, "/run/user/0", "/run/raid5d/vol.sock"},
+		{0, false, "", "/tmp/raid5d-0/vol.sock"},
+		{1000, true, "/run/user/1000", "/run/user/1000/raid5d/vol.sock"},
+		{1000, true, "", "/tmp/raid5d-1000/vol.sock"},
+	} {
+		if got := controlPathFor("vol", tc.euid, tc.haveRun, tc.xdg, "/tmp"); got != tc.want {
+			t.Errorf("controlPathFor(euid %d, /run %v, xdg %q) = %q, want %q", tc.euid, tc.haveRun, tc.xdg, got, tc.want)
+		}
+	}
+}
