@@ -49,7 +49,7 @@ type Conn struct {
 	deadErr   error         // why; written once before dead is closed
 	deadOnce  sync.Once
 	closeOnce sync.Once
-	closing   atomic.Bool
+	closing   atomic.Bool   // set by Close: the reader's socket error is then expected
 	readerEnd chan struct{} // closed when the reply reader has returned
 }
 
