@@ -3,12 +3,14 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -378,4 +380,47 @@ func FuzzDecodeHeader(f *testing.F) {
 		}
 		_ = describe(b, h.Offset)
 	})
+}
+
+// intentCheckDev fails a write whose intent record is not yet in the log file: the log must
+// reach the kernel before the request does, so a generator killed mid-run leaves a log that
+// names every value the device may hold.
+type intentCheckDev struct {
+	*crashDev
+	t    *testing.T
+	path string
+	seen atomic.Int64
+}
+
+func (d *intentCheckDev) WriteAt(p []byte, off int64) (int, error) {
+	h, err := DecodeHeader(p[:4096])
+	if err != nil {
+		d.t.Errorf("write at %d without a valid header: %v", off, err)
+	}
+	raw, _ := os.ReadFile(d.path)
+	found := false
+	for i := len(raw) - recSize; i >= 0 && !found; i -= recSize {
+		r := raw[i : i+recSize]
+		found = r[0] == recIntent && binary.LittleEndian.Uint32(r[4:8]) == h.Gen &&
+			int64(binary.LittleEndian.Uint64(r[8:16])) == off/4096
+	}
+	if !found {
+		d.t.Errorf("write of gen %d at %d sent before its intent was in the log file", h.Gen, off)
+	}
+	d.seen.Add(1)
+	return d.crashDev.WriteAt(p, off)
+}
+
+func TestIntentBeforeWrite(t *testing.T) {
+	const size = 256 << 10
+	path := filepath.Join(t.TempDir(), "vlog")
+	d := &intentCheckDev{crashDev: newCrashDev(size), t: t, path: path}
+	cfg := baseConfig(RandWrite, size)
+	cfg.Time, cfg.IODepth, cfg.VerifyLog = 0, 4, path
+	if _, err := Run(context.Background(), cfg, []Device{d}); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.seen.Load(); n != size/4096 {
+		t.Errorf("%d writes seen, want %d", n, size/4096)
+	}
 }
