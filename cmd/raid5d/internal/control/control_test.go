@@ -148,6 +148,8 @@ func TestErrors(t *testing.T) {
 		{"no such member", ErrNoSuchMember, nil, Request{Op: OpFail, Member: "9"}, ErrNoSuchMember},
 		{"not faulty", ErrNotFaulty, nil, Request{Op: OpRemove, Member: "0"}, ErrNotFaulty},
 		{"array failed", ErrArrayFailed, nil, Request{Op: OpFail, Member: "1"}, ErrArrayFailed},
+		{"degraded", ErrDegraded, nil, Request{Op: OpScrub, Action: ScrubRepair}, ErrDegraded},
+		{"not running", ErrNotRunning, nil, Request{Op: OpScrub, Action: ScrubStop}, ErrNotRunning},
 		{"classified", errOther, func(error) error { return ErrBusy }, Request{Op: OpAdd, Path: "/x"}, ErrBusy},
 		{"other", errOther, nil, Request{Op: OpAdd, Path: "/x"}, ErrFailed},
 		{"unknown op", nil, nil, Request{Op: "explode"}, ErrBadRequest},

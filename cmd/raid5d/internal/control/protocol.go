@@ -93,6 +93,11 @@ var (
 	ErrNotFaulty = errors.New("control: member is not faulty")
 	// ErrArrayFailed: the request would fail (or found failed) the array.
 	ErrArrayFailed = errors.New("control: array failed")
+	// ErrDegraded: the request needs every member (scrub), or would leave no redundancy at all
+	// (failing a member of a degraded array).
+	ErrDegraded = errors.New("control: array is degraded")
+	// ErrNotRunning: scrub stop with no scrub running.
+	ErrNotRunning = errors.New("control: no scrub is running")
 	// ErrBadRequest: the request was malformed (unknown op, missing field, bad value).
 	ErrBadRequest = errors.New("control: bad request")
 	// ErrUnsupported: the daemon does not implement this request.
@@ -110,6 +115,8 @@ var codes = []struct {
 	{"no-such-member", ErrNoSuchMember},
 	{"not-faulty", ErrNotFaulty},
 	{"array-failed", ErrArrayFailed},
+	{"degraded", ErrDegraded},
+	{"not-running", ErrNotRunning},
 	{"bad-request", ErrBadRequest},
 	{"unsupported", ErrUnsupported},
 	{"error", ErrFailed},
