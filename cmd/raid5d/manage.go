@@ -255,7 +255,11 @@ while a rebuild or another scrub runs.`+"\n\nWith --wait, exit status 5 means ch
 		return &exitError{exitMismatches, fmt.Errorf("scrub check found %d stripes with mismatched parity", last.Mismatches)}
 	}
 	if last.Done < last.Total {
-		return fmt.Errorf("scrub %s was stopped at %.1f%%", action, last.Percent())
+		why := ""
+		if last.Err != "" {
+			why = ": " + last.Err
+		}
+		return fmt.Errorf("scrub %s was stopped at %.1f%%%s", action, last.Percent(), why)
 	}
 	return nil
 }

@@ -55,6 +55,9 @@ func progressLine(p *control.Progress) string {
 	if p.Kind != "rebuild" {
 		s += ", " + mismatchText(p)
 	}
+	if p.Resumed > 0 {
+		s += fmt.Sprintf(", resumed from %s", formatRate(p.Resumed))
+	}
 	return s
 }
 
@@ -139,7 +142,11 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 		fmt.Fprintf(w, "  %-9s %s\n", p.Kind+":", progressLine(p))
 	}
 	if p := st.LastScrub; p != nil {
-		fmt.Fprintf(w, "  last scrub: %s %s, %s\n", p.Kind, finishedOrStopped(p), mismatchText(p))
+		fmt.Fprintf(w, "  last scrub: %s %s, %s", p.Kind, finishedOrStopped(p), mismatchText(p))
+		if p.Err != "" {
+			fmt.Fprintf(w, " (%s)", p.Err)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "  speed:    min %s/s, max %s/s (raid5d rebuild --speed-min/--speed-max)\n",
 		formatRate(st.SyncSpeedMin), formatRate(st.SyncSpeedMax))

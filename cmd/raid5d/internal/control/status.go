@@ -71,6 +71,8 @@ type Progress struct {
 	ETASeconds  float64 `json:"eta_seconds"`
 	Mismatches  int64   `json:"mismatches"`            // check/repair: stripes whose parity did not match
 	MismatchAt  []int64 `json:"mismatch_at,omitempty"` // the first (at most 100) such stripes
+	Resumed     int64   `json:"resumed"`               // rebuild: the checkpoint it resumed from (bytes), 0 if none
+	Err         string  `json:"error,omitempty"`       // why it stopped early, if it did
 }
 
 // Percent is Done as a percentage of Total (0 when Total is 0).
