@@ -29,9 +29,22 @@ type Array struct {
 	readOnly   bool
 	log        *slog.Logger
 
-	// members by role; nil for the missing role, if any. Fixed after assembly.
-	members []Member
-	missing int // the missing role, or -1
+	// roles holds, by role, the member serving it: active, rebuilding (usable below recPos)
+	// or faulty; nil if none. Loaded without a lock on every I/O; changed under sbMu.
+	roles []atomic.Pointer[member]
+	// nBad counts the roles whose member is not active (none, faulty or rebuilding); 0 lets
+	// the I/O paths skip the per-stripe checks. Changed under sbMu (recount).
+	nBad atomic.Int32
+	// recPos is the rebuild position in stripes: the rebuilding member serves the stripes
+	// below it. It moves past stripe s only while s's lock is held.
+	recPos atomic.Int64
+	// recording counts fail calls in progress (see awaitRecord).
+	recording atomic.Int32
+	// clientOps counts client requests, so a rebuild or scrub can tell whether clients are busy.
+	clientOps atomic.Uint64
+
+	timeout      time.Duration // IOOptions.MemberTimeout; ≤ 0: none
+	readErrLimit int           // IOOptions.ReadErrorLimit
 
 	// locks serialise writes, and reads that reconstruct, per stripe (hashed). A request
 	// holds one at a time, in ascending stripe order; only Trim holds several (see lockSpan).
@@ -57,11 +70,25 @@ type Array struct {
 	opMu   sync.RWMutex
 	closed bool
 
-	// sbMu serialises superblock updates and guards sbs, events, unclean.
+	// sbMu serialises superblock updates and membership changes; it guards every member's sb,
+	// spares, faulty, retired, events, unclean, uuid. It is never held while taking a stripe
+	// lock (a failing member I/O takes it under one).
 	sbMu    sync.Mutex
-	sbs     []*superblock // by role; nil for the missing role
+	spares  []*member // idle spares, in the order added
+	faulty  []*member // faulty members no longer in roles, shown until removed or replaced
+	retired []*member // dropped members, closed by Close (in-flight I/O may still use them)
 	events  uint64
+	uuid    UUID
 	unclean bool // assembled dirty: stays dirty on disk until a resync (later issue)
+
+	// syncMu guards job, lastScrub, speedMin, speedMax, closing: the background rebuild or
+	// scrub (sync.go). Never held while taking sbMu or a stripe lock.
+	syncMu             sync.Mutex
+	job                *syncJob
+	lastScrub          *Progress
+	speedMin, speedMax int64
+	closing            bool
+	bgWG               sync.WaitGroup // the sync goroutines
 	// dirty is true once the superblocks say dirty; set under sbMu, read without it.
 	dirty atomic.Bool
 }
@@ -91,7 +118,7 @@ func (s *scratch) buf(i int, chunk, n int64) []byte {
 	return s.bufs[i][:n]
 }
 
-func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnly bool, log *slog.Logger, opts IOOptions) (*Array, error) {
+func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly bool, log *slog.Logger, opts IOOptions) (*Array, error) {
 	coder, err := parity.New(layout.DataMembers())
 	if err != nil {
 		return nil, err
@@ -100,12 +127,9 @@ func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnl
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	var ref *superblock
-	missing := -1
-	for r, sb := range sbs {
-		if sb == nil {
-			missing = r
-		} else if ref == nil {
-			ref = sb
+	for _, m := range append(roles[:len(roles):len(roles)], spares...) {
+		if m != nil && (ref == nil || m.sb.Events > ref.Events) {
+			ref = m.sb
 		}
 	}
 	a := &Array{
@@ -116,11 +140,33 @@ func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnl
 		size:       ref.DataSize / layout.ChunkSize() * layout.StripeSize(),
 		readOnly:   readOnly,
 		log:        log,
-		members:    members,
-		missing:    missing,
-		sbs:        sbs,
+		roles:      make([]atomic.Pointer[member], len(roles)),
+		spares:     spares,
 		events:     ref.Events,
+		uuid:       ref.ArrayUUID,
+		timeout:    opts.MemberTimeout,
+		speedMin:   opts.SyncSpeedMin,
+		speedMax:   opts.SyncSpeedMax,
 	}
+	if a.timeout == 0 {
+		a.timeout = DefaultMemberTimeout
+	}
+	a.readErrLimit = opts.ReadErrorLimit
+	if a.readErrLimit == 0 {
+		a.readErrLimit = DefaultReadErrorLimit
+	}
+	if a.speedMin <= 0 {
+		a.speedMin = DefaultSyncSpeedMin
+	}
+	if a.speedMax <= 0 {
+		a.speedMax = DefaultSyncSpeedMax
+	}
+	for r, m := range roles {
+		if m != nil {
+			a.roles[r].Store(m)
+		}
+	}
+	a.recount()
 	n := layout.Members()
 	a.scratch.New = func() any {
 		return &scratch{bufs: make([][]byte, n), shards: make([][]byte, n), ops: make([]memberOp, 0, 2*n)}
@@ -140,11 +186,43 @@ func newArray(layout stripe.Layout, members []Member, sbs []*superblock, readOnl
 	return a, nil
 }
 
+// recount recomputes nBad. The caller holds sbMu (or owns the array alone).
+func (a *Array) recount() {
+	n := int32(0)
+	for r := range a.roles {
+		if m := a.roles[r].Load(); m == nil || m.faulty.Load() || m.rebuilding.Load() {
+			n++
+		}
+	}
+	a.nBad.Store(n)
+}
+
+// all returns every member the array tracks: by role, then faulty ones out of their role,
+// then spares. The caller holds sbMu.
+func (a *Array) all() []*member {
+	var ms []*member
+	for r := range a.roles {
+		if m := a.roles[r].Load(); m != nil {
+			ms = append(ms, m)
+		}
+	}
+	ms = append(ms, a.faulty...)
+	return append(ms, a.spares...)
+}
+
 // start starts the array's background work (the cache's write-out goroutines); Close stops it.
 func (a *Array) start() {
+	a.sbMu.Lock()
+	for _, m := range a.all() {
+		a.startReaders(m)
+	}
+	a.sbMu.Unlock()
 	if a.cache != nil {
 		a.startIO()
 		a.cache.Start(context.Background())
+	}
+	if !a.readOnly {
+		a.maybeRebuild()
 	}
 }
 
@@ -181,76 +259,129 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", int(s))
 }
 
-// MemberStatus describes one present member.
+// MemberStatus describes one member of the array.
 type MemberStatus struct {
-	Path   string
-	Role   int
-	State  string // "active" (later issues add "faulty", "spare", "rebuilding")
-	Events uint64
-	Device UUID
+	Path        string
+	Role        int    // the role it holds or is being rebuilt into; -1 for an idle spare
+	State       string // one of the Member* constants
+	Events      uint64 // the events counter of its superblock
+	Device      UUID
+	ReadErrors  uint64 // failed reads (served by reconstruction)
+	WriteErrors uint64
 }
 
 // Status is a snapshot of an array's state.
 type Status struct {
-	UUID    UUID
-	State   State
-	Dirty   bool // the superblocks say dirty (writes since assembly, or an unclean shutdown)
-	Unclean bool // assembled after an unclean shutdown: parity may be inconsistent until a resync
-	Events  uint64
-	Layout  stripe.Layout
-	Size    int64
-	Members []MemberStatus // present members, by role
-	Missing []int          // roles without a member
+	UUID      UUID
+	State     State
+	Dirty     bool // the superblocks say dirty (writes since assembly, or an unclean shutdown)
+	Unclean   bool // assembled after an unclean shutdown: parity may be inconsistent until a resync
+	Events    uint64
+	Layout    stripe.Layout
+	Size      int64
+	Members   []MemberStatus // every member incl. faulty ones and spares: by role, then spares
+	Missing   []int          // roles with no working (active) member
+	Sync      *Progress      // the rebuild or scrub running now, nil if none
+	LastScrub *Progress      // the last finished or stopped scrub, nil if none
+	Counters  Counters
+	// SyncSpeedMin and SyncSpeedMax bound rebuild and scrub speed, in bytes/s (SetSyncSpeed).
+	SyncSpeedMin, SyncSpeedMax int64
 }
 
 // Status returns a snapshot of the array's state. It may be called concurrently with I/O.
 func (a *Array) Status() Status {
 	a.sbMu.Lock()
-	defer a.sbMu.Unlock()
-	st := Status{Events: a.events, Layout: a.layout, Size: a.size, Unclean: a.unclean}
+	st := Status{Events: a.events, Layout: a.layout, Size: a.size, Unclean: a.unclean, UUID: a.uuid}
 	st.Dirty = a.dirty.Load() || a.unclean
-	for r, m := range a.members {
-		if m == nil {
+	for r := range a.roles {
+		m := a.roles[r].Load()
+		if m == nil || m.faulty.Load() || m.rebuilding.Load() {
 			st.Missing = append(st.Missing, r)
-			continue
 		}
-		st.UUID = a.sbs[r].ArrayUUID
-		st.Members = append(st.Members, MemberStatus{Path: m.Name(), Role: r, State: "active", Events: a.events, Device: a.sbs[r].DeviceUUID})
 	}
+	lost := 0
+	for r := range a.roles {
+		if m := a.roles[r].Load(); m == nil || m.faulty.Load() {
+			lost++
+		}
+	}
+	for _, m := range a.all() {
+		ms := MemberStatus{Path: m.Name(), Role: m.sb.Role, Events: m.sb.Events, Device: m.sb.DeviceUUID,
+			ReadErrors: m.readErrs.Load(), WriteErrors: m.writeErrs.Load()}
+		switch {
+		case m.faulty.Load():
+			ms.State = MemberFaulty
+		case m.rebuilding.Load():
+			ms.State = MemberRebuilding
+		case m.sb.Role < 0:
+			ms.State = MemberSpare
+		default:
+			ms.State = MemberActive
+		}
+		st.Members = append(st.Members, ms)
+	}
+	a.sbMu.Unlock()
 	switch {
-	case len(st.Missing) > 1:
+	case lost > 1:
 		st.State = StateFailed
-	case len(st.Missing) == 1:
+	case len(st.Missing) > 0:
 		st.State = StateDegraded
 	case st.Dirty:
 		st.State = StateActive
 	default:
 		st.State = StateClean
 	}
+	a.syncMu.Lock()
+	if a.job != nil && a.job.running {
+		p := a.job.progress()
+		st.Sync = &p
+	}
+	if a.lastScrub != nil {
+		p := *a.lastScrub
+		st.LastScrub = &p
+	}
+	st.SyncSpeedMin, st.SyncSpeedMax = a.speedMin, a.speedMax
+	a.syncMu.Unlock()
+	st.Counters = a.Counters()
 	return st
 }
 
-// writeSuperblocks bumps the events counter, applies set to every present member's superblock
-// and writes and syncs them all. The caller holds sbMu.
+// writeSuperblocks bumps the events counter, brings every working member's superblock up to
+// date (role, per-role state table, rebuild checkpoint), applies set (if not nil) and writes
+// and syncs them all. Faulty members are not written. The caller holds sbMu.
 func (a *Array) writeSuperblocks(set func(*superblock)) error {
 	a.events++
 	now := time.Now()
+	var states [stripe.MaxMembers]uint8
+	recovery := int64(0)
+	for r := range a.roles {
+		switch m := a.roles[r].Load(); {
+		case m == nil || m.faulty.Load():
+			states[r] = roleFaulty
+		case m.rebuilding.Load():
+			states[r] = roleRebuilding
+			recovery = a.recPos.Load() * a.layout.ChunkSize()
+		}
+	}
 	buf := make([]byte, SuperblockSize)
 	var errs []error
-	for r, sb := range a.sbs {
-		if sb == nil {
+	for _, m := range a.all() {
+		if m.faulty.Load() {
 			continue
 		}
-		sb.Events, sb.Updated = a.events, now
-		set(sb)
+		sb := m.sb
+		sb.Events, sb.Updated, sb.States, sb.Recovery = a.events, now, states, recovery
+		sb.Role = a.roleOf(m)
+		if set != nil {
+			set(sb)
+		}
 		sb.encode(buf)
-		m := a.members[r]
 		if _, err := m.WriteAt(buf, SuperblockOffset); err != nil {
-			errs = append(errs, memberErr(m, r, "write superblock", SuperblockOffset, err))
+			errs = append(errs, memberErr(m, sb.Role, "write superblock", SuperblockOffset, err))
 			continue
 		}
 		if err := m.Sync(); err != nil {
-			errs = append(errs, memberErr(m, r, "sync superblock", -1, err))
+			errs = append(errs, memberErr(m, sb.Role, "sync superblock", -1, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -283,21 +414,35 @@ func (a *Array) Flush() error {
 	if a.closed {
 		return ErrClosed
 	}
+	a.clientOps.Add(1)
 	var err error
 	if a.cache != nil {
 		err = a.cache.Flush()
 	}
-	return errors.Join(err, a.syncMembers())
+	err = errors.Join(err, a.syncMembers())
+	a.awaitRecord()
+	return err
 }
 
+// syncMembers fdatasyncs every working member, concurrently. A member whose sync fails is
+// marked faulty; the error is returned only if that leaves the array failed.
 func (a *Array) syncMembers() error {
-	errs := make([]error, len(a.members))
+	errs := make([]error, len(a.roles))
 	var wg sync.WaitGroup
-	for r, m := range a.members {
-		if m == nil {
+	for r := range a.roles {
+		m := a.roles[r].Load()
+		if m == nil || m.faulty.Load() {
 			continue
 		}
-		wg.Go(func() { errs[r] = memberErr(m, r, "sync", -1, m.Sync()) })
+		wg.Go(func() {
+			if err := m.Sync(); err != nil {
+				merr := memberErr(m, r, "sync", -1, err)
+				a.fail(m, merr)
+				if a.failed() {
+					errs[r] = merr
+				}
+			}
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -315,6 +460,7 @@ func (a *Array) Close() error {
 		return ErrClosed
 	}
 	a.closed = true
+	a.stopAllSync()
 	var errs []error
 	if !a.readOnly {
 		var err error
@@ -325,16 +471,19 @@ func (a *Array) Close() error {
 		err = errors.Join(err, a.syncMembers())
 		errs = append(errs, err)
 		a.sbMu.Lock()
-		if err == nil && a.dirty.Load() && !a.unclean {
+		if err == nil && a.dirty.Load() && !a.unclean && !a.failed() {
 			errs = append(errs, a.writeSuperblocks(func(sb *superblock) { sb.Dirty = false }))
 			a.dirty.Store(false)
 		}
 		a.sbMu.Unlock()
 	}
-	for r, m := range a.members {
-		if m != nil {
-			errs = append(errs, memberErr(m, r, "close", -1, m.Close()))
+	a.sbMu.Lock()
+	for _, m := range append(a.all(), a.retired...) {
+		if m.rq != nil {
+			close(m.rq)
 		}
+		errs = append(errs, memberErr(m, m.sb.Role, "close", -1, m.Close()))
 	}
+	a.sbMu.Unlock()
 	return errors.Join(errs...)
 }

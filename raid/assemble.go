@@ -23,7 +23,10 @@ type CreateOptions struct {
 	Layout     string // md layout name or short form (stripe.ParseAlgorithm); "" = stripe.DefaultAlgorithm
 	MemberSize int64  // if > 0, absent member files are created, sparse, with this size
 	Force      bool   // overwrite members that already carry a raid5d superblock
-	IOOptions         // stripe cache and stable pages for the returned array
+	// Spares are paths of spare members (created like members with MemberSize), added after
+	// the array is created (AddSpare).
+	Spares    []string
+	IOOptions // stripe cache, stable pages, failure handling for the returned array
 }
 
 // Create makes a new array of the members at paths (role i is paths[i]), writes their
@@ -31,11 +34,11 @@ type CreateOptions struct {
 // smallest one's data size. Each member's data area is made to read as zeroes (Member.Trim), so
 // parity is consistent from the start without an initial sync.
 func Create(paths []string, opts CreateOptions) (*Array, error) {
-	if err := checkDistinct(paths); err != nil {
+	if err := checkDistinct(append(paths[:len(paths):len(paths)], opts.Spares...)); err != nil {
 		return nil, err
 	}
 	members := make([]Member, 0, len(paths))
-	for _, p := range paths {
+	for _, p := range append(paths[:len(paths):len(paths)], opts.Spares...) {
 		if opts.MemberSize > 0 {
 			if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 				if err := createMemberFile(p, opts.MemberSize); err != nil {
@@ -51,10 +54,18 @@ func Create(paths []string, opts CreateOptions) (*Array, error) {
 		}
 		members = append(members, m)
 	}
-	a, err := CreateMembers(members, opts)
+	spares := members[len(paths):]
+	a, err := CreateMembers(members[:len(paths)], opts)
 	if err != nil {
 		closeMembers(members)
 		return nil, err
+	}
+	for i, m := range spares {
+		if err := a.AddSpareMember(m); err != nil {
+			closeMembers(spares[i:])
+			a.Close()
+			return nil, err
+		}
 	}
 	return a, nil
 }
@@ -114,14 +125,14 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 		return nil, err
 	}
 	arrayUUID, now := newUUID(), time.Now()
-	sbs := make([]*superblock, len(members))
-	for r := range members {
-		sbs[r] = &superblock{
+	roles := make([]*member, len(members))
+	for r, m := range members {
+		roles[r] = &member{Member: m, sb: &superblock{
 			ArrayUUID: arrayUUID, DeviceUUID: newUUID(), Level: level5, Layout: alg, Chunk: chunk,
 			Members: len(members), Role: r, DataOffset: DataOffset, DataSize: dataSize, Created: now,
-		}
+		}}
 	}
-	a, err := newArray(layout, members, sbs, false, nil, opts.IOOptions)
+	a, err := newArray(layout, roles, nil, false, nil, opts.IOOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -137,9 +148,13 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 
 // AssembleOptions configure Assemble. The zero value is a valid default.
 type AssembleOptions struct {
-	ReadOnly  bool         // open members read-only; never write (superblocks included)
-	Logger    *slog.Logger // nil: discard
-	IOOptions              // stripe cache and stable pages (no cache when ReadOnly)
+	ReadOnly bool         // open members read-only; never write (superblocks included)
+	Logger   *slog.Logger // nil: discard
+	// RebuildStale turns a stale member (one whose events counter is behind: it missed
+	// writes) into a fresh spare, rebuilt from the others, instead of refusing it with
+	// ErrStaleMember. Either way the log names it and says which.
+	RebuildStale bool
+	IOOptions    // stripe cache, stable pages, failure handling (no cache when ReadOnly)
 }
 
 // Assemble opens the members at paths, in any order, and puts them in their roles from their
@@ -212,25 +227,40 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1, Err: err}
 		}
 	}
-	byRole := make([]Member, ref.Members)
-	sbByRole := make([]*superblock, ref.Members)
+	byRole := make([]*member, ref.Members)
+	var spares []*member
+	stale := 0
 	for i, sb := range sbs {
-		if prev := byRole[sb.Role]; prev != nil {
+		m := &member{Member: members[i], sb: sb}
+		isStale := sb.Events < ref.Events && sb.Role >= 0 ||
+			sb.Role >= 0 && ref.States[sb.Role] == roleFaulty // recorded as failed by the others
+		switch {
+		case isStale && !opts.RebuildStale:
 			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
-				Err: fmt.Errorf("%w: %s and %s both claim role %d", ErrDuplicateRole, prev.Name(), members[i].Name(), sb.Role)}
-		}
-		byRole[sb.Role], sbByRole[sb.Role] = members[i], sb
-	}
-	for i, sb := range sbs {
-		if sb.Events < ref.Events {
-			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
-				Err: fmt.Errorf("%w: its events counter is %d, the others' %d: it was out of the array while the array changed, missed writes and needs a rebuild (assemble without it to run degraded)",
+				Err: fmt.Errorf("%w: its events counter is %d, the others' %d: it was out of the array while the array changed, missed writes and needs a rebuild (assemble without it to run degraded, or with RebuildStale to rebuild it as a spare)",
 					ErrStaleMember, sb.Events, ref.Events)}
+		case isStale:
+			log.Warn("raid: stale member (missed writes): refusing its data; it becomes a fresh spare and is rebuilt",
+				"member", members[i].Name(), "role", sb.Role, "events", sb.Events, "array_events", ref.Events)
+			sb.Role = spareRole
+			spares = append(spares, m)
+			stale++
+		case sb.Role == spareRole:
+			spares = append(spares, m)
+		default:
+			if prev := byRole[sb.Role]; prev != nil {
+				return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
+					Err: fmt.Errorf("%w: %s and %s both claim role %d", ErrDuplicateRole, prev.Name(), members[i].Name(), sb.Role)}
+			}
+			if ref.States[sb.Role] == roleRebuilding {
+				m.rebuilding.Store(true)
+			}
+			byRole[sb.Role] = m
 		}
 	}
 	var missing []int
 	for r, m := range byRole {
-		if m == nil {
+		if m == nil || m.rebuilding.Load() {
 			missing = append(missing, r)
 		}
 	}
@@ -238,9 +268,9 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 		return nil, fmt.Errorf("%w: roles %v of array %s have no member; RAID-5 runs with at most one missing",
 			ErrTooManyMissing, missing, ref.ArrayUUID)
 	}
-	for r, m := range byRole {
+	for _, m := range append(byRole[:len(byRole):len(byRole)], spares...) {
 		if m != nil && m.Size() < ref.DataOffset+ref.DataSize {
-			return nil, &MemberError{Member: m.Name(), Role: r, Op: "assemble", Off: -1,
+			return nil, &MemberError{Member: m.Name(), Role: m.sb.Role, Op: "assemble", Off: -1,
 				Err: fmt.Errorf("%w: %d bytes, the array needs %d on each member", ErrMemberTooSmall, m.Size(), ref.DataOffset+ref.DataSize)}
 		}
 	}
@@ -248,21 +278,30 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := newArray(layout, byRole, sbByRole, opts.ReadOnly, log, opts.IOOptions)
+	a, err := newArray(layout, byRole, spares, opts.ReadOnly, log, opts.IOOptions)
 	if err != nil {
 		return nil, err
+	}
+	for _, m := range byRole {
+		if m != nil && m.rebuilding.Load() {
+			a.recPos.Store(ref.Recovery / ref.Chunk)
+			log.Info("raid: resuming the rebuild from its checkpoint", "member", m.Name(), "role", m.sb.Role, "position", ref.Recovery)
+		}
 	}
 	if ref.Dirty {
 		a.unclean = true
 		a.dirty.Store(true)
 		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent (no resync yet)", "array", ref.ArrayUUID)
 	}
-	if len(missing) == 1 {
-		log.Warn("raid: assembled degraded", "array", ref.ArrayUUID, "missing_role", missing[0])
+	if len(missing) == 1 || stale > 0 {
+		if len(missing) == 1 {
+			log.Warn("raid: assembled degraded", "array", ref.ArrayUUID, "missing_role", missing[0], "spares", len(spares))
+		}
 		if !opts.ReadOnly {
-			// Record the change, so that the missing member is recognised as stale if it returns.
+			// Record the change, so that the missing member is recognised as stale if it
+			// returns, and stale members turned spares say so.
 			a.sbMu.Lock()
-			err := a.writeSuperblocks(func(*superblock) {})
+			err := a.writeSuperblocks(nil)
 			a.sbMu.Unlock()
 			if err != nil {
 				return nil, err
@@ -411,9 +450,11 @@ func Examine(paths []string) (*Report, error) {
 			em.Err = fmt.Errorf("%w: it is in array %s", ErrForeignMember, sb.ArrayUUID)
 		case sameGeometry(sb, ref) != nil:
 			em.Err = sameGeometry(sb, ref)
-		case sb.Events < ref.Events:
+		case sb.Role == spareRole:
+		case sb.Events < ref.Events || ref.States[sb.Role] == roleFaulty:
 			em.Stale = true
 			rep.Stale = append(rep.Stale, em.Path)
+		case ref.States[sb.Role] == roleRebuilding:
 		default:
 			present[sb.Role] = true
 		}

@@ -17,6 +17,30 @@ var (
 	ErrReadOnly error = &ioError{"raid: array is read-only", uint32(unix.EPERM)}
 	// ErrClosed is returned by every method of an array after Close.
 	ErrClosed error = &ioError{"raid: array is closed", uint32(unix.ESHUTDOWN)}
+	// ErrArrayFailed is returned (wrapped) by reads of data that cannot be rebuilt because two
+	// roles have no working member, by every write to such an array, and by StartScrub and
+	// Replace on it. Errno EIO.
+	ErrArrayFailed error = &ioError{"raid: array failed (two members lost)", uint32(unix.EIO)}
+)
+
+// Errors of the management methods (Fail, Remove, AddSpare, Replace, StartScrub, StopScrub,
+// SetSyncSpeed). Each carries an errno like the I/O errors.
+var (
+	// ErrBusy is returned by StartScrub while a rebuild or scrub runs, and by Replace while a
+	// rebuild runs.
+	ErrBusy error = &ioError{"raid: a rebuild or scrub is running", uint32(unix.EBUSY)}
+	// ErrNoSuchMember is returned by Fail, Remove and Replace for a name that is neither a
+	// member's path nor a role number with a member.
+	ErrNoSuchMember error = &ioError{"raid: no such member", uint32(unix.ENOENT)}
+	// ErrNotFaulty is returned by Remove for an active or rebuilding member (Fail it first).
+	ErrNotFaulty error = &ioError{"raid: member is neither faulty nor a spare", uint32(unix.EBUSY)}
+	// ErrDegraded is returned by StartScrub on a degraded array: parity cannot be checked
+	// without every member; and by Fail for a member whose loss would fail the array.
+	ErrDegraded error = &ioError{"raid: array is degraded", uint32(unix.EIO)}
+	// ErrNotRunning is returned by StopScrub when no scrub runs.
+	ErrNotRunning error = &ioError{"raid: no scrub is running", uint32(unix.EINVAL)}
+	// ErrBadSpeed is returned by SetSyncSpeed for a negative speed or min > max.
+	ErrBadSpeed error = &ioError{"raid: invalid sync speed", uint32(unix.EINVAL)}
 )
 
 // Errors of Create, Assemble and Examine. They come wrapped in a *MemberError naming the member

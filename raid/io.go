@@ -20,7 +20,7 @@ type memberOp struct {
 // runOps performs ops, concurrently when there are several, and returns the first error in
 // op order as a *MemberError. The caller holds the stripe lock where the ops need it.
 func (a *Array) runOps(ops []memberOp) error {
-	do := func(op *memberOp) error { return a.memberIO(op.role, op.buf, op.off, op.write) }
+	do := func(op *memberOp) error { return a.memberIO(op.role, op.buf, op.off, op.write, true) }
 	switch len(ops) {
 	case 0:
 		return nil
@@ -40,19 +40,6 @@ func (a *Array) runOps(ops []memberOp) error {
 		}
 	}
 	return nil
-}
-
-// memberIO reads or writes buf at absolute offset off of member role, counting the bytes.
-func (a *Array) memberIO(role int, buf []byte, off int64, write bool) error {
-	m := a.members[role]
-	if write {
-		n, err := m.WriteAt(buf, off)
-		a.ctr.memberWrit.Add(uint64(n))
-		return memberErr(m, role, "write", off, err)
-	}
-	n, err := m.ReadAt(buf, off)
-	a.ctr.memberRead.Add(uint64(n))
-	return memberErr(m, role, "read", off, err)
 }
 
 // check refuses ranges that are negative or end past the array.
@@ -88,6 +75,7 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	a.clientOps.Add(1)
 	ep := a.extents.Get().(*[]stripe.Extent)
 	exts := a.layout.Extents((*ep)[:0], off, int64(len(p)))
 	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
@@ -124,7 +112,7 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	}
 	var wg sync.WaitGroup
 	last := -1
-	for r := range a.members {
+	for r := range a.roles {
 		if touched&(1<<r) == 0 {
 			continue
 		}
@@ -149,59 +137,10 @@ func (a *Array) readPiece(dst []byte, e stripe.Extent) error {
 	return a.readExtent(dst, e)
 }
 
-// readExtent reads one extent from its member into dst, rebuilding it when its member is
-// missing or fails.
+// readExtent reads one extent from its member into dst, rebuilding it from the rest of its
+// stripe when its member is missing or fails (memberIO).
 func (a *Array) readExtent(dst []byte, e stripe.Extent) error {
-	m := a.members[e.Member]
-	if m == nil {
-		return a.reconstructRead(dst, e)
-	}
-	off := a.dataOffset + e.MemberOff
-	merr := a.memberIO(e.Member, dst, off, false)
-	if merr == nil {
-		return nil
-	}
-	if a.missing >= 0 {
-		return merr
-	}
-	if rerr := a.reconstructRead(dst, e); rerr != nil {
-		return errors.Join(merr, rerr)
-	}
-	a.log.Warn("raid: member read failed; served the data by reconstruction", "err", merr)
-	return nil
-}
-
-// reconstructRead rebuilds extent e (of the member e.Member) into dst from the other members
-// of its stripe, under the stripe lock.
-func (a *Array) reconstructRead(dst []byte, e stripe.Extent) error {
-	mu := a.stripeLock(e.Stripe)
-	mu.Lock()
-	defer mu.Unlock()
-	sc := a.getScratch()
-	defer a.putScratch(sc)
-	D, C := a.layout.DataMembers(), a.layout.ChunkSize()
-	off := a.dataOffset + e.MemberOff
-	ops := sc.ops[:0]
-	for i := 0; i <= D; i++ {
-		if i == e.Data {
-			sc.shards[i] = dst
-			continue
-		}
-		role := a.layout.ParityMember(e.Stripe)
-		if i < D {
-			role = a.layout.DataMember(e.Stripe, i)
-		}
-		if a.members[role] == nil {
-			return fmt.Errorf("%w: roles %d and %d", ErrTooManyMissing, e.Member, role)
-		}
-		sc.shards[i] = sc.buf(i, C, e.Len)
-		ops = append(ops, memberOp{role: role, buf: sc.shards[i], off: off})
-	}
-	sc.ops = ops[:0]
-	if err := a.runOps(ops); err != nil {
-		return err
-	}
-	return a.coder.Reconstruct(sc.shards[:D+1], e.Data)
+	return a.memberIO(e.Member, dst, a.dataOffset+e.MemberOff, false, false)
 }
 
 // WriteAt writes p at array offset off (io.WriterAt), stripe by stripe, each under its stripe
@@ -250,6 +189,8 @@ func (a *Array) writeAt(p []byte, off int64, pin *stripe.Pin) (int, error) {
 	if err := a.markDirty(); err != nil {
 		return 0, err
 	}
+	a.clientOps.Add(1)
+	defer a.awaitRecord()
 	if a.cache != nil {
 		return a.cache.Write(p, off, a.stable || pin != nil, pin)
 	}
@@ -263,6 +204,9 @@ func (a *Array) writable() error {
 	}
 	if a.readOnly {
 		return ErrReadOnly
+	}
+	if a.failed() {
+		return ErrArrayFailed
 	}
 	return nil
 }
@@ -326,10 +270,8 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 	defer func() { sc.ops = reads[:0] }()
 	writeAll := func(P []byte) error {
 		ops := reads[:0]
-		for _, e := range exts {
-			if a.members[e.Member] != nil {
-				ops = append(ops, memberOp{role: e.Member, buf: newData(e), off: a.dataOffset + e.MemberOff, write: true})
-			}
+		for _, e := range exts { // memberIO skips a missing member
+			ops = append(ops, memberOp{role: e.Member, buf: newData(e), off: a.dataOffset + e.MemberOff, write: true})
 		}
 		if P != nil {
 			ops = append(ops, memberOp{role: pm, buf: P, off: pOff, write: true})
@@ -337,7 +279,7 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 		reads = ops
 		return a.runOps(ops)
 	}
-	if a.members[pm] == nil { // parity missing: the data is all there is
+	if a.usable(pm, s) == nil { // parity missing: the data is all there is
 		return writeAll(nil)
 	}
 	shards := sc.shards[:D+1]
@@ -356,8 +298,11 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 	}
 
 	dm := -1 // data index of the missing member in this stripe
-	if a.missing >= 0 {
-		dm = a.layout.DataIndex(s, a.missing)
+	if miss := a.missingAt(s); miss >= 0 {
+		if a.lostAt(s) > 1 {
+			return fmt.Errorf("%w: stripe %d", ErrArrayFailed, s)
+		}
+		dm = a.layout.DataIndex(s, miss)
 	}
 	rmw := dm >= 0 && ext[dm] < 0
 	if dm < 0 {
@@ -456,7 +401,9 @@ func (a *Array) WriteAtFUA(p []byte, off int64) (int, error) {
 			return n, err
 		}
 	}
-	return n, a.syncMembers()
+	err = a.syncMembers()
+	a.awaitRecord()
+	return n, err
 }
 
 // Trim discards [off, off+length): afterwards it reads as zeroes. Whole stripes are trimmed on
@@ -487,6 +434,8 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 	if err := a.markDirty(); err != nil {
 		return err
 	}
+	a.clientOps.Add(1)
+	defer a.awaitRecord()
 	if noHole {
 		return a.writeZeroes(off, length)
 	}
@@ -506,10 +455,15 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 		n := min(nLocks, end-s)
 		a.lockSpan(s, n)
 		var errs []error
-		for r, m := range a.members {
-			if m != nil {
+		for r := range a.roles {
+			if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
 				moff := a.dataOffset + s*C
-				errs = append(errs, memberErr(m, r, "trim", moff, m.Trim(moff, n*C)))
+				if err := m.Trim(moff, n*C); err != nil {
+					merr := memberErr(m, r, "trim", moff, err)
+					m.writeErrs.Add(1)
+					a.fail(m, merr)
+					errs = append(errs, a.skipWrite(r, s, merr))
+				}
 			}
 		}
 		// Only now forget the cached stripes: until the members read as zeroes, a read that

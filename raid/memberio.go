@@ -30,13 +30,11 @@ type ioJob struct {
 
 var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
 
-// startIO starts the member I/O goroutines: ioWorkers per present member.
+// startIO starts the member I/O goroutines: ioWorkers per role (they serve whichever member
+// holds the role when the I/O runs).
 func (a *Array) startIO() {
-	a.ioq = make([]chan ioJob, len(a.members))
-	for r, m := range a.members {
-		if m == nil {
-			continue
-		}
+	a.ioq = make([]chan ioJob, len(a.roles))
+	for r := range a.roles {
 		a.ioq[r] = make(chan ioJob)
 		for range ioWorkers {
 			a.ioWG.Go(func() {
@@ -67,15 +65,15 @@ func (a *Array) runRole(b *ioBatch, role int) {
 		if op.Role != role {
 			continue
 		}
-		if err := a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write); err != nil {
+		if err := a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write, true); err != nil {
 			b.errs[role] = err
 			return
 		}
 	}
 }
 
-// Missing returns the missing role, or -1.
-func (m memberIO) Missing() int { return m.a.missing }
+// Missing returns the role with no usable member in stripe s, or -1.
+func (m memberIO) Missing(s int64) int { return m.a.missingAt(s) }
 
 // Do performs ops (member data-area offsets): the first member's in the calling goroutine, the
 // others' concurrently on their members' I/O goroutines, each member's in order. It returns
@@ -87,7 +85,7 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 		return nil
 	case 1:
 		op := &ops[0]
-		return a.memberIO(op.Role, op.Buf, a.dataOffset+op.Off, op.Write)
+		return a.memberIO(op.Role, op.Buf, a.dataOffset+op.Off, op.Write, true)
 	}
 	var roles uint64
 	for i := range ops {
@@ -96,7 +94,7 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 	b := ioBatches.Get().(*ioBatch)
 	b.ops = ops
 	first := -1
-	for r := range a.members {
+	for r := range a.roles {
 		if roles&(1<<r) == 0 {
 			continue
 		}

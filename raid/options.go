@@ -30,6 +30,18 @@ type IOOptions struct {
 	// WriteBackers is the number of background write-out goroutines; 0 means
 	// stripe.DefaultWriteBackers (4).
 	WriteBackers int
+	// MemberTimeout bounds each member read: one that takes longer counts as a read error (its
+	// data is rebuilt from the other members; its late result is discarded). 0 means
+	// DefaultMemberTimeout (30 s); < 0 no timeout (reads go straight into the caller's buffer,
+	// without the bounce buffer and hand-off a timeout needs). Writes have no timeout.
+	MemberTimeout time.Duration
+	// ReadErrorLimit is how many read errors a member may have before it is marked faulty;
+	// 0 means DefaultReadErrorLimit (20).
+	ReadErrorLimit int
+	// SyncSpeedMin and SyncSpeedMax bound rebuild and scrub speed in bytes/s, like md's
+	// sync_speed_min/max: a sync runs up to max while clients are idle and slows to min while
+	// they do I/O. 0 means DefaultSyncSpeedMin (1 MB/s) and DefaultSyncSpeedMax (200 MB/s).
+	SyncSpeedMin, SyncSpeedMax int64
 }
 
 // Default cache sizing: DefaultCacheBytes worth of stripes, at least MinDefaultCacheStripes and

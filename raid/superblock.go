@@ -76,7 +76,22 @@ type superblock struct {
 	BitmapSize int64
 	LogOff     int64 // reserved: member offset of the log, 0 = none
 	LogSize    int64
+	// Recovery is how many bytes of the data area the member rebuilding into the role whose
+	// state is roleRebuilding has rebuilt (a checkpoint; 0 when nothing is being rebuilt).
+	Recovery int64
+	// States is the array's per-role state table (roleActive, roleFaulty, roleRebuilding);
+	// all zero (active) in superblocks written before it existed.
+	States [stripe.MaxMembers]uint8
 }
+
+// Per-role states in the superblock's table, and the role of a spare.
+const (
+	roleActive     = 0 // a working member holds the role
+	roleFaulty     = 1 // no working member: it failed or is missing
+	roleRebuilding = 2 // a spare is being rebuilt into the role (up to Recovery)
+
+	spareRole = -1 // Role of an idle spare (encoded as 0xFFFFFFFF)
+)
 
 // Field offsets within the superblock; see doc.go # Layout.
 const (
@@ -100,7 +115,9 @@ const (
 	sbBitmapSize = 128
 	sbLogOff     = 136
 	sbLogSize    = 144
-	sbEnd        = 152 // [sbEnd, crcOff) is reserved and written as zeroes
+	sbRecovery   = 152
+	sbStates     = 160 // stripe.MaxMembers bytes
+	sbEnd        = 192 // [sbEnd, crcOff) is reserved and written as zeroes
 
 	stateClean = 0
 	stateDirty = 1
@@ -136,6 +153,8 @@ func (sb *superblock) encode(b []byte) {
 	le.PutUint64(b[sbBitmapSize:], uint64(sb.BitmapSize))
 	le.PutUint64(b[sbLogOff:], uint64(sb.LogOff))
 	le.PutUint64(b[sbLogSize:], uint64(sb.LogSize))
+	le.PutUint64(b[sbRecovery:], uint64(sb.Recovery))
+	copy(b[sbStates:sbEnd], sb.States[:])
 	le.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32c))
 }
 
@@ -169,7 +188,9 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 		BitmapSize: int64(le.Uint64(b[sbBitmapSize:])),
 		LogOff:     int64(le.Uint64(b[sbLogOff:])),
 		LogSize:    int64(le.Uint64(b[sbLogSize:])),
+		Recovery:   int64(le.Uint64(b[sbRecovery:])),
 	}
+	copy(sb.States[:], b[sbStates:sbEnd])
 	copy(sb.ArrayUUID[:], b[sbArrayUUID:])
 	copy(sb.DeviceUUID[:], b[sbDeviceUUID:])
 	// A valid checksum over nonsense is still nonsense: check every field.
@@ -185,16 +206,24 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 	lay := le.Uint32(b[sbLayout:])
 	members := le.Uint32(b[sbMembers:])
 	role := le.Uint32(b[sbRole:])
-	if lay > 255 || members > stripe.MaxMembers || role >= members {
+	if lay > 255 || members > stripe.MaxMembers || role >= members && role != 0xFFFFFFFF {
 		return bad("layout %d, %d members, role %d", lay, members, role)
 	}
-	sb.Layout, sb.Members, sb.Role = stripe.Algorithm(lay), int(members), int(role)
+	sb.Layout, sb.Members, sb.Role = stripe.Algorithm(lay), int(members), int(int32(role))
+	for r, st := range sb.States {
+		if st > roleRebuilding || r >= sb.Members && st != roleActive {
+			return bad("role %d state %d", r, st)
+		}
+	}
 	if _, err := stripe.NewLayout(sb.Members, sb.Chunk, sb.Layout); err != nil {
 		return bad("%v", err)
 	}
 	if sb.DataOffset < ReservedOffset || sb.DataOffset%SuperblockSize != 0 ||
 		sb.DataSize <= 0 || sb.DataSize%sb.Chunk != 0 || sb.DataSize > 1<<62-sb.DataOffset {
 		return bad("data offset %d, data size %d", sb.DataOffset, sb.DataSize)
+	}
+	if sb.Recovery < 0 || sb.Recovery > sb.DataSize || sb.Recovery%sb.Chunk != 0 {
+		return bad("recovery position %d", sb.Recovery)
 	}
 	switch le.Uint32(b[sbState:]) {
 	case stateClean:

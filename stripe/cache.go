@@ -36,9 +36,11 @@ type Members interface {
 	// Do performs ops, concurrently where it can, and returns an error if any failed. It keeps
 	// none of the buffers.
 	Do(ops []MemberOp) error
-	// Missing returns the role of the member that is missing, or -1. Its chunks are never read
-	// or written; they are rebuilt from, and folded into, the rest of their stripe.
-	Missing() int
+	// Missing returns the role of the member that is missing in stripe s, or -1. Its chunks
+	// are never read or written; they are rebuilt from, and folded into, the rest of their
+	// stripe. The answer for s may change only while s's lock is held by whoever changes it
+	// (a rebuild moving past s), so it is stable for a caller holding s's lock.
+	Missing(s int64) int
 }
 
 // CacheOptions configure a Cache.
@@ -547,7 +549,7 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 	dst := c.unit(h, d, u)
 	off := s*c.chunk + int64(u)*UnitSize
 	role := c.layout.DataMember(s, d)
-	if role != c.m.Missing() {
+	if role != c.m.Missing(s) {
 		if err := c.m.Do([]MemberOp{{Role: role, Buf: dst, Off: off}}); err != nil {
 			return err
 		}
@@ -605,7 +607,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 		if err := c.coder.Encode(ws.shards); err != nil {
 			return err
 		}
-		miss := c.m.Missing()
+		miss := c.m.Missing(s)
 		ops := ws.ops[:0]
 		for d := 0; d <= c.nd; d++ {
 			r := c.layout.ParityMember(s)
@@ -659,7 +661,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 // (and no longer up to date); on error they stay dirty.
 func (c *Cache) writeOut(h *head, s int64) error {
 	D, upc := c.nd, c.upc
-	miss := c.m.Missing()
+	miss := c.m.Missing(s)
 	pm := c.layout.ParityMember(s)
 	dm := -1 // data index of the missing member
 	if miss >= 0 && miss != pm {
@@ -942,6 +944,12 @@ func (c *Cache) writeBack(s int64) error {
 	lk := c.locks.For(s)
 	lk.Lock()
 	defer lk.Unlock()
+	return c.WriteOutLocked(s)
+}
+
+// WriteOutLocked writes out stripe s's head if it is dirty; the caller holds s's lock (a
+// rebuild or scrub that must see the stripe's latest data on the members).
+func (c *Cache) WriteOutLocked(s int64) error {
 	h := c.lookup(s)
 	if h == nil || h.nDirty == 0 {
 		return nil

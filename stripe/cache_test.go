@@ -21,7 +21,7 @@ type memMembers struct {
 	reads   int64 // bytes read
 }
 
-func (m *memMembers) Missing() int { return m.missing }
+func (m *memMembers) Missing(int64) int { return m.missing }
 
 func (m *memMembers) Do(ops []MemberOp) error {
 	m.mu.Lock()

@@ -1,0 +1,322 @@
+package raid
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Member states in Status.Members[i].State. They are stable strings, shown to users and in JSON.
+const (
+	MemberActive     = "active"
+	MemberFaulty     = "faulty"     // failed: no longer read or written
+	MemberSpare      = "spare"      // idle spare, takes over a failed role by itself
+	MemberRebuilding = "rebuilding" // a spare being rebuilt into Role
+)
+
+// Defaults of IOOptions.MemberTimeout and IOOptions.ReadErrorLimit.
+const (
+	DefaultMemberTimeout  = 30 * time.Second
+	DefaultReadErrorLimit = 20
+)
+
+// ErrTimeout is the error of a member read that did not complete within
+// IOOptions.MemberTimeout (inside a *MemberError); the read is treated as failed and its late
+// result discarded.
+var ErrTimeout error = &ioError{"raid: member read timed out", uint32(unix.EIO)}
+
+// member is one member of the array as the array tracks it.
+type member struct {
+	Member
+	sb *superblock // guarded by Array.sbMu
+	// faulty: failed; never read or written again. rebuilding: a spare being rebuilt into its
+	// role, usable only for stripes below Array.recPos.
+	faulty, rebuilding atomic.Bool
+	readErrs, writeErrs atomic.Uint64
+
+	rq     chan *readReq // timed reads (see timedRead); nil without a timeout
+	rqOnce sync.Once
+}
+
+// usable returns the member that serves role r in stripe s, or nil if none does.
+func (a *Array) usable(r int, s int64) *member {
+	m := a.roles[r].Load()
+	if m == nil || m.faulty.Load() || m.rebuilding.Load() && s >= a.recPos.Load() {
+		return nil
+	}
+	return m
+}
+
+// missingAt returns the first role with no usable member in stripe s, or -1.
+func (a *Array) missingAt(s int64) int {
+	if a.nBad.Load() == 0 {
+		return -1
+	}
+	for r := range a.roles {
+		if a.usable(r, s) == nil {
+			return r
+		}
+	}
+	return -1
+}
+
+// lostAt returns how many roles have no usable member in stripe s.
+func (a *Array) lostAt(s int64) int {
+	if a.nBad.Load() == 0 {
+		return 0
+	}
+	n := 0
+	for r := range a.roles {
+		if a.usable(r, s) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// failed reports whether two or more roles have no working member at all (a role being
+// rebuilt counts as working): the array has lost data.
+func (a *Array) failed() bool {
+	n := 0
+	for r := range a.roles {
+		if m := a.roles[r].Load(); m == nil || m.faulty.Load() {
+			n++
+		}
+	}
+	return n > 1
+}
+
+// memberIO reads or writes buf at absolute member offset off of role, within one stripe,
+// counting the bytes. locked says whether the caller holds that stripe's lock.
+//
+// A write to a role with no usable member is skipped: with every other write of the stripe
+// done, the stripe is consistent without it (its chunk is what parity implies) — unless the
+// stripe has lost two roles, then it fails with ErrArrayFailed. A write that fails marks the
+// member faulty (recorded in the other superblocks before memberIO returns) and is then
+// treated the same way. A read of a role with no usable member, or a read that fails or times
+// out (counted; past IOOptions.ReadErrorLimit the member is marked faulty), is rebuilt from
+// the other members (the XOR of theirs at the same offsets), under the stripe lock.
+func (a *Array) memberIO(role int, buf []byte, off int64, write, locked bool) error {
+	s := (off - a.dataOffset) / a.layout.ChunkSize()
+	m := a.usable(role, s)
+	if write {
+		if m == nil {
+			return a.skipWrite(role, s, nil)
+		}
+		n, err := m.WriteAt(buf, off)
+		a.ctr.memberWrit.Add(uint64(n))
+		if err == nil {
+			return nil
+		}
+		m.writeErrs.Add(1)
+		merr := memberErr(m, role, "write", off, err)
+		a.fail(m, merr)
+		return a.skipWrite(role, s, merr)
+	}
+	if m != nil {
+		n, err := a.readMember(m, buf, off)
+		a.ctr.memberRead.Add(uint64(n))
+		if err == nil {
+			return nil
+		}
+		a.readError(m, memberErr(m, role, "read", off, err))
+	}
+	return a.rebuildRange(role, s, buf, off, locked)
+}
+
+// skipWrite decides a write to role, which has no usable member in stripe s: nil if the
+// stripe survives without it, else an ErrArrayFailed error (joined with cause).
+func (a *Array) skipWrite(role int, s int64, cause error) error {
+	if a.lostAt(s) < 2 {
+		return nil
+	}
+	return errors.Join(fmt.Errorf("%w: stripe %d lost role %d and another", ErrArrayFailed, s, role), cause)
+}
+
+// readError counts a failed read of m and marks m faulty past the read-error limit.
+func (a *Array) readError(m *member, err error) {
+	n := m.readErrs.Add(1)
+	a.log.Warn("raid: member read failed; serving the data by reconstruction", "err", err, "read_errors", n)
+	if n > uint64(a.readErrLimit) {
+		a.fail(m, fmt.Errorf("%d read errors, more than the limit %d; last: %w", n, a.readErrLimit, err))
+	}
+}
+
+// rebuildRange fills buf with role's bytes at member offset off (within stripe s) as the XOR
+// of every other role's bytes there, taking s's lock unless locked.
+func (a *Array) rebuildRange(role int, s int64, buf []byte, off int64, locked bool) error {
+	if !locked {
+		mu := a.stripeLock(s)
+		mu.Lock()
+		defer mu.Unlock()
+	}
+	sc := a.getScratch()
+	defer a.putScratch(sc)
+	C := a.layout.ChunkSize()
+	shards := sc.shards[:0]
+	for r := range a.roles {
+		if r == role {
+			continue
+		}
+		m := a.usable(r, s)
+		if m == nil {
+			return fmt.Errorf("%w: stripe %d: roles %d and %d have no working member", ErrArrayFailed, s, role, r)
+		}
+		b := sc.buf(len(shards), C, int64(len(buf)))
+		n, err := a.readMember(m, b, off)
+		a.ctr.memberRead.Add(uint64(n))
+		if err != nil {
+			merr := memberErr(m, r, "read", off, err)
+			m.readErrs.Add(1)
+			return fmt.Errorf("%w: rebuilding role %d: %w", ErrArrayFailed, role, merr)
+		}
+		shards = append(shards, b)
+	}
+	shards = append(shards, buf)
+	err := a.coder.Encode(shards) // the last is the XOR of the others
+	clear(shards)
+	return err
+}
+
+// fail marks m faulty, unless it already is: every other member's superblock records it
+// (events bumped, synced) before fail returns, and writes that skip m wait for that record
+// (awaitRecord) before they are acknowledged. A rebuild onto a spare starts if one is idle.
+func (a *Array) fail(m *member, why error) {
+	a.recording.Add(1)
+	defer a.recording.Add(-1)
+	a.sbMu.Lock()
+	if m.faulty.Swap(true) {
+		a.sbMu.Unlock()
+		return
+	}
+	role := a.roleOf(m)
+	if role >= 0 && !m.rebuilding.Load() {
+		a.nBad.Add(1)
+	}
+	wasRebuilding := m.rebuilding.Load()
+	a.log.Error("raid: member marked faulty", "member", m.Name(), "role", role, "why", why)
+	if err := a.writeSuperblocks(nil); err != nil {
+		a.log.Error("raid: recording a faulty member in the superblocks failed", "err", err)
+	}
+	failed := a.failed()
+	a.sbMu.Unlock()
+	if failed {
+		a.log.Error("raid: array failed: two roles have no working member; data on them is lost")
+	}
+	if wasRebuilding || role >= 0 {
+		a.stopSync(wasRebuilding)
+	}
+	a.maybeRebuild()
+}
+
+// awaitRecord waits until any superblock update recording a faulty member is durable. Writing
+// methods call it before they return, so that no write that skipped a faulty member is
+// acknowledged before the superblocks say the member is faulty.
+func (a *Array) awaitRecord() {
+	if a.recording.Load() > 0 {
+		a.sbMu.Lock()
+		a.sbMu.Unlock() //nolint:staticcheck // an empty critical section: wait for fail
+	}
+}
+
+// roleOf returns the role m holds or is being rebuilt into, or -1 (spare, retired). The caller
+// holds sbMu.
+func (a *Array) roleOf(m *member) int {
+	for r := range a.roles {
+		if a.roles[r].Load() == m {
+			return r
+		}
+	}
+	return -1
+}
+
+// readMember reads buf at off from m, within IOOptions.MemberTimeout if one is set.
+func (a *Array) readMember(m *member, buf []byte, off int64) (int, error) {
+	if a.timeout <= 0 {
+		return m.ReadAt(buf, off)
+	}
+	return a.timedRead(m, buf, off)
+}
+
+// readReq is a timed read handed to a member's reader goroutines. Its bounce buffer belongs to
+// whoever wins state: the waiter (done) or, after a timeout, the reader (which recycles it).
+type readReq struct {
+	m     *member
+	buf   []byte
+	off   int64
+	n     int
+	err   error
+	state atomic.Int32 // 0 pending, 1 done, 2 abandoned by the waiter
+	done  chan struct{}
+}
+
+var readReqs = sync.Pool{New: func() any { return &readReq{done: make(chan struct{}, 1)} }}
+var timers = sync.Pool{New: func() any { t := time.NewTimer(time.Hour); t.Stop(); return t }}
+
+// readersPerMember is the number of goroutines per member that run timed reads.
+const readersPerMember = 4
+
+// startReaders starts m's reader goroutines (once); stopReaders (Close) stops them. A reader
+// stuck in a hung member's read stays stuck, but nothing waits for it past the timeout.
+func (a *Array) startReaders(m *member) {
+	if a.timeout <= 0 {
+		return
+	}
+	m.rqOnce.Do(func() {
+		m.rq = make(chan *readReq)
+		for range readersPerMember {
+			go func() {
+				for r := range m.rq {
+					r.n, r.err = m.ReadAt(r.buf, r.off)
+					if r.state.CompareAndSwap(0, 1) {
+						r.done <- struct{}{}
+						continue
+					}
+					r.m, r.buf = nil, r.buf[:0] // abandoned: the waiter is gone
+					r.state.Store(0)
+					readReqs.Put(r)
+				}
+			}()
+		}
+	})
+}
+
+// timedRead reads through m's reader goroutines into a bounce buffer, copied into buf on
+// success; after the timeout it returns ErrTimeout and leaves the late read to the reader.
+func (a *Array) timedRead(m *member, buf []byte, off int64) (int, error) {
+	if m.rq == nil {
+		return m.ReadAt(buf, off)
+	}
+	r := readReqs.Get().(*readReq)
+	if cap(r.buf) < len(buf) {
+		r.buf = make([]byte, len(buf))
+	}
+	r.m, r.buf, r.off = m, r.buf[:len(buf)], off
+	t := timers.Get().(*time.Timer)
+	t.Reset(a.timeout)
+	defer func() { t.Stop(); timers.Put(t) }()
+	select {
+	case m.rq <- r:
+	case <-t.C:
+		r.m = nil
+		readReqs.Put(r)
+		return 0, ErrTimeout
+	}
+	select {
+	case <-r.done:
+	case <-t.C:
+		if r.state.CompareAndSwap(0, 2) {
+			return 0, ErrTimeout // the reader recycles r
+		}
+		<-r.done // it finished just now
+	}
+	n, err := copy(buf, r.buf[:r.n]), r.err
+	r.m, r.err, r.n = nil, nil, 0
+	r.state.Store(0)
+	readReqs.Put(r)
+	return n, err
+}

@@ -1,0 +1,567 @@
+package raid
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Defaults of IOOptions.SyncSpeedMin and SyncSpeedMax, as md's sync_speed_min/max (1000 and
+// 200000 KiB/s, here in bytes/s).
+const (
+	DefaultSyncSpeedMin = 1 << 20
+	DefaultSyncSpeedMax = 200 << 20
+)
+
+// Progress describes a rebuild or scrub.
+type Progress struct {
+	Kind        string        // "rebuild", "check" or "repair"
+	Role        int           // rebuild: the role being rebuilt; -1 otherwise
+	Done, Total int64         // bytes of the member data area
+	BytesPerSec float64       // member data-area bytes per second since this run started
+	ETA         time.Duration // at that speed
+	Mismatches  int64         // check/repair: stripes whose parity did not match (so far)
+	MismatchAt  []int64       // the first (at most maxMismatchAt) such stripe numbers
+	Resumed     int64         // rebuild: the checkpoint it resumed from (bytes), 0 if none
+	Err         string        // why it stopped early, if it did
+}
+
+const maxMismatchAt = 100
+
+// Sync tuning: bytes of each member handled under one set of stripe locks, how often the
+// rebuild position is checkpointed, how often progress is logged.
+const (
+	syncBatchBytes  = 1 << 20
+	checkpointEvery = time.Second
+	logEvery        = 5 * time.Second
+)
+
+// syncJob is the background rebuild or scrub. Its progress fields are guarded by Array.syncMu.
+type syncJob struct {
+	kind    string
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan struct{}
+	running bool
+	p       Progress
+	start   time.Time
+	base    int64 // Done when this run started
+}
+
+func (j *syncJob) progress() Progress {
+	p := j.p
+	p.MismatchAt = append([]int64(nil), p.MismatchAt...)
+	if el := time.Since(j.start).Seconds(); el > 0 {
+		p.BytesPerSec = float64(p.Done-j.base) / el
+	}
+	if p.BytesPerSec > 0 {
+		p.ETA = time.Duration(float64(p.Total-p.Done) / p.BytesPerSec * float64(time.Second))
+	}
+	return p
+}
+
+// startJob starts fn as the array's background job of kind, after prev (if any) has ended.
+// wait says whether a running job makes it fail with ErrBusy (false: it is cancelled instead).
+// The caller holds syncMu.
+func (a *Array) startJobLocked(kind string, role int, busyFails bool, fn func(ctx context.Context, j *syncJob) error) (*syncJob, error) {
+	if a.closing {
+		return nil, ErrClosed
+	}
+	prev := a.job
+	if prev != nil && prev.running {
+		if busyFails {
+			return nil, ErrBusy
+		}
+		prev.cancel()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	j := &syncJob{kind: kind, ctx: ctx, cancel: cancel, done: make(chan struct{}), running: true,
+		p: Progress{Kind: kind, Role: role, Total: a.memberData}, start: time.Now()}
+	a.job = j
+	a.bgWG.Go(func() {
+		defer close(j.done)
+		defer cancel()
+		if prev != nil {
+			<-prev.done
+		}
+		err := fn(ctx, j)
+		a.syncMu.Lock()
+		j.running = false
+		if err != nil && !errors.Is(err, context.Canceled) {
+			j.p.Err = err.Error()
+		}
+		if kind != "rebuild" {
+			p := j.progress()
+			a.lastScrub = &p
+		}
+		a.syncMu.Unlock()
+		if err != nil && !errors.Is(err, context.Canceled) {
+			a.log.Error("raid: "+kind+" stopped", "err", err)
+		}
+	})
+	return j, nil
+}
+
+// stopSync cancels the running job without waiting for it (the caller may hold stripe locks
+// the job needs). rebuildToo says whether a rebuild is cancelled too, or only a scrub.
+func (a *Array) stopSync(rebuildToo bool) {
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
+	if j := a.job; j != nil && j.running && (rebuildToo || j.kind != "rebuild") {
+		j.cancel()
+	}
+}
+
+// stopAllSync stops the background job, waits for it, and refuses new ones (Close).
+func (a *Array) stopAllSync() {
+	a.syncMu.Lock()
+	a.closing = true
+	if a.job != nil {
+		a.job.cancel()
+	}
+	a.syncMu.Unlock()
+	a.bgWG.Wait()
+}
+
+// maybeRebuild starts a rebuild if a role needs one and a spare (or a resumable rebuilding
+// member) is there, and no rebuild is running. A running scrub is cancelled.
+func (a *Array) maybeRebuild() {
+	if a.readOnly {
+		return
+	}
+	a.sbMu.Lock()
+	need := false
+	for r := range a.roles {
+		m := a.roles[r].Load()
+		if m != nil && m.rebuilding.Load() && !m.faulty.Load() || (m == nil || m.faulty.Load()) && len(a.spares) > 0 {
+			need = true
+		}
+	}
+	need = need && !a.failed()
+	a.sbMu.Unlock()
+	if !need {
+		return
+	}
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
+	if j := a.job; j != nil && j.running && j.kind == "rebuild" && j.ctx.Err() == nil {
+		return // it is running and will finish the job
+	}
+	// A cancelled rebuild (its member failed) is followed by a new one once it has ended.
+	a.startJobLocked("rebuild", -1, false, a.rebuild)
+}
+
+// syncThrottle returns how long a sync that has moved done bytes in elapsed should sleep to stay
+// within its limit: max while clients are idle, min while they do I/O (busy), as md's
+// sync_speed_min/max. It never returns more than a second, so a speed change or a stop is
+// noticed quickly.
+func syncThrottle(done int64, elapsed time.Duration, min, max int64, busy bool) time.Duration {
+	limit := max
+	if busy {
+		limit = min
+	}
+	if limit <= 0 {
+		return 0
+	}
+	need := time.Duration(float64(done) / float64(limit) * float64(time.Second))
+	return minDur(need-elapsed, time.Second)
+}
+
+func minDur(a, b time.Duration) time.Duration {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+// throttle is the state of one sync's speed control: a window of bytes moved and client
+// requests seen, restarted every two seconds so that an idle spell does not bank speed.
+type throttle struct {
+	a       *Array
+	start   time.Time
+	done    int64
+	ops     uint64
+	slept   time.Duration // total, for tests and logs
+	lastLog time.Time
+}
+
+func (a *Array) newThrottle() *throttle {
+	now := time.Now()
+	return &throttle{a: a, start: now, ops: a.clientOps.Load(), lastLog: now}
+}
+
+// wait records n more bytes and sleeps as syncThrottle says, or until ctx is done.
+func (t *throttle) wait(ctx context.Context, n int64) error {
+	t.done += n
+	for {
+		ops := t.a.clientOps.Load()
+		busy := ops != t.ops
+		t.ops = ops
+		t.a.syncMu.Lock()
+		lo, hi := t.a.speedMin, t.a.speedMax
+		t.a.syncMu.Unlock()
+		el := time.Since(t.start)
+		d := syncThrottle(t.done, el, lo, hi, busy)
+		if el > 2*time.Second && d <= 0 {
+			t.start, t.done = time.Now(), 0
+		}
+		if d <= 0 {
+			return ctx.Err()
+		}
+		t.slept += d
+		tm := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return ctx.Err()
+		case <-tm.C:
+		}
+		if d < time.Second {
+			return nil
+		}
+	}
+}
+
+// setDone publishes a job's position and logs progress every logEvery.
+func (a *Array) setDone(j *syncJob, t *throttle, done int64) {
+	a.syncMu.Lock()
+	j.p.Done = done
+	p := j.progress()
+	a.syncMu.Unlock()
+	if time.Since(t.lastLog) >= logEvery {
+		t.lastLog = time.Now()
+		a.log.Info("raid: "+j.kind+" progress", "role", p.Role, "percent", fmt.Sprintf("%.1f", 100*float64(p.Done)/float64(p.Total)),
+			"MB_per_s", fmt.Sprintf("%.1f", p.BytesPerSec/1e6), "eta", p.ETA.Round(time.Second), "mismatches", p.Mismatches)
+	}
+}
+
+// rebuild picks the role to rebuild and its member (a rebuilding one resumes at recPos; else
+// the first spare takes the first role without a working member, from stripe 0) and
+// reconstructs the role's chunks onto it, batch by batch, each under its stripes' locks:
+// below recPos the new member is written like any other, at and above it it counts as missing.
+// The position is checkpointed in the superblocks every checkpointEvery and when it stops.
+// When done the member takes the role and the faulty member it replaces is dropped.
+func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
+	a.sbMu.Lock()
+	if a.failed() {
+		a.sbMu.Unlock()
+		return nil
+	}
+	role, sp := -1, (*member)(nil)
+	for r := range a.roles {
+		if m := a.roles[r].Load(); m != nil && m.rebuilding.Load() && !m.faulty.Load() {
+			role, sp = r, m
+			break
+		}
+	}
+	if sp == nil {
+		for r := range a.roles {
+			if m := a.roles[r].Load(); (m == nil || m.faulty.Load()) && len(a.spares) > 0 {
+				role, sp = r, a.spares[0]
+				a.spares = a.spares[1:]
+				if m != nil {
+					a.faulty = append(a.faulty, m)
+				}
+				a.recPos.Store(0)
+				sp.rebuilding.Store(true)
+				a.roles[r].Store(sp)
+				a.recount()
+				break
+			}
+		}
+		if sp == nil {
+			a.sbMu.Unlock()
+			return nil
+		}
+		if err := a.writeSuperblocks(nil); err != nil {
+			a.log.Error("raid: recording the rebuild in the superblocks failed", "err", err)
+		}
+	}
+	C := a.layout.ChunkSize()
+	total := a.memberData / C
+	pos := a.recPos.Load()
+	a.sbMu.Unlock()
+
+	a.syncMu.Lock()
+	j.p.Role, j.p.Done, j.p.Resumed, j.base = role, pos*C, pos*C, pos*C
+	a.syncMu.Unlock()
+	a.log.Info("raid: rebuild started", "member", sp.Name(), "role", role, "from", pos*C, "total", a.memberData)
+
+	batch := max(syncBatchBytes/C, 1)
+	n := a.layout.Members()
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = make([]byte, batch*C)
+	}
+	t := a.newThrottle()
+	lastCk := time.Now()
+	var err error
+	for pos < total {
+		if err = ctx.Err(); err != nil {
+			break
+		}
+		s0, k := pos, min(batch, total-pos)
+		a.locks.LockSpan(s0, k)
+		err = a.rebuildSpan(sp, role, s0, k, bufs)
+		if err == nil {
+			pos = s0 + k
+			a.recPos.Store(pos)
+		}
+		a.locks.UnlockSpan(s0, k)
+		if err != nil {
+			break
+		}
+		a.setDone(j, t, pos*C)
+		if time.Since(lastCk) >= checkpointEvery && pos < total {
+			a.checkpoint(sp)
+			lastCk = time.Now()
+		}
+		if err = t.wait(ctx, k*C); err != nil {
+			break
+		}
+	}
+	if pos < total {
+		if !sp.faulty.Load() {
+			a.checkpoint(sp)
+		}
+		return err
+	}
+	// Done: the member takes the role.
+	if err := sp.Sync(); err != nil {
+		a.fail(sp, memberErr(sp, role, "sync", -1, err))
+		return err
+	}
+	a.sbMu.Lock()
+	sp.rebuilding.Store(false)
+	kept := a.faulty[:0]
+	for _, m := range a.faulty {
+		if m.sb.Role == role {
+			a.retired = append(a.retired, m)
+		} else {
+			kept = append(kept, m)
+		}
+	}
+	a.faulty = kept
+	a.recount()
+	werr := a.writeSuperblocks(nil)
+	a.sbMu.Unlock()
+	a.log.Info("raid: rebuild finished; the member is active", "member", sp.Name(), "role", role,
+		"seconds", time.Since(j.start).Seconds(), "throttled", t.slept)
+	if werr != nil {
+		a.log.Error("raid: recording the finished rebuild failed", "err", werr)
+	}
+	return nil
+}
+
+// checkpoint makes the rebuilt part of sp durable, then records the position in the
+// superblocks.
+func (a *Array) checkpoint(sp *member) {
+	if err := sp.Sync(); err != nil {
+		a.fail(sp, memberErr(sp, -1, "sync", -1, err))
+		return
+	}
+	a.sbMu.Lock()
+	defer a.sbMu.Unlock()
+	if err := a.writeSuperblocks(nil); err != nil {
+		a.log.Error("raid: rebuild checkpoint failed", "err", err)
+	}
+}
+
+// rebuildSpan rebuilds role's chunks of stripes [s0, s0+k) onto sp as the XOR of the other
+// members' chunks. The caller holds the stripes' locks; the cache's dirty heads for them are
+// written out first, so the members hold the stripes' latest data.
+func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) error {
+	if a.cache != nil {
+		for s := s0; s < s0+k; s++ {
+			if err := a.cache.WriteOutLocked(s); err != nil {
+				return err
+			}
+		}
+	}
+	C := a.layout.ChunkSize()
+	off := a.dataOffset + s0*C
+	L := k * C
+	shards := make([][]byte, 0, len(bufs))
+	errs := make([]error, len(a.roles))
+	var wg sync.WaitGroup
+	for r := range a.roles {
+		if r == role {
+			continue
+		}
+		m := a.usable(r, s0)
+		if m == nil {
+			return fmt.Errorf("%w: role %d lost during the rebuild of role %d", ErrArrayFailed, r, role)
+		}
+		b := bufs[len(shards)][:L]
+		shards = append(shards, b)
+		wg.Go(func() {
+			n, err := a.readMember(m, b, off)
+			a.ctr.memberRead.Add(uint64(n))
+			if err != nil {
+				m.readErrs.Add(1)
+				errs[r] = memberErr(m, r, "read", off, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	target := bufs[len(shards)][:L]
+	if err := a.coder.Encode(append(shards, target)); err != nil {
+		return err
+	}
+	n, err := sp.WriteAt(target, off)
+	a.ctr.memberWrit.Add(uint64(n))
+	if err != nil {
+		sp.writeErrs.Add(1)
+		merr := memberErr(sp, role, "write", off, err)
+		a.fail(sp, merr) // cancels this job (without waiting for it)
+		return merr
+	}
+	return nil
+}
+
+// StartScrub starts a background check of every stripe's parity; with repair, stripes whose
+// parity does not match get it rewritten from their data. It runs at the sync speed limits,
+// stripe batch by stripe batch under their locks (the cache's dirty heads written out first),
+// while the array serves. Progress is in Status().Sync, the result in Status().LastScrub.
+// It returns ErrBusy while a rebuild or scrub runs and ErrDegraded if a member is missing.
+func (a *Array) StartScrub(repair bool) error {
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if err := a.writable(); err != nil {
+		return err
+	}
+	if a.nBad.Load() > 0 {
+		return ErrDegraded
+	}
+	kind := "check"
+	if repair {
+		kind = "repair"
+		if err := a.markDirty(); err != nil {
+			return err
+		}
+	}
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
+	_, err := a.startJobLocked(kind, -1, true, func(ctx context.Context, j *syncJob) error { return a.scrub(ctx, j, repair) })
+	return err
+}
+
+// StopScrub stops a running scrub; Status().LastScrub keeps what it found so far.
+func (a *Array) StopScrub() error {
+	a.syncMu.Lock()
+	j := a.job
+	if j == nil || !j.running || j.kind == "rebuild" {
+		a.syncMu.Unlock()
+		return ErrNotRunning
+	}
+	j.cancel()
+	a.syncMu.Unlock()
+	<-j.done
+	return nil
+}
+
+func (a *Array) scrub(ctx context.Context, j *syncJob, repair bool) error {
+	C := a.layout.ChunkSize()
+	total := a.memberData / C
+	batch := max(syncBatchBytes/C, 1)
+	n := a.layout.Members()
+	bufs := make([][]byte, n+1)
+	for i := range bufs {
+		bufs[i] = make([]byte, batch*C)
+	}
+	t := a.newThrottle()
+	for pos := int64(0); pos < total; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		k := min(batch, total-pos)
+		a.locks.LockSpan(pos, k)
+		bad, err := a.scrubSpan(pos, k, bufs, repair)
+		a.locks.UnlockSpan(pos, k)
+		if err != nil {
+			return err
+		}
+		a.syncMu.Lock()
+		for _, s := range bad {
+			j.p.Mismatches++
+			if len(j.p.MismatchAt) < maxMismatchAt {
+				j.p.MismatchAt = append(j.p.MismatchAt, s)
+			}
+		}
+		a.syncMu.Unlock()
+		pos += k
+		a.setDone(j, t, pos*C)
+		if err := t.wait(ctx, k*C); err != nil {
+			return err
+		}
+	}
+	a.log.Info("raid: scrub finished", "kind", j.kind, "mismatches", j.p.Mismatches)
+	return nil
+}
+
+// scrubSpan checks stripes [s0, s0+k) (their locks held) and returns those whose parity does
+// not match; with repair it rewrites their parity.
+func (a *Array) scrubSpan(s0, k int64, bufs [][]byte, repair bool) ([]int64, error) {
+	if a.cache != nil {
+		for s := s0; s < s0+k; s++ {
+			if err := a.cache.WriteOutLocked(s); err != nil {
+				return nil, err
+			}
+		}
+	}
+	C := a.layout.ChunkSize()
+	off := a.dataOffset + s0*C
+	n := len(a.roles)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range a.roles {
+		m := a.usable(r, s0)
+		if m == nil {
+			return nil, ErrDegraded
+		}
+		wg.Go(func() {
+			rn, err := a.readMember(m, bufs[r][:k*C], off)
+			a.ctr.memberRead.Add(uint64(rn))
+			if err != nil {
+				m.readErrs.Add(1)
+				errs[r] = memberErr(m, r, "read", off, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	var bad []int64
+	D := a.layout.DataMembers()
+	shards := make([][]byte, D+1)
+	P := bufs[n]
+	for i := range k {
+		s := s0 + i
+		for d := range D {
+			r := a.layout.DataMember(s, d)
+			shards[d] = bufs[r][i*C : (i+1)*C]
+		}
+		shards[D] = P[:C]
+		if err := a.coder.Encode(shards); err != nil {
+			return nil, err
+		}
+		pm := a.layout.ParityMember(s)
+		if bytes.Equal(P[:C], bufs[pm][i*C:(i+1)*C]) {
+			continue
+		}
+		bad = append(bad, s)
+		if repair {
+			if err := a.memberIO(pm, P[:C], a.dataOffset+s*C, true, true); err != nil {
+				return bad, err
+			}
+		}
+	}
+	return bad, nil
+}
