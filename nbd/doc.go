@@ -18,9 +18,9 @@
 // that sets any other client flag. It answers NBD_OPT_EXPORT_NAME (size, flags, and 124 zero
 // bytes unless the client chose NO_ZEROES), NBD_OPT_INFO and NBD_OPT_GO (NBD_INFO_EXPORT;
 // NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked; NBD_INFO_BLOCK_SIZE always, since the
-// server enforces it), NBD_OPT_LIST and NBD_OPT_ABORT (ACK, then close). Every other option,
-// including STARTTLS, STRUCTURED_REPLY and the metadata-context options, gets NBD_REP_ERR_UNSUP
-// with its data consumed, so the client may carry on. An unknown name gets NBD_REP_ERR_UNKNOWN,
+// server enforces it), NBD_OPT_LIST, NBD_OPT_ABORT (ACK, then close) and NBD_OPT_STARTTLS (see
+// Security). Every other option, including STRUCTURED_REPLY and the metadata-context options,
+// gets NBD_REP_ERR_UNSUP with its data consumed, so the client may carry on. An unknown name gets NBD_REP_ERR_UNKNOWN,
 // except after NBD_OPT_EXPORT_NAME, which cannot fail politely: the connection closes. So does
 // an option announcing more than 64 KiB of data. The empty name is the first export.
 //
@@ -81,13 +81,72 @@
 // mapped, locked and pinned bytes. The hot path allocates nothing, with stable pages or
 // without (see BenchmarkRead4K, BenchmarkWrite4K, BenchmarkWrite1M).
 //
+// # Security
+//
+// TLS: with Options.TLSConfig (LoadTLSConfig builds one from PEM files) the server answers
+// NBD_OPT_STARTTLS with NBD_REP_ACK and runs a crypto/tls handshake (TLS 1.2 or later) on the
+// connection; everything after it, option haggling and transmission, goes through the TLS
+// session. Options.TLSMode picks the protocol's mode: TLSRequire (FORCEDTLS, the default when
+// TLSConfig is set) answers every option but STARTTLS and ABORT with NBD_REP_ERR_TLS_REQD
+// until the upgrade, and closes the connection on an NBD_OPT_EXPORT_NAME before it
+// (ErrTLSRequired); TLSOn (SELECTIVETLS) serves plaintext clients as well; TLSOff answers
+// STARTTLS with NBD_REP_ERR_UNSUP. A second STARTTLS, or one with data, gets
+// NBD_REP_ERR_INVALID. A failed TLS handshake closes the connection (ErrTLSHandshake): with
+// ClientAuth RequireAndVerifyClientCert (LoadTLSConfig with a client CA file) that is every
+// client without a certificate signed by those CAs.
+//
+// Access: Export.AllowedClients names the client certificates (subject CN or DNS SAN of a
+// certificate the TLS configuration verified) and Export.AllowedUIDs the unix socket peers
+// (SO_PEERCRED) that may use an export; with neither, everyone who got through the handshake
+// may. Others do not see the export in NBD_OPT_LIST, get NBD_REP_ERR_POLICY to NBD_OPT_INFO and
+// NBD_OPT_GO (NBD_REP_ERR_TLS_REQD while STARTTLS could still help), and are disconnected after
+// NBD_OPT_EXPORT_NAME (ErrAccessDenied); each refusal is a log line. NewServer refuses
+// AllowedClients unless client certificates are verified.
+//
+// Limits, each with a log line (attribute "limit" naming the option) when it is hit:
+//
+//   - Options.MaxConnections (DefaultMaxConnections, 128) connections at once, server-wide;
+//     one more is closed before the greeting (ErrTooManyConnections): the protocol has no way
+//     to refuse a client before option haggling, and haggling with it would hold what the
+//     limit is there to bound. Logged at most once a second.
+//   - Options.HandshakeTimeout (DefaultHandshakeTimeout, 10 s) for the whole handshake, TLS
+//     included (ErrHandshakeTimeout): a client that connects and says nothing, or haggles for
+//     ever, is dropped.
+//   - Options.IdleTimeout (none by default): a connection with nothing in flight and no
+//     request for that long is closed (ErrIdleTimeout). Requests the device is slow to serve
+//     do not count as idle.
+//   - Options.MaxInFlightBytes and MaxInFlightRequests per connection (see Concurrency), and
+//     Options.MaxTotalInFlightBytes (DefaultMaxTotalInFlightBytes, 1 GiB) across connections:
+//     a reader whose READ or WRITE would pass it waits for other requests to finish (logged
+//     at most once a second).
+//   - Request sizes: a READ or WRITE is at most Export.MaxBlock (32 MiB by default); a WRITE
+//     announcing more closes the connection before its payload is read. TRIM and
+//     WRITE_ZEROES carry no payload and get no buffer; their length (32 bits, so under 4 GiB)
+//     is only checked against the export's size and passed to the Device.
+//   - Option data is at most 64 KiB (ErrOptionTooLong), names at most 4096 bytes.
+//
+// Nothing a client sends makes the server allocate beyond these bounds: per connection one
+// 64 KiB read buffer (two under TLS), option data up to 64 KiB, request buffers bounded as
+// described in Concurrency, and request structs up to MaxInFlightRequests.
+//
 // On NBD_CMD_DISC, or when Serve's context is done, a connection stops reading, lets the
 // requests in flight finish and reply (a client that stops reading gets
 // Options.ShutdownTimeout), then closes. Serve returns after every connection has done so.
 package nbd
 
-// BUG(nbd): No TLS: NBD_OPT_STARTTLS gets NBD_REP_ERR_UNSUP. Serve loopback or unix sockets,
-// or tunnel.
+// BUG(nbd): Under TLS a reply's header and payload are two TLS records, written without
+// writev, and every byte is copied through the cipher; the zero-allocation figures of the
+// benchmarks are for plaintext connections. No TLS-PSK, no session resumption tuning and no
+// certificate reload without a restart.
+//
+// BUG(nbd): A client that stops reading its replies keeps its requests' buffers charged to
+// MaxInFlightBytes and MaxTotalInFlightBytes until it leaves (there is no write timeout in the
+// transmission phase); enough such clients fill the server-wide budget and make the others
+// wait. MaxConnections bounds how many there can be.
+//
+// BUG(nbd): Refused clients (access denied, TLS required) are logged each time, without the
+// rate limit the connection and memory limits have; HandshakeTimeout bounds how many
+// refusals one connection can cause.
 //
 // BUG(nbd): No structured replies, metadata contexts (NBD_CMD_BLOCK_STATUS) or extended
 // headers; reads are simple replies, so a failed READ carries no partial data.
@@ -98,11 +157,9 @@ package nbd
 // BUG(nbd): Shutdown does not answer requests still unread with ESHUTDOWN; it stops reading
 // them, and the client sees the connection close.
 //
-// BUG(nbd): The handshake has no time limit: an idle client holds a goroutine until it
-// leaves or the server shuts down.
-//
-// BUG(nbd): Request buffers are bounded per connection (up to 4 × MaxInFlightBytes mapped), not
-// server-wide: many clients map that much each. Bound the number of clients.
+// BUG(nbd): MaxTotalInFlightBytes bounds the buffers in use server-wide, not those mapped:
+// each connection's pool keeps up to 2 × MaxInFlightBytes free on top (so up to
+// MaxConnections × 4 × MaxInFlightBytes of address space, touched only as clients use it).
 //
 // BUG(nbd): A PinnedWriter that never releases a buffer holds its connection, and Serve, for
 // ever (with a warning after ShutdownTimeout); one that releases only on FLUSH can stall a client

@@ -384,6 +384,7 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	defer stop()
 
 	c := newConn(s, nc, log)
+	defer func() { c.nc.Close() }() // after STARTTLS, the TLS session: close_notify first
 	h := &handshakeConn{r: c.br, w: nc, log: log}
 	unixPeer(nc, &h.peer)
 	if s.tlsMode != TLSOff {
