@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/raid5d/raid5d/raid"
 	"github.com/raid5d/raid5d/stripe"
@@ -14,13 +15,17 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 RAID-5 array of them. Existing member files and block devices are used at their size (the smallest
 sets the array's size); with --size, member files that do not exist are created sparse. The data
 area of every member is made to read as zeroes, so parity is consistent from the start.
-Members that already carry a raid5d superblock are refused unless --force is given.`, stdout)
+Members that already carry a raid5d superblock are refused unless --force is given. Spares
+(--spare) are made like members and recorded in the superblocks; serve finds them by their
+superblock, so give them to serve with the members.`, stdout)
 	chunk := sizeFlag{n: stripe.DefaultChunk}
 	fs.Var(&chunk, "chunk", "chunk `size`: a power of two from 4K to 4M; a full stripe is chunk × (members-1)")
 	layout := fs.String("layout", stripe.DefaultAlgorithm.String(),
 		"parity `layout`, as Linux md names it: left-symmetric, left-asymmetric, right-symmetric, right-asymmetric")
 	var size sizeFlag
 	fs.Var(&size, "size", "create member files that do not exist, sparse, of this `size` (e.g. 256M)")
+	var spares stringsFlag
+	fs.Var(&spares, "spare", "also make `path` a spare (repeatable): it takes over a failed member's role by itself")
 	force := fs.Bool("force", false, "overwrite members that already carry a raid5d superblock (destroys that array)")
 	members, err := parseFlags(fs, args)
 	if err != nil {
@@ -38,6 +43,7 @@ Members that already carry a raid5d superblock are refused unless --force is giv
 		Layout:     alg.String(),
 		MemberSize: size.n,
 		Force:      *force,
+		Spares:     spares,
 	})
 	if err != nil {
 		return err
@@ -53,5 +59,14 @@ Members that already carry a raid5d superblock are refused unless --force is giv
 	for i, m := range members {
 		fmt.Fprintf(stdout, "  role %d: %s\n", i, m)
 	}
+	for _, m := range spares {
+		fmt.Fprintf(stdout, "  spare:  %s\n", m)
+	}
 	return nil
 }
+
+// stringsFlag collects the values of a repeatable flag.
+type stringsFlag []string
+
+func (f *stringsFlag) String() string     { return strings.Join(*f, ",") }
+func (f *stringsFlag) Set(s string) error { *f = append(*f, s); return nil }

@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
 	"net"
 
@@ -10,42 +10,47 @@ import (
 	"github.com/raid5d/raid5d/raid"
 )
 
+// The control socket drives the array's management methods.
+var _ control.Array = (*raid.Array)(nil)
+
 // controlServer is the daemon's management endpoint for array a.
 func controlServer(a *raid.Array, d control.Daemon, log *slog.Logger) *control.Server {
-	mgmt, ok := any(a).(control.Array)
-	if !ok {
-		mgmt = unsupported{}
-	}
 	return &control.Server{
-		Array:  mgmt,
-		Status: func() control.Status { return statusOf(a, d) },
-		Logger: log,
+		Array:    a,
+		Status:   func() control.Status { return statusOf(a, d) },
+		Classify: classify,
+		Logger:   log,
 	}
 }
 
-// unsupported answers every management request with control.ErrUnsupported, for an array
-// package without member management.
-type unsupported struct{}
-
-func (unsupported) err() error                     { return fmt.Errorf("%w: member management", control.ErrUnsupported) }
-func (u unsupported) Fail(string) error            { return u.err() }
-func (u unsupported) Remove(string) error          { return u.err() }
-func (u unsupported) AddSpare(string) error        { return u.err() }
-func (u unsupported) Replace(string, string) error { return u.err() }
-func (u unsupported) StartScrub(bool) error        { return u.err() }
-func (u unsupported) StopScrub() error             { return u.err() }
-func (u unsupported) SetSyncSpeed(int64, int64) error {
-	return u.err()
+// classify maps the array's management errors to the control protocol's codes.
+func classify(err error) error {
+	for _, m := range []struct{ raid, control error }{
+		{raid.ErrBusy, control.ErrBusy},
+		{raid.ErrNoSuchMember, control.ErrNoSuchMember},
+		{raid.ErrNotFaulty, control.ErrNotFaulty},
+		{raid.ErrArrayFailed, control.ErrArrayFailed},
+		{raid.ErrDegraded, control.ErrDegraded},
+		{raid.ErrNotRunning, control.ErrNotRunning},
+		{raid.ErrBadSpeed, control.ErrBadRequest},
+	} {
+		if errors.Is(err, m.raid) {
+			return m.control
+		}
+	}
+	return nil
 }
 
 // statusOf is the array's status in the control protocol's terms.
 func statusOf(a *raid.Array, d control.Daemon) control.Status {
 	s := a.Status()
-	c := a.Counters()
+	c := s.Counters
 	st := control.Status{
 		Daemon: d, UUID: s.UUID.String(), State: s.State.String(), Dirty: s.Dirty, Unclean: s.Unclean,
 		Events: s.Events, Size: s.Size, Level: 5, Disks: s.Layout.Members(), Chunk: s.Layout.ChunkSize(),
 		Layout: s.Layout.Algorithm().String(), Missing: s.Missing, Members: []control.MemberStatus{},
+		Sync: progressOf(s.Sync), LastScrub: progressOf(s.LastScrub),
+		SyncSpeedMin: s.SyncSpeedMin, SyncSpeedMax: s.SyncSpeedMax,
 		Counters: control.Counters{
 			FullStripeWrites: c.FullStripeWrites, RMWWrites: c.RMWWrites, RCWWrites: c.RCWWrites,
 			MemberBytesRead: c.MemberBytesRead, MemberBytesWritten: c.MemberBytesWritten, CopiedBytes: c.CopiedBytes,
@@ -56,13 +61,25 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 	for _, m := range s.Members {
 		st.Members = append(st.Members, control.MemberStatus{
 			Path: m.Path, Role: m.Role, State: m.State, Events: m.Events, Device: m.Device.String(),
+			ReadErrors: m.ReadErrors, WriteErrors: m.WriteErrors,
 		})
 	}
 	return st
 }
 
+func progressOf(p *raid.Progress) *control.Progress {
+	if p == nil {
+		return nil
+	}
+	return &control.Progress{
+		Kind: p.Kind, Role: p.Role, Done: p.Done, Total: p.Total, BytesPerSec: p.BytesPerSec,
+		ETASeconds: p.ETA.Seconds(), Mismatches: p.Mismatches, MismatchAt: p.MismatchAt,
+		Resumed: p.Resumed, Err: p.Err,
+	}
+}
+
 // startControl serves srv on ln until ctx is done. The returned wait blocks until every
-// control request has been answered and the socket is removed.
+// control request has been answered.
 func startControl(ctx context.Context, srv *control.Server, ln *net.UnixListener, log *slog.Logger) (wait func()) {
 	done := make(chan struct{})
 	go func() {

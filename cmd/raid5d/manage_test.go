@@ -367,3 +367,38 @@ func TestDefaultControlPath(t *testing.T) {
 		}
 	}
 }
+
+func TestCreateWithSpares(t *testing.T) {
+	dir := t.TempDir()
+	var ms []string
+	for i := range 3 {
+		ms = append(ms, filepath.Join(dir, fmt.Sprint("m", i)))
+	}
+	s0, s1 := filepath.Join(dir, "s0"), filepath.Join(dir, "s1")
+	code, out, errOut := runCLI(t, append([]string{"create", "--size", "4M", "--spare", s0, "--spare", s1}, ms...)...)
+	if code != 0 || !strings.Contains(out, "spare:  "+s1) {
+		t.Fatalf("create --spare: exit %d\n%s%s", code, out, errOut)
+	}
+	none := filepath.Join(dir, "none.sock")
+	code, out, _ = runCLI(t, append([]string{"status", "--json", "--control", none, s0, s1}, ms...)...)
+	var st control.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil || code != 0 {
+		t.Fatalf("status --json: exit %d, %v\n%s", code, err, out)
+	}
+	spares := 0
+	for _, m := range st.Members {
+		if m.Path == s0 || m.Path == s1 {
+			if m.Role != -1 || m.State != control.StateSpare {
+				t.Errorf("spare %s: role %d state %q, want -1 spare", m.Path, m.Role, m.State)
+			}
+			spares++
+		}
+	}
+	if spares != 2 || len(st.Missing) != 0 {
+		t.Errorf("status lists %d spares (want 2), missing %v:\n%s", spares, st.Missing, out)
+	}
+	_, out, _ = runCLI(t, append([]string{"status", "--control", none, s0}, ms...)...)
+	if !regexpLine(out, "-", s0, "spare") {
+		t.Errorf("status does not show %s as a spare:\n%s", s0, out)
+	}
+}

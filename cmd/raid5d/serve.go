@@ -67,12 +67,21 @@ there, and removes a stale socket left by one that died.
 	pprofAddr := fs.String("pprof", "", "serve Go's pprof profiles on this loopback `address` (e.g. 127.0.0.1:6060)")
 	debugImmutable := fs.Bool("debug-immutable", false, "debugging: mprotect request buffers read-only while the array holds them\n"+
 		"(with --stable-pages); a stray write then crashes the daemon loudly. Slow")
+	var syncMin, syncMax sizeFlag
+	fs.Var(&syncMin, "sync-speed-min", "rebuild and scrub `rate` per second kept up even under client I/O (default 1M; raid5d rebuild changes it live)")
+	fs.Var(&syncMax, "sync-speed-max", "rebuild and scrub `rate` per second when clients are idle (default 200M)")
+	memberTimeout := fs.Duration("member-timeout", 0, "a member read slower than this `duration` counts as a read error and is rebuilt from the others\n(default 30s; negative: no timeout)")
+	readErrorLimit := fs.Int("read-error-limit", 0, "read errors after which a member is marked faulty (`count`, default 20)")
+	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
 	members, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(members) == 0 {
 		return fmt.Errorf("%w: no members given", errUsage)
+	}
+	if syncMin.n > 0 && syncMax.n > 0 && syncMin.n > syncMax.n {
+		return fmt.Errorf("%w: --sync-speed-min %s is above --sync-speed-max %s", errUsage, formatSize(syncMin.n), formatSize(syncMax.n))
 	}
 	log, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
@@ -103,12 +112,17 @@ there, and removes a stale socket left by one that died.
 	}
 	defer ctlLn.Close() // removes the socket
 	a, err := raid.Assemble(members, raid.AssembleOptions{
-		ReadOnly: *readOnly,
-		Logger:   log,
+		ReadOnly:     *readOnly,
+		Logger:       log,
+		RebuildStale: *rebuildStale,
 		IOOptions: raid.IOOptions{
 			StablePages:    *stablePages,
 			StripeCache:    cacheFlag.stripesFor(members),
 			WriteBackDelay: *writeBackDelay,
+			MemberTimeout:  *memberTimeout,
+			ReadErrorLimit: *readErrorLimit,
+			SyncSpeedMin:   syncMin.n,
+			SyncSpeedMax:   syncMax.n,
 		},
 	})
 	if err != nil {

@@ -136,6 +136,8 @@ func offlineStatus(rep *raid.Report) *control.Status {
 			ms.State, ms.Device = "refused: "+m.Err.Error(), ""
 		case m.Stale:
 			ms.State = "stale"
+		case m.Role < 0:
+			ms.State = control.StateSpare
 		}
 		st.Members = append(st.Members, ms)
 	}
@@ -172,6 +174,8 @@ func printReport(w io.Writer, rep *raid.Report) {
 			state, dev = "refused: "+m.Err.Error(), "-"
 		case m.Stale:
 			state = "stale: events behind the array's, it missed writes"
+		case m.Role < 0:
+			state = "spare"
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", role, m.Path, events, state, dev)
 	}
@@ -184,7 +188,7 @@ func printReport(w io.Writer, rep *raid.Report) {
 		fmt.Fprintf(w, "missing: role %s", strings.Join(roles, ", role "))
 		var unread []string
 		for _, m := range rep.Members {
-			if m.Role < 0 || m.Stale {
+			if m.Err != nil || m.Stale {
 				unread = append(unread, m.Path)
 			}
 		}
