@@ -28,9 +28,10 @@ run: build ## build, create ./data/member{0..3}.img (4 x 256M, sparse) if absent
 	@echo "attach:  nbdinfo nbd://$(LISTEN)   |   nbd-client -b 4096 $(subst :, ,$(LISTEN)) /dev/nbd0   |   see README"
 	./$(BIN) serve --listen $(LISTEN) $(MEMBERS)
 
-test: deps lint ## install what the tests need, then run every test (unit with -race, then end-to-end)
+test: deps lint ## install what the tests need, then run every test (unit with -race, end-to-end, each fuzz target briefly)
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 20m ./test/...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=5s
 
 test-unit: ## unit tests only, with the race detector
 	$(GO) test -race -count=1 $(UNIT_PKGS)
@@ -39,7 +40,8 @@ test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbd
 	$(GO) test -count=1 -v -timeout 20m ./test/...
 
 # package:target pairs for `make fuzz`
-FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock
+FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock \
+                cmd/raid5d/internal/loadgen:FuzzDecodeHeader
 
 fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 	@set -e; for t in $(FUZZ_TARGETS); do \
