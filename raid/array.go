@@ -86,6 +86,7 @@ type Array struct {
 	syncMu             sync.Mutex
 	job                *syncJob
 	lastScrub          *Progress
+	lastRebuild        *Progress
 	speedMin, speedMax int64
 	closing            bool
 	bgWG               sync.WaitGroup // the sync goroutines
@@ -283,7 +284,10 @@ type Status struct {
 	Missing   []int          // roles with no working (active) member
 	Sync      *Progress      // the rebuild or scrub running now, nil if none
 	LastScrub *Progress      // the last finished or stopped scrub, nil if none
-	Counters  Counters
+	// LastRebuild is the last finished or stopped rebuild run, nil if none (Resumed says
+	// where it started).
+	LastRebuild *Progress
+	Counters    Counters
 	// SyncSpeedMin and SyncSpeedMax bound rebuild and scrub speed, in bytes/s (SetSyncSpeed).
 	SyncSpeedMin, SyncSpeedMax int64
 }
@@ -339,6 +343,10 @@ func (a *Array) Status() Status {
 	if a.lastScrub != nil {
 		p := *a.lastScrub
 		st.LastScrub = &p
+	}
+	if a.lastRebuild != nil {
+		p := *a.lastRebuild
+		st.LastRebuild = &p
 	}
 	st.SyncSpeedMin, st.SyncSpeedMax = a.speedMin, a.speedMax
 	a.syncMu.Unlock()

@@ -35,7 +35,7 @@ type member struct {
 	sb *superblock // guarded by Array.sbMu
 	// faulty: failed; never read or written again. rebuilding: a spare being rebuilt into its
 	// role, usable only for stripes below Array.recPos.
-	faulty, rebuilding atomic.Bool
+	faulty, rebuilding  atomic.Bool
 	readErrs, writeErrs atomic.Uint64
 
 	rq     chan *readReq // timed reads (see timedRead); nil without a timeout

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,8 +41,12 @@ type fileMember struct {
 }
 
 // OpenMember opens a regular file or a block device as a member. A block device's size comes
-// from BLKGETSIZE64, a file's from its length.
+// from BLKGETSIZE64, a file's from its length. A path of the form faulty:PATH?... opens PATH
+// wrapped in fault injection, a testing aid (doc.go # Testing with faulty members).
 func OpenMember(path string, readOnly bool) (Member, error) {
+	if spec, ok := strings.CutPrefix(path, FaultySpecPrefix); ok {
+		return openFaultySpec(spec, readOnly)
+	}
 	flag := os.O_RDWR
 	if readOnly {
 		flag = os.O_RDONLY

@@ -39,6 +39,13 @@ const (
 	logEvery        = 5 * time.Second
 )
 
+// syncBatch returns how many stripes a sync handles under one set of locks: syncBatchBytes
+// per member, but at least 64 batches in all (small arrays), and at least one stripe.
+func (a *Array) syncBatch() int64 {
+	C := a.layout.ChunkSize()
+	return max(min(syncBatchBytes/C, a.memberData/C/64), 1)
+}
+
 // syncJob is the background rebuild or scrub. Its progress fields are guarded by Array.syncMu.
 type syncJob struct {
 	kind    string
@@ -93,9 +100,11 @@ func (a *Array) startJobLocked(kind string, role int, busyFails bool, fn func(ct
 		if err != nil && !errors.Is(err, context.Canceled) {
 			j.p.Err = err.Error()
 		}
+		p := j.progress()
 		if kind != "rebuild" {
-			p := j.progress()
 			a.lastScrub = &p
+		} else if p.Role >= 0 {
+			a.lastRebuild = &p
 		}
 		a.syncMu.Unlock()
 		if err != nil && !errors.Is(err, context.Canceled) {
@@ -290,7 +299,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	a.syncMu.Unlock()
 	a.log.Info("raid: rebuild started", "member", sp.Name(), "role", role, "from", pos*C, "total", a.memberData)
 
-	batch := max(syncBatchBytes/C, 1)
+	batch := a.syncBatch()
 	n := a.layout.Members()
 	bufs := make([][]byte, n)
 	for i := range bufs {
@@ -469,7 +478,7 @@ func (a *Array) StopScrub() error {
 func (a *Array) scrub(ctx context.Context, j *syncJob, repair bool) error {
 	C := a.layout.ChunkSize()
 	total := a.memberData / C
-	batch := max(syncBatchBytes/C, 1)
+	batch := a.syncBatch()
 	n := a.layout.Members()
 	bufs := make([][]byte, n+1)
 	for i := range bufs {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/raid5d/raid5d/raid"
 )
@@ -149,15 +150,43 @@ type Fault struct {
 	// After lets this many selected operations succeed before the fault fires; from then on
 	// every selected operation fails.
 	After int
+	// Drop (writes only) makes a firing fault report success without writing: a lost write.
+	Drop bool
 }
 
 // Faulty wraps a member and fails the operations its faults select with ErrInjected.
 // It is safe for concurrent use.
 type Faulty struct {
 	raid.Member
-	mu     sync.Mutex // guards faults, seen
+	mu     sync.Mutex // guards faults, seen, delay, done, hook
 	faults []Fault
 	seen   []int // per fault: selected operations so far
+	delay  time.Duration
+	done   [4]int // per Op: operations passed to the member
+	hook   func(op Op, off int64)
+}
+
+// SetDelay adds latency d to every read and write (0: none).
+func (f *Faulty) SetDelay(d time.Duration) {
+	f.mu.Lock()
+	f.delay = d
+	f.mu.Unlock()
+}
+
+// Count returns how many operations of kind op reached the wrapped member (dropped writes and
+// failed operations not counted).
+func (f *Faulty) Count(op Op) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.done[op]
+}
+
+// SetHook makes fn run before every operation, faulty or not, with the member's lock not
+// held (nil: none): tests use it to look at the other members at the moment of an operation.
+func (f *Faulty) SetHook(fn func(op Op, off int64)) {
+	f.mu.Lock()
+	f.hook = fn
+	f.mu.Unlock()
 }
 
 // NewFaulty wraps m, with no faults yet.
@@ -178,19 +207,36 @@ func (f *Faulty) Clear() {
 	f.faults, f.seen = nil, nil
 }
 
+// errDropped marks a dropped write inside check.
+var errDropped = errors.New("dropped")
+
 func (f *Faulty) check(op Op, off, n int64) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	hook, delay := f.hook, f.delay
+	var err error
 	for i, ft := range f.faults {
 		if ft.Op != op || ft.Len > 0 && (off+n <= ft.Off || off >= ft.Off+ft.Len) {
 			continue
 		}
 		f.seen[i]++
-		if f.seen[i] > ft.After {
-			return fmt.Errorf("%w: %s %s at %d", ErrInjected, op, f.Name(), off)
+		if f.seen[i] > ft.After && err == nil {
+			err = fmt.Errorf("%w: %s %s at %d", ErrInjected, op, f.Name(), off)
+			if ft.Drop && op == OpWrite {
+				err = errDropped
+			}
 		}
 	}
-	return nil
+	if err == nil {
+		f.done[op]++
+	}
+	f.mu.Unlock()
+	if hook != nil {
+		hook(op, off)
+	}
+	if delay > 0 && (op == OpRead || op == OpWrite) {
+		time.Sleep(delay)
+	}
+	return err
 }
 
 func (f *Faulty) ReadAt(p []byte, off int64) (int, error) {
@@ -201,7 +247,11 @@ func (f *Faulty) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (f *Faulty) WriteAt(p []byte, off int64) (int, error) {
-	if err := f.check(OpWrite, off, int64(len(p))); err != nil {
+	switch err := f.check(OpWrite, off, int64(len(p))); err {
+	case nil:
+	case errDropped:
+		return len(p), nil
+	default:
 		return 0, err
 	}
 	return f.Member.WriteAt(p, off)
