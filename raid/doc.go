@@ -1,9 +1,12 @@
 // Package raid is raid5d's array: members (files and block devices), the on-disk superblock,
 // creating and assembling arrays, and RAID-5 I/O — reads, writes with parity, flush, trim —
-// including degraded operation with one member missing.
+// including degraded operation with one member missing, member failure, spares, rebuild and
+// scrub.
 //
 // Create makes an array and Assemble puts one together from its members' superblocks; Examine
-// reads the superblocks without assembling. *Array satisfies go-nbd's backend.Backend and the
+// reads the superblocks without assembling. Members that fail are marked faulty and the array
+// runs degraded; spares take over by themselves, rebuilt in the background; StartScrub checks
+// or repairs parity; Fail, Remove, AddSpare, Replace and SetSyncSpeed manage a live array. *Array satisfies go-nbd's backend.Backend and the
 // nbd package's Device, FUAWriter and PinnedWriter.
 //
 // # Layout
@@ -36,7 +39,7 @@
 //	              2 left-symmetric, 3 right-symmetric)
 //	    56     8  chunk size in bytes (a power of two, 4 KiB to 4 MiB)
 //	    64     4  member count (3 to 32)
-//	    68     4  this member's role (0 to member count-1)
+//	    68     4  this member's role (0 to member count-1), or 0xFFFFFFFF (-1) for an idle spare
 //	    72     8  data offset in bytes (1 MiB)
 //	    80     8  data size per member in bytes (a multiple of the chunk size)
 //	    88     8  events counter
@@ -48,17 +51,28 @@
 //	   128     8  write-intent bitmap size (reserved, 0)
 //	   136     8  log offset (reserved, 0)
 //	   144     8  log size (reserved, 0)
-//	   152  3940  reserved, zero
+//	   152     8  rebuild checkpoint: bytes of the data area rebuilt onto the member whose
+//	              role's state is 2 (rebuilding); 0 otherwise
+//	   160    32  per-role state table, one byte per role (roles ≥ member count: 0):
+//	              0 active, 1 faulty (no working member: failed or missing), 2 rebuilding
+//	   192  3900  reserved, zero
 //	  4092     4  CRC32C (Castagnoli) of bytes [0, 4092)
 //
 // A superblock is valid only if its magic, checksum and version match and every field is in
-// range; the decoder never panics on garbage (FuzzDecodeSuperblock).
+// range; the decoder never panics on garbage (FuzzDecodeSuperblock). The spare role, the
+// checkpoint and the state table live in what format version 1 reserved as zero, so the
+// version stays 1: older superblocks read as "every role active, no rebuild". A build from
+// before spares refuses a spare's superblock (role out of range) and ignores the table.
 //
-// The events counter is bumped, and every present member's superblock rewritten and
-// fdatasync'ed, on each state change: creation, assembly with a member missing, the first write
-// after assembly (clean → dirty, done before that write is issued) and Close (dirty → clean).
-// All present members therefore carry the same count; a member that shows a lower one was out
-// of the array while it changed, and Assemble refuses it as stale (ErrStaleMember).
+// The events counter is bumped, and every working member's superblock (spares included,
+// faulty members never) rewritten and fdatasync'ed, on each state change: creation, assembly
+// with a member missing, the first write after assembly (clean → dirty, done before that write
+// is issued), a member marked faulty, a spare added or removed, a rebuild started, its
+// checkpoints and its end, and Close (dirty → clean). All working members therefore carry the
+// same count; a member that shows a lower one, or whose role the others record as faulty, was
+// out of the array while it changed, and Assemble refuses it as stale (ErrStaleMember) — or,
+// with AssembleOptions.RebuildStale, takes it as a fresh spare and rebuilds it; the log says
+// which.
 //
 // New members are consistent by construction: Create zeroes everything from the superblock to
 // the end of the data area with Member.Trim, and all-zero data has all-zero parity, so no
@@ -114,7 +128,8 @@
 // cache head, and the write-out of a head holds it throughout, so a write to a stripe being
 // written out waits for it and is never lost or left out of parity. A request that spans
 // stripes takes them one at a time, in ascending order, never holding two; only Trim of whole
-// stripes holds several at once, taken in ascending table order, and the cache takes another
+// stripes, and a rebuild or scrub batch, hold several at once, taken in ascending table order
+// (LockSpan), and the cache takes another
 // stripe's lock only with TryLock (to evict it), so nothing can deadlock.
 // Reads take a stripe's lock only while they copy from its cache head. Like io.ReaderAt on a
 // file, a read that overlaps a concurrent write may see old or new bytes, but never
@@ -122,13 +137,85 @@
 // one request run concurrently, one goroutine per member; the member reads and writes within
 // one stripe run concurrently too (with a cache, on per-member I/O goroutines).
 //
-// Background goroutines — the cache's write-out goroutines and ioWorkers per member for its
-// member I/O — are started by Create and Assemble (not for read-only arrays or without a
-// cache) and stopped, and waited for, by Close. Close waits for the calls in flight and makes
+// Background goroutines — the cache's write-out goroutines and ioWorkers per role for its
+// member I/O (not for read-only arrays or without a cache), readersPerMember per member for
+// timed reads, and the rebuild or scrub — are started by Create and Assemble (a rebuild also
+// by a failure or AddSpare) and stopped, and waited for, by Close (a reader stuck in a hung
+// member's read is left behind). Marking a member faulty takes sbMu under a stripe lock; so
+// nothing holding sbMu (or syncMu) ever waits for a stripe lock, and a failure only cancels a
+// running rebuild or scrub, never waits for it. Close waits for the calls in flight and makes
 // later calls fail with ErrClosed.
 //
 // WriteAt does not keep p after it returns (with stable pages on, p must not change during the
 // call). WritePinned may keep p until it calls release.
+//
+// # Failure and rebuild
+//
+// Member I/O goes through one function (memberIO) that decides per stripe which members are
+// usable. A read that fails, or takes longer than IOOptions.MemberTimeout (default 30 s; it
+// then runs on the member's reader goroutines into a bounce buffer, and a late result is
+// dropped), is counted in the member's ReadErrors and served as the XOR of the other members'
+// bytes at the same offsets, under the stripe lock; past IOOptions.ReadErrorLimit (default 20)
+// errors the member is marked faulty. A write that fails (or an fdatasync, or a trim) marks the
+// member faulty at once. Marking faulty sets the member's flag and, under sbMu, rewrites every
+// other working member's superblock with the role marked faulty in the state table and the
+// events counter bumped, synced, before the failing I/O returns; any write that skipped the
+// member meanwhile waits for that record (awaitRecord) before it is acknowledged. The write
+// itself then completes degraded: every other member of the stripe was written with parity
+// that includes the new data, so the stripe is consistent without the failed member (its chunk
+// is what parity implies). Cache write-outs behave the same way, so nothing stays dirty
+// forever. With a second role lost the array is failed: reads of chunks on the lost members
+// return ErrArrayFailed (EIO, never a guess), other chunks are still read from their members,
+// and every write returns ErrArrayFailed without touching any member.
+//
+// Spares carry a superblock with role -1 and the array's UUID (CreateOptions.Spares, AddSpare)
+// and are found by Assemble. When a role has no working member and a spare is idle, a rebuild
+// starts by itself: one background goroutine (started by the array, cancelled and waited for
+// by Close) that takes the spare into the role as "rebuilding" and walks the stripes in
+// batches of up to 1 MiB per member, each batch under its stripes' locks (LockSpan): it first
+// writes out the batch's dirty cache heads (so the members hold the latest data), reads the
+// other members, XORs them onto the spare, and only then moves the rebuild position past the
+// batch, still under the locks. Below the position the spare is a member like any other (reads
+// from it, writes to it); at and above it the role counts as missing (reads rebuild, writes
+// leave it out). The position is checkpointed — spare fdatasync'ed, then every superblock
+// updated — every second and when the rebuild stops, so the next assembly resumes there
+// (Progress.Resumed); the member being rebuilt says so in its superblock (role, table state 2).
+// At the end the spare becomes active and the faulty member it replaced is dropped.
+//
+// Speed is bounded like md's sync_speed_min/max (IOOptions.SyncSpeedMin/Max, SetSyncSpeed;
+// defaults 1 MiB/s and 200 MiB/s): after each batch the sync sleeps as long as it takes to stay
+// under max, or under min if any client request arrived since the previous batch — so between
+// the two it yields to client I/O. Progress (done, total, speed, ETA) is in Status().Sync and
+// logged every five seconds; Status().LastRebuild and LastScrub keep the last run's.
+//
+// StartScrub walks the stripes the same way (cache heads written out first, stripe locks
+// held), compares each stripe's parity with the XOR of its data, counts and records the
+// mismatching stripes (the first 100), and with repair rewrites their parity from the data (as
+// md's repair, it trusts the data). It needs every member (ErrDegraded otherwise); a member
+// failure cancels it, and a rebuild or scrub already running makes it return ErrBusy.
+//
+// # Testing with faulty members
+//
+// OpenMember (and so Create, Assemble, AddSpare and the command line) accepts a member spec
+//
+//	faulty:PATH?key=value&key=value...
+//
+// that opens PATH wrapped in fault injection, in the spirit of md's faulty personality and
+// dm-flakey. It is a testing aid; its Name is PATH. Keys (repeatable where it makes sense):
+//
+//	rfail=OFF+LEN  reads touching member bytes [OFF, OFF+LEN) fail with EIO
+//	wfail=OFF+LEN  writes touching the range fail with EIO
+//	drop=OFF+LEN   writes touching the range report success and write nothing
+//	               (OFF and LEN take K, M, G, T suffixes, powers of 1024; "all" means the
+//	               data area, 1M to the end, so superblocks stay readable)
+//	after=N        the first N operations matching a fault succeed
+//	delay=DUR      every read and write first sleeps DUR (Go duration: 10ms)
+//	ctl=FILE       faults fire only while FILE exists: create or remove it to switch a
+//	               running daemon's member between failing and working
+//
+// For example faulty:/dev/shm/m1.img?wfail=all&ctl=/tmp/fail-m1 behaves until
+// /tmp/fail-m1 is created, then fails every data write (and the array marks it faulty).
+// In-process tests use raidtest.Faulty, which offers the same and counts operations.
 //
 // # Caveats
 //
@@ -137,12 +224,21 @@
 //     write hole — and nothing resyncs it yet. Such an array stays marked dirty on disk until a
 //     resync (a later issue) so the warning is not lost. Writes not yet flushed may be lost in a
 //     crash, as NBD allows: they may still be in the stripe cache.
-//   - A member that fails is not yet marked faulty: reads it fails are rebuilt from the others
-//     while the array is otherwise whole, but write errors are returned to the caller (as
-//     *MemberError, EIO) and may leave that stripe's parity stale. An error in a background
-//     write-out is logged and returned by the next Flush; the data stays dirty in the cache
-//     (and readable), its next write-out reconstructs parity rather than trusting the old, and
-//     a pinned buffer stays held until a write-out succeeds. No spares, rebuild or scrub yet.
+//   - Writes have no timeout: a member that hangs in a write hangs that stripe (reads time
+//     out). Reads with a timeout cost a hand-off and a copy (bounce buffer); MemberTimeout < 0
+//     reads straight into the caller's buffer.
+//   - Read errors are not repaired by rewriting the sector from the rebuilt data (md does);
+//     the member is failed at the read-error limit. No bad-block list.
+//   - Replace is the simple version: the member is failed first and the array runs degraded
+//     until the rebuild onto the new spare ends.
+//   - A source read error during a rebuild (a second failure) stops the rebuild; the array
+//     stays degraded with the spare partly rebuilt (resumed from the checkpoint next time).
+//   - While clients are busy, a sync runs at its minimum speed (md yields a little less
+//     strictly: it checks its own in-flight I/O); idle, at its maximum.
+//   - A faulty member stays open until Close (I/O in flight may still use it), even after
+//     Remove or a finished rebuild drops it from the array.
+//   - In a failed array, dirty cached data that cannot be written out stays in the cache
+//     (readable) until Close, and is then lost.
 //   - A crash in the middle of a superblock update can leave members one event apart; Assemble
 //     then refuses the one behind as stale, and the array must be assembled without it.
 //   - The counters are plain atomics shared by all goroutines, not sharded.

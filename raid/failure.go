@@ -194,9 +194,7 @@ func (a *Array) fail(m *member, why error) {
 		return
 	}
 	role := a.roleOf(m)
-	if role >= 0 && !m.rebuilding.Load() {
-		a.nBad.Add(1)
-	}
+	a.recount()
 	wasRebuilding := m.rebuilding.Load()
 	a.log.Error("raid: member marked faulty", "member", m.Name(), "role", role, "why", why)
 	if err := a.writeSuperblocks(nil); err != nil {
