@@ -102,12 +102,12 @@ func (s *server) mustManage(args ...string) string {
 func (s *server) status() *r5Status {
 	s.t.Helper()
 	out, errOut, code := s.manageSplit("status", "--json")
-	if code != 0 && code != 3 {
+	if code != 0 && code != 1 && code != 3 { // 1: failed array (or an error: then no JSON)
 		s.t.Fatalf("raid5d status --json: exit %d\n%s%s", code, out, errOut)
 	}
 	var st r5Status
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		s.t.Fatalf("raid5d status --json: %v\n%s", err, out)
+		s.t.Fatalf("raid5d status --json: exit %d: %v\n%s%s", code, err, out, errOut)
 	}
 	if st.Source != "online" {
 		s.t.Fatalf("raid5d status --json: source %q, want online\n%s", st.Source, out)

@@ -99,7 +99,7 @@ there, and removes a stale socket left by one that died.
 	// Member paths are made absolute, so status shows them whole and management commands run
 	// from any directory can name them.
 	for i, m := range members {
-		if members[i], err = filepath.Abs(m); err != nil {
+		if members[i], err = absMember(m); err != nil {
 			return err
 		}
 	}
@@ -185,6 +185,20 @@ there, and removes a stale socket left by one that died.
 		"bytes_copied", c.CopiedBytes, "cache_hits", c.CacheHits, "cache_misses", c.CacheMisses,
 		"cache_evictions", c.CacheEvictions)
 	return nil
+}
+
+// absMember makes a member path absolute; in a faulty:PATH?... spec (a testing aid, see the
+// raid package) the PATH.
+func absMember(m string) (string, error) {
+	if spec, ok := strings.CutPrefix(m, raid.FaultySpecPrefix); ok {
+		path, query, hasQuery := strings.Cut(spec, "?")
+		abs, err := filepath.Abs(path)
+		if err != nil || !hasQuery {
+			return raid.FaultySpecPrefix + abs, err
+		}
+		return raid.FaultySpecPrefix + abs + "?" + query, nil
+	}
+	return filepath.Abs(m)
 }
 
 // preferredBlock is the array's full stripe when the protocol can carry it (a power of two up
