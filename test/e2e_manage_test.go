@@ -475,3 +475,55 @@ func TestScrub(t *testing.T) {
 	s.stop()
 	checkParity(t, a)
 }
+
+// TestReplaceAndSpeed: raid5d rebuild sets the speed limits the status reports; a scrub of a
+// degraded array is refused; raid5d replace moves a role onto a new file and the data survives.
+func TestReplaceAndSpeed(t *testing.T) {
+	needRaid5d(t)
+	a := newArray(t)
+	s := a.serve(t)
+	// Slow, so the rebuild below is still running when the scrub is tried.
+	s.mustManage("rebuild", "--speed-min", "3M", "--speed-max", "3M")
+	if st := s.status(); st.SyncSpeedMin != 3<<20 || st.SyncSpeedMax != 3<<20 {
+		t.Errorf("speed limits after raid5d rebuild: %d, %d; want %d, %d", st.SyncSpeedMin, st.SyncSpeedMax, 3<<20, 3<<20)
+	}
+	if out, code := s.manage("rebuild", "--speed-min", "9M", "--speed-max", "5M"); code != 2 {
+		t.Errorf("min above max: exit %d, want 2\n%s", code, out)
+	}
+
+	c, err := wireConnect(s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := bytes.Repeat([]byte("replace me "), 32*stripeData/11+1)[:32*stripeData]
+	if err := c.writeAt(data, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	repl := a.newSpare(t, "new0.img")
+	s.mustManage("replace", "0", repl)
+	if out, code := s.manage("scrub", "check"); code != 1 || !strings.Contains(out, "degraded") && !strings.Contains(out, "rebuild") {
+		t.Errorf("scrub during the replacement's rebuild: exit %d, want 1 (refused: degraded, a rebuild runs)\n%s", code, out)
+	}
+	if st := s.status(); st.Sync == nil || st.Sync.Kind != "rebuild" || st.Sync.Role != 0 {
+		t.Errorf("after replace: sync %+v, want the rebuild of role 0", st.Sync)
+	}
+	s.mustManage("rebuild", "--speed-min", "500M", "--speed-max", "1G")
+	st := s.waitStatus("the replacement's rebuild to finish", 60*time.Second, (*r5Status).healthy)
+	if state, role, _ := st.member(repl); state != "active" || role != 0 {
+		t.Errorf("replacement %s: %q in role %d, want active in role 0", repl, state, role)
+	}
+	if state, _, _ := st.member(a.members[0]); state == "active" {
+		t.Errorf("replaced member %s still active", a.members[0])
+	}
+	got, err := c.readAt(0, uint32(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, data); i >= 0 {
+		t.Errorf("after the replacement the data differs at byte %d", i)
+	}
+	c.disconnect()
+	s.stop()
+	checkParity(t, a.withRole(0, repl))
+}

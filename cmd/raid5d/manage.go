@@ -171,9 +171,11 @@ overwritten.`, stdout)
 
 func runReplace(args []string, stdout, stderr io.Writer) error {
 	fs, cf := newManageFlagSet("replace", "[flags] MEMBER PATH",
-		`Replaces MEMBER (a path or role number) with PATH: PATH is added as a spare and MEMBER's role is
-rebuilt onto it; MEMBER then becomes faulty and can be removed. What MEMBER keeps doing during
-the rebuild depends on the daemon (see raid5d status).`, stdout)
+		`Replaces MEMBER (a path or role number) with PATH: PATH is added as a spare (its contents are
+overwritten), MEMBER is failed, and MEMBER's role is rebuilt onto PATH. This is the simple
+version: the array runs degraded, with no redundancy, until the rebuild ends (watch it with
+raid5d status); MEMBER is dropped when it does. Refused while a rebuild runs or the array is
+degraded.`, stdout)
 	args, err := parseFlags(fs, args)
 	if err != nil {
 		return err
