@@ -207,7 +207,7 @@ func runScrub(args []string, stdout, stderr io.Writer) error {
   repair  does the same and rewrites the parity of those stripes
   stop    stops the scrub running now
 The mismatch count and the first stripes found are shown by raid5d status. A scrub is refused
-while a rebuild or another scrub runs.`+"\n\nWith --wait, exit status 5 means check found mismatches.", stdout)
+while a rebuild or another scrub runs, and on a degraded array (parity needs every member).`+"\n\nWith --wait, exit status 5 means check found mismatches.", stdout)
 	wait := fs.Bool("wait", false, "check, repair: wait until the scrub finishes and print its result")
 	poll := fs.Duration("poll", 500*time.Millisecond, "how often --wait asks the daemon (`duration`)")
 	args, err := parseFlags(fs, args)

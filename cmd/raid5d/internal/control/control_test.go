@@ -306,3 +306,33 @@ func TestStatusJSONRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestUnsafeDirRefused(t *testing.T) {
+	for _, tc := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{
+		{0o700, true},
+		{0o755, true},
+		{0o777 | os.ModeSticky, true},
+		{0o777, false},
+		{0o770, false},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			dir := filepath.Join(shortDir(t), "d")
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(dir, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			ln, err := Listen(filepath.Join(dir, "c.sock"))
+			if ln != nil {
+				ln.Close()
+			}
+			if tc.ok && err != nil || !tc.ok && !errors.Is(err, ErrUnsafeDir) {
+				t.Fatalf("Listen in a %v directory: %v", tc.mode, err)
+			}
+		})
+	}
+}

@@ -158,6 +158,9 @@ var (
 	ErrNoDaemon = errors.New("control: no daemon answers at the control socket")
 	// ErrDaemonRunning is returned by Listen when another daemon answers at the socket path.
 	ErrDaemonRunning = errors.New("control: another daemon answers at the control socket")
+	// ErrUnsafeDir is returned by Listen when the socket's directory belongs to another user,
+	// or others may write to it (and it is not sticky, as /tmp is).
+	ErrUnsafeDir = errors.New("control: unsafe control socket directory")
 	// ErrNotSocket is returned by Listen when the path exists and is not a unix socket.
 	ErrNotSocket = errors.New("control: path exists and is not a socket")
 )

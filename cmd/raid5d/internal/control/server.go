@@ -24,7 +24,8 @@ const (
 	ioTimeout  = 10 * time.Second // to read a request and to write its response
 )
 
-// Listen makes the control socket at path and listens on it. The socket is created under umask
+// Listen makes the control socket at path and listens on it. Its directory must not let anyone
+// else replace the socket (ErrUnsafeDir). The socket is created under umask
 // 0177 (so it is never, even briefly, open to others) and has permission 0600; a missing parent
 // directory is created with 0700. A socket nobody answers on (left by a daemon that died) is
 // removed first. It returns ErrDaemonRunning if a daemon answers at path, ErrNotSocket if path is
@@ -34,6 +35,9 @@ const (
 // goroutines that create files.
 func Listen(path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	if err := checkDir(filepath.Dir(path)); err != nil {
 		return nil, err
 	}
 	if err := removeStale(path); err != nil {
@@ -50,6 +54,22 @@ func Listen(path string) (*net.UnixListener, error) {
 		return nil, err
 	}
 	return ln, nil
+}
+
+// checkDir refuses a socket directory where someone else could replace the socket: one owned by
+// another user (not root), or writable by group or others without the sticky bit.
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%w: %s belongs to uid %d", ErrUnsafeDir, dir, st.Uid)
+	}
+	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
+		return fmt.Errorf("%w: %s is writable by others (mode %v)", ErrUnsafeDir, dir, fi.Mode())
+	}
+	return nil
 }
 
 // removeStale removes a unix socket at path that nothing answers on.
