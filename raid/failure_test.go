@@ -674,3 +674,74 @@ func TestFaultySpec(t *testing.T) {
 		}
 	}
 }
+
+// TestManage: the management methods' results and errors (Fail, Remove, AddSpare, Replace,
+// SetSyncSpeed, StopScrub).
+func TestManage(t *testing.T) {
+	a, _, ms, model := faultyArray(t, 3, 64, raid.AssembleOptions{})
+	for _, tc := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"fail unknown", a.Fail("nope"), raid.ErrNoSuchMember},
+		{"fail bad role", a.Fail("7"), raid.ErrNoSuchMember},
+		{"remove active", a.Remove("0"), raid.ErrNotFaulty},
+		{"speed min > max", a.SetSyncSpeed(10<<20, 1<<20), raid.ErrBadSpeed},
+		{"speed negative", a.SetSyncSpeed(-1, 0), raid.ErrBadSpeed},
+		{"stop no scrub", a.StopScrub(), raid.ErrNotRunning},
+		{"spare too small", a.AddSpareMember(raidtest.NewMem("small", raid.DataOffset)), raid.ErrMemberTooSmall},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !errors.Is(tc.err, tc.want) {
+				t.Fatalf("%v; want %v", tc.err, tc.want)
+			}
+		})
+	}
+	if err := a.SetSyncSpeed(0, 300<<20); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Status(); st.SyncSpeedMin != raid.DefaultSyncSpeedMin || st.SyncSpeedMax != 300<<20 {
+		t.Fatalf("speeds %d, %d", st.SyncSpeedMin, st.SyncSpeedMax)
+	}
+	// Replace role 1 by a new member: rebuilt, then active in role 1; the old one is gone.
+	repl := raidtest.NewMem("new", ms[0].Size())
+	if err := a.AddSpareMember(repl); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSpareMember(raidtest.NewMem("new", ms[0].Size())); !errors.Is(err, raid.ErrDuplicateMember) {
+		t.Fatalf("adding a second member of the same name: %v", err)
+	}
+	if err := a.Replace("f1", "new"); err == nil {
+		t.Fatal("Replace with an existing member's name as the new path succeeded")
+	}
+	if err := a.Fail("f1"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); a.Status().LastRebuild == nil; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("rebuild onto the spare did not finish")
+		}
+	}
+	st := a.Status()
+	if st.State == raid.StateDegraded || len(st.Members) != 3 || st.Members[1].Path != "new" || st.Members[1].State != raid.MemberActive {
+		t.Fatalf("after the rebuild: %v, %+v", st.State, st.Members)
+	}
+	if err := a.Remove("f1"); !errors.Is(err, raid.ErrNoSuchMember) {
+		t.Fatalf("Remove of the replaced member: %v; want ErrNoSuchMember (dropped)", err)
+	}
+	// A faulty member can be removed; then the array has no member for the role.
+	if err := a.Fail("2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.StartScrub(false); !errors.Is(err, raid.ErrDegraded) {
+		t.Fatalf("scrub while degraded: %v", err)
+	}
+	if err := a.Remove("f2"); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Status(); st.State != raid.StateDegraded || len(st.Members) != 2 || len(st.Missing) != 1 || st.Missing[0] != 2 {
+		t.Fatalf("after Remove: %v, %+v, missing %v", st.State, st.Members, st.Missing)
+	}
+	compareArray(t, a, model)
+}

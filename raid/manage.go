@@ -158,11 +158,15 @@ func (a *Array) AddSpareMember(m Member) error {
 func (a *Array) Replace(member, path string) error {
 	a.sbMu.Lock()
 	m, err := a.findMember(member)
+	role := -1
+	if err == nil {
+		role = m.sb.Role
+	}
 	a.sbMu.Unlock()
 	if err != nil {
 		return err
 	}
-	if m.faulty.Load() || m.sb.Role < 0 {
+	if m.faulty.Load() || role < 0 {
 		return fmt.Errorf("%w: %s is not an active member", ErrNoSuchMember, member)
 	}
 	a.syncMu.Lock()
