@@ -4,11 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
-// findMember returns the member named by name: a path (Member.Name) or a role number. The
-// caller holds sbMu.
+// findMember returns the member named by name: a path (Member.Name; a faulty: spec matches by
+// its path) or a role number. The caller holds sbMu.
 func (a *Array) findMember(name string) (*member, error) {
+	if spec, ok := strings.CutPrefix(name, FaultySpecPrefix); ok {
+		name, _, _ = strings.Cut(spec, "?")
+	}
 	if r, err := strconv.Atoi(name); err == nil {
 		if r >= 0 && r < len(a.roles) {
 			if m := a.roles[r].Load(); m != nil {
