@@ -93,13 +93,13 @@ func noDaemon(sock string) error {
 		"Point --control at the socket it was started with (or --export at its export name)", sock)}
 }
 
-// memberArg is a MEMBER argument as the daemon wants it: a role number as is, a path made
-// absolute (serve makes its member paths absolute too).
+// memberArg is a MEMBER argument as the daemon wants it: a role number as is, a path (or the
+// path in a faulty: spec) made absolute, as serve makes its member paths.
 func memberArg(s string) (string, error) {
 	if _, err := strconv.Atoi(s); err == nil {
 		return s, nil
 	}
-	return filepath.Abs(s)
+	return absMember(s)
 }
 
 func newManageFlagSet(name, synopsis, description string, stdout io.Writer) (*flag.FlagSet, controlFlags) {

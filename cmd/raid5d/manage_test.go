@@ -142,6 +142,7 @@ func TestManageCommands(t *testing.T) {
 	}{
 		{[]string{"fail", "2"}, "fail 2", "marked faulty: 2"},
 		{[]string{"fail", "/dev/sdc"}, "fail /dev/sdc", "marked faulty: /dev/sdc"},
+		{[]string{"fail", "faulty:spare.img?wfail=all"}, "fail faulty:" + abs + "?wfail=all", "marked faulty: faulty:spare.img"},
 		{[]string{"remove", "/m2"}, "remove /m2", "removed: /m2"},
 		{[]string{"add", "spare.img"}, "add " + abs, "added spare: " + abs},
 		{[]string{"replace", "1", "spare.img"}, "replace 1 " + abs, "replacing 1 with " + abs},
