@@ -107,8 +107,11 @@ func printSummary(w io.Writer, st *control.Status) {
 }
 
 func syncName(p *control.Progress) string {
-	if p.Kind == "rebuild" {
+	if p.Kind == "rebuild" && p.Role >= 0 {
 		return fmt.Sprintf("rebuild of role %d", p.Role)
+	}
+	if p.Kind == "rebuild" {
+		return "rebuild"
 	}
 	return "scrub " + p.Kind
 }
@@ -186,7 +189,7 @@ func onlineNote(st *control.Status) string {
 	switch {
 	case st.State == "failed":
 		return fmt.Sprintf(" (%d roles without a working member: data there cannot be served)", len(st.Missing))
-	case st.Sync != nil && st.Sync.Kind == "rebuild":
+	case st.Sync != nil && st.Sync.Kind == "rebuild" && st.Sync.Role >= 0:
 		return fmt.Sprintf(" (role %d being rebuilt: no redundancy until it finishes)", st.Sync.Role)
 	case len(st.Missing) > 0:
 		return fmt.Sprintf(" (role %d missing: served from parity, no redundancy left)", st.Missing[0])
