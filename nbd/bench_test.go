@@ -56,9 +56,9 @@ func (d *asyncPinned) WritePinned(p []byte, off int64, release func()) (int, err
 	return n, err
 }
 
-// benchConn serves an in-memory device on a unix socket and returns a client connection past
-// the handshake.
-func benchConn(b *testing.B, size int, mode benchMode) (net.Conn, *bufio.Reader) {
+// benchConn serves an in-memory device on network ("unix" or "tcp", loopback) and returns a
+// client connection past the handshake.
+func benchConn(b *testing.B, network string, size int, mode benchMode) (net.Conn, *bufio.Reader) {
 	b.Helper()
 	var dev Device = nbdtest.NewMemDevice(size)
 	if mode != copyMode {
@@ -72,14 +72,19 @@ func benchConn(b *testing.B, size int, mode benchMode) (net.Conn, *bufio.Reader)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ln, path := unixListener(b)
+	var ln net.Listener
+	if network == "unix" {
+		ln, _ = unixListener(b)
+	} else if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		b.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := serve(ctx, s, ln)
 	b.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	nc, err := net.Dial("unix", path)
+	nc, err := net.Dial(ln.Addr().Network(), ln.Addr().String())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -91,9 +96,9 @@ func benchConn(b *testing.B, size int, mode benchMode) (net.Conn, *bufio.Reader)
 
 // benchIO runs b.N requests of typ and bs bytes with depth requests in flight, spread over a
 // 64 MiB device. The client allocates nothing per request either, so allocs/op is the server's.
-func benchIO(b *testing.B, typ uint16, bs, depth int, mode benchMode) {
+func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode benchMode) {
 	const size = 64 << 20
-	nc, r := benchConn(b, size, mode)
+	nc, r := benchConn(b, network, size, mode)
 	req := make([]byte, requestHeaderSize+bs)
 	binary.BigEndian.PutUint32(req[0:], magicRequest)
 	binary.BigEndian.PutUint16(req[6:], typ)
@@ -141,25 +146,41 @@ func benchIO(b *testing.B, typ uint16, bs, depth int, mode benchMode) {
 	}
 }
 
-func BenchmarkRead4K(b *testing.B) {
-	b.Run("QD1", func(b *testing.B) { benchIO(b, cmdRead, 4096, 1, copyMode) })
-	b.Run("QD32", func(b *testing.B) { benchIO(b, cmdRead, 4096, 32, copyMode) })
-}
+// benchNetworks are the transports every benchmark runs over.
+var benchNetworks = []string{"unix", "tcp"}
 
-// benchWrites runs the write benchmark for bs at each depth in every mode; the sub-benchmark
-// names end in the mode (WriteAt, StablePages, StablePages+DebugImmutable).
-func benchWrites(b *testing.B, bs int, depths ...int) {
-	for _, qd := range depths {
-		for _, mode := range []benchMode{copyMode, stableMode, immutableMode} {
-			b.Run(fmt.Sprintf("QD%d/%v", qd, mode), func(b *testing.B) { benchIO(b, cmdWrite, bs, qd, mode) })
+// benchReads runs the read benchmark for bs at each depth over each transport, named
+// <network>/QD<depth>.
+func benchReads(b *testing.B, bs int, depths ...int) {
+	for _, network := range benchNetworks {
+		for _, qd := range depths {
+			b.Run(fmt.Sprintf("%s/QD%d", network, qd), func(b *testing.B) {
+				benchIO(b, network, cmdRead, bs, qd, copyMode)
+			})
 		}
 	}
 }
 
-func BenchmarkWrite4K(b *testing.B) { benchWrites(b, 4096, 1, 32) }
-
-func BenchmarkRead1M(b *testing.B) {
-	b.Run("QD8", func(b *testing.B) { benchIO(b, cmdRead, 1<<20, 8, copyMode) })
+// benchWrites runs the write benchmark for bs at each depth over each transport through
+// WriteAt, named <network>/QD<depth>/WriteAt, and at the last depth over a unix socket in the
+// stable-pages modes (StablePages, StablePages+DebugImmutable).
+func benchWrites(b *testing.B, bs int, depths ...int) {
+	run := func(network string, qd int, mode benchMode) {
+		b.Run(fmt.Sprintf("%s/QD%d/%v", network, qd, mode), func(b *testing.B) {
+			benchIO(b, network, cmdWrite, bs, qd, mode)
+		})
+	}
+	for _, network := range benchNetworks {
+		for _, qd := range depths {
+			run(network, qd, copyMode)
+		}
+	}
+	for _, mode := range []benchMode{stableMode, immutableMode} {
+		run("unix", depths[len(depths)-1], mode)
+	}
 }
 
-func BenchmarkWrite1M(b *testing.B) { benchWrites(b, 1<<20, 8) }
+func BenchmarkRead4K(b *testing.B)  { benchReads(b, 4096, 1, 8, 32) }
+func BenchmarkWrite4K(b *testing.B) { benchWrites(b, 4096, 1, 8, 32) }
+func BenchmarkRead1M(b *testing.B)  { benchReads(b, 1<<20, 1, 8) }
+func BenchmarkWrite1M(b *testing.B) { benchWrites(b, 1<<20, 1, 8) }
