@@ -33,7 +33,7 @@ func TestUsageAndHelp(t *testing.T) {
 		{[]string{"create", "--layout", "diagonal", "a", "b", "c"}, 2, "unknown layout"},
 		{[]string{"serve"}, 2, "no members given"},
 		{[]string{"serve", "--log-format", "xml", "a"}, 2, "--log-format"},
-		{[]string{"status"}, 2, "no members given"},
+		{[]string{"status", "--control", "/nonexistent/raid5d.sock"}, 2, "no members given"},
 	} {
 		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {
 			code, out, errOut := runCLI(t, tc.args...)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -72,6 +73,18 @@ there, and removes a stale socket left by one that died.
 	fs.Var(&syncMax, "sync-speed-max", "rebuild and scrub `rate` per second when clients are idle (default 200M)")
 	memberTimeout := fs.Duration("member-timeout", 0, "a member read slower than this `duration` counts as a read error and is rebuilt from the others\n(default 30s; negative: no timeout)")
 	readErrorLimit := fs.Int("read-error-limit", 0, "read errors after which a member is marked faulty (`count`, default 20)")
+	tlsCert := fs.String("tls-cert", "", "TLS certificate `file` (PEM); with --tls-key turns on NBD STARTTLS")
+	tlsKey := fs.String("tls-key", "", "TLS private key `file` (PEM)")
+	tlsClientCA := fs.String("tls-client-ca", "", "CA certificates `file` (PEM): clients must present a certificate it signed (mutual TLS)")
+	tlsMode := fs.String("tls", "", "`mode`: require (default with a certificate: every client must STARTTLS), on (TLS and\n"+
+		"plaintext both admitted), off (ignore the certificate)")
+	var allowClients stringList
+	fs.Var(&allowClients, "allow-client", "admit only clients whose certificate `name` (CN or DNS name) is this; repeatable; needs --tls-client-ca")
+	var allowUIDs intList
+	fs.Var(&allowUIDs, "allow-uid", "on a unix socket, admit only peers with this user `id`; repeatable")
+	maxConns := fs.Int("max-connections", nbd.DefaultMaxConnections, "connections served at once; more are closed at once (`n`)")
+	handshakeTimeout := fs.Duration("handshake-timeout", nbd.DefaultHandshakeTimeout, "a client must finish the NBD handshake within this `duration`")
+	idleTimeout := fs.Duration("idle-timeout", 0, "close a connection with nothing in flight after this `duration` without a request (0: never)")
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
 	members, err := parseFlags(fs, args)
 	if err != nil {
@@ -133,14 +146,24 @@ there, and removes a stale socket left by one that died.
 	log.Info("array assembled", "uuid", st.UUID, "state", st.State, "size", size,
 		"members", a.Layout().Members(), "chunk", a.Layout().ChunkSize(), "layout", a.Layout().Algorithm().String())
 
-	ln, addr, err := listenOn(*listen, *socket, log)
+	tlsConf, mode, err := serverTLS(*tlsCert, *tlsKey, *tlsClientCA, *tlsMode)
+	if err != nil {
+		a.Close()
+		return err
+	}
+	ln, addr, err := listenOn(*listen, *socket, mode != nbd.TLSOff && tlsConf != nil, log)
 	if err != nil {
 		a.Close()
 		return err
 	}
 	srv, err := nbd.NewServer(nbd.Options{
-		MlockBuffers:   *mlock,
-		DebugImmutable: *debugImmutable,
+		MlockBuffers:     *mlock,
+		DebugImmutable:   *debugImmutable,
+		TLSConfig:        tlsConf,
+		TLSMode:          mode,
+		MaxConnections:   *maxConns,
+		HandshakeTimeout: *handshakeTimeout,
+		IdleTimeout:      *idleTimeout,
 		Exports: []nbd.Export{{
 			StablePages:    *stablePages,
 			Name:           *export,
@@ -148,6 +171,8 @@ there, and removes a stale socket left by one that died.
 			Device:         a,
 			ReadOnly:       *readOnly,
 			PreferredBlock: preferredBlock(a),
+			AllowedClients: allowClients,
+			AllowedUIDs:    allowUIDs,
 		}},
 		Logger: log,
 	})
@@ -218,7 +243,7 @@ func attachHint(socket, listen string) string {
 	return "nbd://" + listen
 }
 
-func listenOn(addr, socket string, log *slog.Logger) (net.Listener, string, error) {
+func listenOn(addr, socket string, withTLS bool, log *slog.Logger) (net.Listener, string, error) {
 	if socket != "" {
 		if err := removeStaleSocket(socket); err != nil {
 			return nil, "", err
@@ -233,7 +258,7 @@ func listenOn(addr, socket string, log *slog.Logger) (net.Listener, string, erro
 	if err != nil {
 		return nil, "", err
 	}
-	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() && !withTLS {
 		log.Warn("listening on a non-loopback address without TLS: anyone who can reach it can read and overwrite the whole array",
 			"address", ln.Addr().String())
 	}
@@ -338,4 +363,63 @@ func (f *cacheSizeFlag) stripesFor(members []string) int {
 	}
 	per := int64(rep.Layout.Members()) * rep.Layout.ChunkSize()
 	return int(max(1, f.bytes/per))
+}
+
+// serverTLS builds the NBD server's TLS settings from the flags: no certificate means no TLS
+// (and --tls on/require is a usage error); a certificate means TLS required unless --tls says
+// otherwise.
+func serverTLS(cert, key, clientCA, mode string) (*tls.Config, nbd.TLSMode, error) {
+	m := nbd.TLSDefault
+	if mode != "" {
+		var err error
+		if m, err = nbd.ParseTLSMode(mode); err != nil {
+			return nil, 0, fmt.Errorf("%w: --tls: %v", errUsage, err)
+		}
+	}
+	if cert == "" && key == "" {
+		if clientCA != "" {
+			return nil, 0, fmt.Errorf("%w: --tls-client-ca needs --tls-cert and --tls-key", errUsage)
+		}
+		if m == nbd.TLSOn || m == nbd.TLSRequire {
+			return nil, 0, fmt.Errorf("%w: --tls %s needs --tls-cert and --tls-key", errUsage, mode)
+		}
+		return nil, nbd.TLSOff, nil
+	}
+	if cert == "" || key == "" {
+		return nil, 0, fmt.Errorf("%w: --tls-cert and --tls-key go together", errUsage)
+	}
+	if m == nbd.TLSOff {
+		return nil, nbd.TLSOff, nil
+	}
+	conf, err := nbd.LoadTLSConfig(cert, key, clientCA)
+	if err != nil {
+		return nil, 0, err
+	}
+	return conf, m, nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }
+
+// intList is a repeatable integer flag.
+type intList []int
+
+func (l *intList) String() string {
+	parts := make([]string, len(*l))
+	for i, v := range *l {
+		parts[i] = strconv.Itoa(v)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *intList) Set(s string) error {
+	v, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || v < 0 {
+		return fmt.Errorf("want a user id, got %q", s)
+	}
+	*l = append(*l, v)
+	return nil
 }
