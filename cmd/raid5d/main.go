@@ -150,11 +150,15 @@ func newFlagSet(name, synopsis, description string, stdout io.Writer) *flag.Flag
 // parseFlags parses args, printing the usage for --help, and returns the positional arguments.
 // Flags may come before, between or after positional arguments; "--" ends the flags.
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	// flag.Parse calls Usage itself on -help and on every error; print it once, for -help only.
+	usage := fs.Usage
+	fs.Usage = func() {}
+	defer func() { fs.Usage = usage }()
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fs.Usage()
+				usage()
 				return nil, err
 			}
 			return nil, fmt.Errorf("%w: %v", errUsage, err)

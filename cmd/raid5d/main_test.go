@@ -123,3 +123,16 @@ func TestStripeCacheFlag(t *testing.T) {
 		t.Errorf("--debug-immutable alone: exit %d: %s%s", code, out, errOut)
 	}
 }
+
+func TestHelpPrintedOnce(t *testing.T) {
+	for _, c := range commands {
+		code, out, errOut := runCLI(t, c.name, "--help")
+		if code != 0 || strings.Count(out, "Usage: raid5d "+c.name) != 1 || errOut != "" {
+			t.Errorf("%s --help: exit %d, usage printed %d times, stderr %q", c.name, code, strings.Count(out, "Usage: raid5d "+c.name), errOut)
+		}
+		code, out, errOut = runCLI(t, c.name, "--no-such-flag")
+		if code != 2 || out != "" || !strings.Contains(errOut, "no-such-flag") {
+			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", c.name, code, out, errOut)
+		}
+	}
+}
