@@ -1,58 +1,126 @@
 #!/usr/bin/env bash
-# Side-by-side fio figures: raid5d (4 members) vs nbdkit's file plugin over one file, same
-# filesystem, same transport (loopback TCP), same fio jobs, one run. Bounded: each job runs
-# RUNTIME seconds; every server started here is stopped by PID.
+# Side-by-side fio figures: raid5d (4 members) against its peers (nbdkit's file plugin over one
+# file on the same filesystem, nbdkit's null plugin as the transport ceiling, nbd-server if it
+# is installed), same transport (loopback TCP), same fio job files (test/fio/peers/*.fio), one
+# run. The servers run one at a time. Bounded: each job runs RUNTIME seconds under a timeout;
+# every server started here is stopped by PID.
 #
 #   test/bench/peers.sh [DIR]      DIR defaults to /dev/shm/raid5d-bench
 #
-# Prints one line per workload and server, and raid5d's ratio to nbdkit.
+# Environment: RUNTIME (seconds per job, 8), MEMBER (member size, 512M), CHUNK (16K, so 48k is
+# a full stripe), PORT (10911), JOBS (job names to run, default all), RAID5D (a raid5d binary
+# to use instead of building one), RAID5D_FLAGS (extra serve flags), PEERS (default
+# "nbdkit-file nbdkit-null nbd-server").
+#
+# Prints one table: per job and server MB/s, IOPS, p99 completion latency (µs), the server's
+# CPU time per I/O (µs, user+system from /proc/PID/stat over the job, all threads), and
+# raid5d's IOPS ratio to each peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:-/dev/shm/raid5d-bench}
-RUNTIME=${RUNTIME:-8}
+export RUNTIME=${RUNTIME:-8}
 MEMBER=${MEMBER:-512M}
-PORT_R=${PORT_R:-10911}
-PORT_K=${PORT_K:-10912}
-for t in fio nbdkit; do command -v $t >/dev/null || { echo "need $t (make deps)"; exit 1; }; done
+CHUNK=${CHUNK:-16K}
+PORT=${PORT:-10911}
+PEERS=${PEERS:-nbdkit-file nbdkit-null nbd-server}
+for t in fio nbdkit nbdinfo python3; do command -v $t >/dev/null || { echo "need $t (make deps)"; exit 1; }; done
 
-go build -o bin/raid5d ./cmd/raid5d
+if [[ -z ${JOBS:-} ]]; then
+  JOBS=$(cd test/fio/peers && ls *.fio | sed 's/\.fio$//' | sort | tr '\n' ' ')
+fi
+if [[ -z ${RAID5D:-} ]]; then
+  go build -o bin/raid5d ./cmd/raid5d
+  RAID5D=bin/raid5d
+fi
 rm -rf "$DIR"; mkdir -p "$DIR"
-bin/raid5d create --size "$MEMBER" "$DIR"/m{0..3}.img >/dev/null
-size=$(bin/raid5d status "$DIR"/m{0..3}.img | awk '/size:/{gsub(/[()]/,"",$3); print $3; exit}')
+"$RAID5D" create --chunk "$CHUNK" --size "$MEMBER" "$DIR"/m{0..3}.img >/dev/null
+size=$(stat -c %s "$DIR/m0.img")
+size=$((size * 3 - 3 * 1024 * 1024)) # at most the array's size; the jobs touch 256M
 truncate -s "$size" "$DIR/peer.img"
+results=$DIR/results
+: >"$results"
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$DIR"; }
+pid=
+stop() { # stop the server started last, by PID
+  if [[ -n $pid ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=; fi
+}
+cleanup() { stop; rm -rf "$DIR"; }
 trap cleanup EXIT
 
-bin/raid5d serve --listen 127.0.0.1:$PORT_R --log-level warn "$DIR"/m{0..3}.img &
-pids+=($!)
-nbdkit --foreground --exit-with-parent --port $PORT_K --ipaddr 127.0.0.1 file "$DIR/peer.img" &
-pids+=($!)
-for p in $PORT_R $PORT_K; do
-  for _ in $(seq 50); do nbdinfo --size nbd://127.0.0.1:$p >/dev/null 2>&1 && break; sleep 0.1; done
-done
-
-# name rw bs iodepth
-jobs=(
-  "seqwrite-1M write 1M 32"
-  "seqread-1M read 1M 32"
-  "randwrite-4k randwrite 4k 32"
-  "randread-4k randread 4k 32"
-)
-fiojob() { # uri rw bs depth -> "MB/s IOPS"
-  fio --name=j --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth="$4" --size=256M \
-      --time_based --runtime="$RUNTIME" --ramp_time=1 --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; d=j["read"] if j["read"]["io_bytes"] else j["write"]; print("%.0f %.0f" % (d["bw_bytes"]/1e6, d["iops"]))'
+start() { # name: start that server on PORT, in the background, and wait until it answers
+  case $1 in
+    raid5d) "$RAID5D" serve --listen 127.0.0.1:$PORT --control "$DIR/ctl.sock" --log-level warn \
+              ${RAID5D_FLAGS:-} "$DIR"/m{0..3}.img & ;;
+    nbdkit-file) nbdkit --foreground --exit-with-parent --port $PORT --ipaddr 127.0.0.1 \
+                   file "$DIR/peer.img" & ;;
+    nbdkit-null) nbdkit --foreground --exit-with-parent --port $PORT --ipaddr 127.0.0.1 \
+                   null size="$size" & ;;
+    nbd-server) printf '[generic]\n[export]\nexportname = %s\n' "$DIR/peer.img" >"$DIR/nbd-server.conf"
+                nbd-server -d -C "$DIR/nbd-server.conf" 127.0.0.1@$PORT & ;;
+  esac
+  pid=$!
+  for _ in $(seq 100); do nbdinfo --size nbd://127.0.0.1:$PORT >/dev/null 2>&1 && return; sleep 0.1; done
+  echo "$1 did not start"; exit 1
 }
-# Fill both so reads are of written data, not holes.
-fio --name=fill --ioengine=nbd --uri=nbd://127.0.0.1:$PORT_R --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
-fio --name=fill --ioengine=nbd --uri=nbd://127.0.0.1:$PORT_K --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
 
-printf '%-14s %12s %12s %12s %12s %8s\n' workload raid5d-MB/s raid5d-IOPS nbdkit-MB/s nbdkit-IOPS ratio
-for j in "${jobs[@]}"; do
-  set -- $j
-  read -r rb ri < <(fiojob nbd://127.0.0.1:$PORT_R "$2" "$3" "$4")
-  read -r kb ki < <(fiojob nbd://127.0.0.1:$PORT_K "$2" "$3" "$4")
-  printf '%-14s %12s %12s %12s %12s %8s\n' "$1" "$rb" "$ri" "$kb" "$ki" "$(python3 -c "print('%.2f' % ($ri/$ki if $ki else 0))")"
+# PARSE reads fio's JSON on stdin and prints one results line.
+read -r -d '' PARSE <<'EOF' || true
+import json, sys
+server, job, t0, t1, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+text = sys.stdin.read()
+j = json.loads(text[text.index("{"):])["jobs"][0]
+d = j["read"] if j["read"]["io_bytes"] else j["write"]
+ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+p99 = d["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1e3
+cpu = (t1 - t0) / hz * 1e6 / ios if ios else 0
+print(job, server, "%.0f" % (d["bw_bytes"] / 1e6), "%.0f" % d["iops"], "%.0f" % p99, "%.1f" % cpu)
+EOF
+
+cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+runjob() { # server job: append "job server MB/s IOPS p99us cpu-us/io" to results
+  local t0 t1 out
+  t0=$(cputicks "$pid")
+  out=$(NBD_URI=nbd://127.0.0.1:$PORT timeout $((RUNTIME + 60)) \
+        fio --output-format=json "test/fio/peers/$2.fio" 2>/dev/null)
+  t1=$(cputicks "$pid")
+  python3 -c "$PARSE" "$1" "$2" "$t0" "$t1" "$(getconf CLK_TCK)" <<<"$out" >>"$results"
+}
+
+servers=(raid5d)
+for p in $PEERS; do
+  case $p in
+    nbd-server) command -v nbd-server >/dev/null || { echo "# nbd-server not installed: skipped"; continue; } ;;
+  esac
+  servers+=("$p")
 done
+for s in "${servers[@]}"; do
+  start "$s"
+  # Fill the range the jobs touch, so reads are of written data, not holes.
+  [[ $s == nbdkit-null ]] || NBD_URI=nbd://127.0.0.1:$PORT timeout 60 fio --name=fill \
+    --ioengine=nbd --uri=nbd://127.0.0.1:$PORT --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
+  for j in $JOBS; do runjob "$s" "$j"; done
+  stop
+done
+
+python3 - "$results" "${servers[@]}" <<'EOF'
+import sys
+path, servers = sys.argv[1], sys.argv[2:]
+rows = {}
+for line in open(path):
+    job, server, mbs, iops, p99, cpu = line.split()
+    rows.setdefault(job, {})[server] = (float(mbs), float(iops), float(p99), float(cpu))
+peers = servers[1:]
+head = "%-18s %-12s %9s %9s %9s %10s" % ("job", "server", "MB/s", "IOPS", "p99-us", "cpu-us/io")
+head += "".join(" %15s" % ("vs-" + p) for p in peers)
+print(head)
+for job, by in rows.items():
+    for s in servers:
+        if s not in by:
+            continue
+        mbs, iops, p99, cpu = by[s]
+        line = "%-18s %-12s %9.0f %9.0f %9.0f %10.1f" % (job, s, mbs, iops, p99, cpu)
+        if s == "raid5d":
+            line += "".join(" %15s" % ("%.2f" % (iops / by[p][1]) if by.get(p, (0, 0))[1] else "-") for p in peers)
+        print(line)
+EOF
