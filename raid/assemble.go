@@ -232,8 +232,12 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 	stale := 0
 	for i, sb := range sbs {
 		m := &member{Member: members[i], sb: sb}
-		isStale := sb.Events < ref.Events && sb.Role >= 0 ||
+		isStale := behind(sb, ref) && sb.Role >= 0 ||
 			sb.Role >= 0 && ref.States[sb.Role] == roleFaulty // recorded as failed by the others
+		if sb.Events < ref.Events && !isStale && sb.Role >= 0 {
+			log.Info("raid: member one event behind the others, as a superblock update cut short by a crash leaves it; it missed no writes and is accepted",
+				"member", members[i].Name(), "role", sb.Role, "events", sb.Events, "array_events", ref.Events)
+		}
 		switch {
 		case isStale && !opts.RebuildStale:
 			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
@@ -451,7 +455,7 @@ func Examine(paths []string) (*Report, error) {
 		case sameGeometry(sb, ref) != nil:
 			em.Err = sameGeometry(sb, ref)
 		case sb.Role == spareRole:
-		case sb.Events < ref.Events || ref.States[sb.Role] == roleFaulty:
+		case behind(sb, ref) || ref.States[sb.Role] == roleFaulty:
 			em.Stale = true
 			rep.Stale = append(rep.Stale, em.Path)
 		case ref.States[sb.Role] == roleRebuilding:
@@ -475,4 +479,19 @@ func Examine(paths []string) (*Report, error) {
 		rep.State = StateClean
 	}
 	return rep, nil
+}
+
+// behind reports whether the member with superblock sb missed changes to the array whose newest
+// superblock is ref. Every superblock update is written to the members one after another, and the
+// next starts only when it has finished; so a crash in the middle leaves some members exactly one
+// event behind, with nothing else missed: data writes go to every working member whatever its
+// superblock says, and a change of membership (a failure, a missing member) is recorded as faulty
+// in ref's state table. A member one event behind that ref still counts as working is therefore
+// current; anything further behind missed a state change, and with it possibly writes.
+func behind(sb, ref *superblock) bool {
+	if sb.Events >= ref.Events {
+		return false
+	}
+	torn := sb.Events+1 == ref.Events && sb.Role >= 0 && sb.Role < len(ref.States) && ref.States[sb.Role] != roleFaulty
+	return !torn
 }
