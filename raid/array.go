@@ -79,7 +79,17 @@ type Array struct {
 	retired []*member // dropped members, closed by Close (in-flight I/O may still use them)
 	events  uint64
 	uuid    UUID
-	unclean bool // assembled dirty: stays dirty on disk until a resync (later issue)
+	unclean bool // assembled dirty: stays dirty on disk until the resync has finished
+
+	// resync is the set of regions whose parity may be stale after an unclean shutdown (nil
+	// if the array was assembled clean); set before start, its flags cleared by the resync.
+	// resyncPos is the resync's position in stripes: it moves past stripe s only under s's
+	// lock. writeHole: assembled dirty and degraded, so those regions could not be resynced.
+	resync    *resyncSet
+	resyncPos atomic.Int64
+	writeHole atomic.Bool
+	// bm is the write-intent bitmap (bitmap.go); nil if the array has none.
+	bm *bitmap
 
 	// syncMu guards job, lastScrub, speedMin, speedMax, closing: the background rebuild or
 	// scrub (sync.go). Never held while taking sbMu or a stripe lock.
@@ -87,6 +97,7 @@ type Array struct {
 	job                *syncJob
 	lastScrub          *Progress
 	lastRebuild        *Progress
+	lastResync         *Progress
 	speedMin, speedMax int64
 	closing            bool
 	bgWG               sync.WaitGroup // the sync goroutines
@@ -152,6 +163,9 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	if a.timeout == 0 {
 		a.timeout = DefaultMemberTimeout
 	}
+	if ref.Features&featureBitmap != 0 && !readOnly {
+		a.bm = newBitmap(a, ref.BitmapRegion)
+	}
 	a.readErrLimit = opts.ReadErrorLimit
 	if a.readErrLimit == 0 {
 		a.readErrLimit = DefaultReadErrorLimit
@@ -182,6 +196,7 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 		}
 		a.cache = stripe.NewCache(layout, coder, memberIO{a}, &a.locks, stripe.CacheOptions{
 			Stripes: stripes, WriteBackDelay: opts.WriteBackDelay, WriteBackers: opts.WriteBackers, Logger: log,
+			MustReconstruct: a.needsRCW,
 		})
 	}
 	return a, nil
@@ -224,6 +239,10 @@ func (a *Array) start() {
 	}
 	if !a.readOnly {
 		a.maybeRebuild()
+		a.maybeResync()
+		if a.bm != nil {
+			a.bgWG.Go(a.bm.cleaner)
+		}
 	}
 }
 
@@ -273,10 +292,14 @@ type MemberStatus struct {
 
 // Status is a snapshot of an array's state.
 type Status struct {
-	UUID      UUID
-	State     State
-	Dirty     bool // the superblocks say dirty (writes since assembly, or an unclean shutdown)
-	Unclean   bool // assembled after an unclean shutdown: parity may be inconsistent until a resync
+	UUID    UUID
+	State   State
+	Dirty   bool // the superblocks say dirty (writes since assembly, or an unclean shutdown)
+	Unclean bool // assembled after an unclean shutdown: parity may be inconsistent until the resync ends
+	// WriteHole: assembled after an unclean shutdown while degraded. Parity of the stripes
+	// being written at the crash cannot be resynced without the missing member, so chunks
+	// rebuilt from it (degraded reads, a rebuild) may be wrong. Logged as an error too.
+	WriteHole bool
 	Events    uint64
 	Layout    stripe.Layout
 	Size      int64
@@ -287,7 +310,11 @@ type Status struct {
 	// LastRebuild is the last finished or stopped rebuild run, nil if none (Resumed says
 	// where it started).
 	LastRebuild *Progress
-	Counters    Counters
+	// LastResync is the last finished or stopped resync after an unclean shutdown, nil if none.
+	LastResync *Progress
+	// Bitmap describes the write-intent bitmap; nil if the array has none.
+	Bitmap   *BitmapStatus
+	Counters Counters
 	// SyncSpeedMin and SyncSpeedMax bound rebuild and scrub speed, in bytes/s (SetSyncSpeed).
 	SyncSpeedMin, SyncSpeedMax int64
 }
@@ -295,7 +322,8 @@ type Status struct {
 // Status returns a snapshot of the array's state. It may be called concurrently with I/O.
 func (a *Array) Status() Status {
 	a.sbMu.Lock()
-	st := Status{Events: a.events, Layout: a.layout, Size: a.size, Unclean: a.unclean, UUID: a.uuid}
+	st := Status{Events: a.events, Layout: a.layout, Size: a.size, Unclean: a.unclean, UUID: a.uuid,
+		WriteHole: a.writeHole.Load()}
 	st.Dirty = a.dirty.Load() || a.unclean
 	for r := range a.roles {
 		m := a.roles[r].Load()
@@ -348,9 +376,17 @@ func (a *Array) Status() Status {
 		p := *a.lastRebuild
 		st.LastRebuild = &p
 	}
+	if a.lastResync != nil {
+		p := *a.lastResync
+		st.LastResync = &p
+	}
 	st.SyncSpeedMin, st.SyncSpeedMax = a.speedMin, a.speedMax
 	a.syncMu.Unlock()
 	st.Counters = a.Counters()
+	if a.bm != nil {
+		b := a.bm.status()
+		st.Bitmap = &b
+	}
 	return st
 }
 
@@ -479,6 +515,12 @@ func (a *Array) Close() error {
 		err = errors.Join(err, a.syncMembers())
 		errs = append(errs, err)
 		a.sbMu.Lock()
+		if err == nil && a.bm != nil && !a.failed() {
+			// Everything is written and synced: no region needs its bit (but those still
+			// waiting for the resync).
+			err = a.bm.clearAll()
+			errs = append(errs, err)
+		}
 		if err == nil && a.dirty.Load() && !a.unclean && !a.failed() {
 			errs = append(errs, a.writeSuperblocks(func(sb *superblock) { sb.Dirty = false }))
 			a.dirty.Store(false)

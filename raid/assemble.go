@@ -25,8 +25,13 @@ type CreateOptions struct {
 	Force      bool   // overwrite members that already carry a raid5d superblock
 	// Spares are paths of spare members (created like members with MemberSize), added after
 	// the array is created (AddSpare).
-	Spares    []string
-	IOOptions // stripe cache, stable pages, failure handling for the returned array
+	Spares []string
+	// BitmapRegion is how many array bytes each bit of the write-intent bitmap covers,
+	// rounded up to a power-of-two number of stripes: 0 the default (the smallest such that
+	// the bitmap has at most DefaultBitmapBits bits); < 0 no bitmap (every unclean shutdown
+	// then resyncs the whole array). ErrBitmapRegion if the bitmap would not fit.
+	BitmapRegion int64
+	IOOptions    // stripe cache, stable pages, failure handling for the returned array
 }
 
 // Create makes a new array of the members at paths (role i is paths[i]), writes their
@@ -125,11 +130,23 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 		return nil, err
 	}
 	arrayUUID, now := newUUID(), time.Now()
+	var features uint32
+	var bmOff, bmSize, bmRegion int64
+	if opts.BitmapRegion >= 0 {
+		stripes := dataSize / chunk
+		bmRegion = bitmapRegionStripes(stripes, layout.StripeSize(), opts.BitmapRegion)
+		features, bmOff, bmSize = featureBitmap, BitmapOffset, bitmapBytes((stripes+bmRegion-1)/bmRegion)
+		if bmSize > MaxBitmapBytes {
+			return nil, fmt.Errorf("%w: %d bytes per bit make %d bytes, the area holds %d", ErrBitmapRegion,
+				bmRegion*layout.StripeSize(), bmSize, MaxBitmapBytes)
+		}
+	}
 	roles := make([]*member, len(members))
 	for r, m := range members {
 		roles[r] = &member{Member: m, sb: &superblock{
 			ArrayUUID: arrayUUID, DeviceUUID: newUUID(), Level: level5, Layout: alg, Chunk: chunk,
 			Members: len(members), Role: r, DataOffset: DataOffset, DataSize: dataSize, Created: now,
+			Features: features, BitmapOff: bmOff, BitmapSize: bmSize, BitmapRegion: bmRegion,
 		}}
 	}
 	a, err := newArray(layout, roles, nil, false, nil, opts.IOOptions)
@@ -161,7 +178,8 @@ type AssembleOptions struct {
 // superblocks. A path that does not exist counts as a missing member (logged), as does a role
 // no path names. With one member missing the array is assembled degraded; see the Err*
 // variables for what is refused. Assembling a dirty array (not shut down cleanly) logs a warning
-// and Status reports it.
+// and starts a background resync of the regions its write-intent bitmap marks (all of them
+// without a bitmap); assembled degraded, it cannot be resynced: see Status.WriteHole.
 func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	log := opts.Logger
 	if log == nil {
@@ -295,7 +313,15 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 	if ref.Dirty {
 		a.unclean = true
 		a.dirty.Store(true)
-		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent (no resync yet)", "array", ref.ArrayUUID)
+		a.resync = a.newResync()
+		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent until the resync ends",
+			"array", ref.ArrayUUID, "regions", a.resync.count(), "of", len(a.resync.pending), "full", a.resync.full)
+		if len(missing) == 1 && !opts.ReadOnly {
+			a.noteWriteHole()
+		}
+	}
+	if a.bm != nil {
+		a.bm.hold(a.resync)
 	}
 	if len(missing) == 1 || stale > 0 {
 		if len(missing) == 1 {

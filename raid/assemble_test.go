@@ -11,6 +11,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/raid5d/raid5d/raid"
 	"github.com/raid5d/raid5d/raid/raidtest"
@@ -288,8 +289,8 @@ func TestCreateUnequal(t *testing.T) {
 }
 
 // TestCleanDirty follows the superblock state: clean after Create, dirty (durably, before the
-// write) after the first write, clean after Close; an array not closed assembles as unclean
-// and stays dirty on disk.
+// write) after the first write, clean after Close; an array not closed assembles as unclean,
+// resyncs, and is clean after Close once the resync has finished.
 func TestCleanDirty(t *testing.T) {
 	dir := t.TempDir()
 	paths := memberPaths(dir, 3)
@@ -366,10 +367,26 @@ func TestCleanDirty(t *testing.T) {
 	if _, err := b.ReadAt(got, 5); err != nil || string(got) != "xyz" {
 		t.Fatalf("read %q, %v", got, err)
 	}
-	b.Close()
-	if r, err := raid.Examine(crashed); err != nil || !r.Dirty {
-		t.Fatalf("an unclean array must stay dirty on disk after Close (until a resync): %+v, %v", r, err)
+	p := waitResync(t, b)
+	if p.Err != "" || p.Done != p.Total || b.Status().Unclean {
+		t.Fatalf("resync: %+v, unclean %v", p, b.Status().Unclean)
 	}
+	b.Close()
+	if r, err := raid.Examine(crashed); err != nil || r.Dirty {
+		t.Fatalf("after the resync and Close the array must be clean: %+v, %v", r, err)
+	}
+}
+
+// waitResync waits (at most 20 s) for a's resync to end and returns its progress.
+func waitResync(t *testing.T, a *raid.Array) raid.Progress {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if st := a.Status(); st.LastResync != nil && st.Sync == nil {
+			return *st.LastResync
+		}
+	}
+	t.Fatalf("no resync ended: %+v", a.Status().Sync)
+	return raid.Progress{}
 }
 
 func TestErrors(t *testing.T) {

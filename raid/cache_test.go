@@ -653,12 +653,15 @@ func TestFUA(t *testing.T) {
 	if _, err := a.WriteAt([]byte{1}, 0); err != nil { // the first write marks the array dirty, with syncs
 		t.Fatal(err)
 	}
-	syncs := ms[0].Syncs()
+	syncs, flushes := ms[0].Syncs(), a.Status().Bitmap.Flushes
 	if _, err := a.WriteAtFUA(p, off); err != nil {
 		t.Fatal(err)
 	}
-	if ms[0].Syncs() != syncs+1 {
-		t.Fatalf("syncs %d → %d, want one more", syncs, ms[0].Syncs())
+	// One sync for the FUA write, one for each write-intent bitmap write (2 stripes written out:
+	// 2 regions of one stripe each set, each bit synced before its stripe is written).
+	bf := a.Status().Bitmap.Flushes - flushes
+	if ms[0].Syncs() != syncs+1+int(bf) || bf != 2 {
+		t.Fatalf("syncs %d → %d with %d bitmap writes, want one more than those (and 2 of them)", syncs, ms[0].Syncs(), bf)
 	}
 	got := append(bytes.Clone(memberData(ms, a.Layout(), off, C/2)), memberData(ms, a.Layout(), off+C/2, C)...)
 	if !bytes.Equal(got, p) {

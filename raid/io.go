@@ -277,7 +277,7 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 			ops = append(ops, memberOp{role: pm, buf: P, off: pOff, write: true})
 		}
 		reads = ops
-		return a.runOps(ops)
+		return a.writeIntent(s, 1, func() error { return a.runOps(ops) })
 	}
 	if a.usable(pm, s) == nil { // parity missing: the data is all there is
 		return writeAll(nil)
@@ -307,7 +307,7 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 	rmw := dm >= 0 && ext[dm] < 0
 	if dm < 0 {
 		rcwBytes := int64(D)*L - newBytes
-		rmw = newBytes+L < rcwBytes
+		rmw = newBytes+L < rcwBytes && !a.needsRCW(s)
 	}
 
 	if rmw {
@@ -455,17 +455,21 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 		n := min(nLocks, end-s)
 		a.lockSpan(s, n)
 		var errs []error
-		for r := range a.roles {
-			if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
-				moff := a.dataOffset + s*C
-				if err := m.Trim(moff, n*C); err != nil {
-					merr := memberErr(m, r, "trim", moff, err)
-					m.writeErrs.Add(1)
-					a.fail(m, merr)
-					errs = append(errs, a.skipWrite(r, s, merr))
+		ierr := a.writeIntent(s, n, func() error {
+			for r := range a.roles {
+				if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
+					moff := a.dataOffset + s*C
+					if err := m.Trim(moff, n*C); err != nil {
+						merr := memberErr(m, r, "trim", moff, err)
+						m.writeErrs.Add(1)
+						a.fail(m, merr)
+						errs = append(errs, a.skipWrite(r, s, merr))
+					}
 				}
 			}
-		}
+			return nil
+		})
+		errs = append(errs, ierr)
 		// Only now forget the cached stripes: until the members read as zeroes, a read that
 		// finds no cache head would see data older than the last writes.
 		if a.cache != nil {

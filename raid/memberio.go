@@ -80,6 +80,28 @@ func (m memberIO) Missing(s int64) int { return m.a.missingAt(s) }
 // the error of the lowest role that failed, as a *MemberError.
 func (m memberIO) Do(ops []stripe.MemberOp) error {
 	a := m.a
+	if a.bm != nil {
+		s0, s1 := int64(-1), int64(-1)
+		C := a.layout.ChunkSize()
+		for i := range ops {
+			if ops[i].Write {
+				s := ops[i].Off / C
+				if s0 < 0 || s < s0 {
+					s0 = s
+				}
+				s1 = max(s1, s)
+			}
+		}
+		if s0 >= 0 {
+			return a.writeIntent(s0, s1-s0+1, func() error { return m.do(ops) })
+		}
+	}
+	return m.do(ops)
+}
+
+// do is Do without the write-intent bitmap.
+func (m memberIO) do(ops []stripe.MemberOp) error {
+	a := m.a
 	switch len(ops) {
 	case 0:
 		return nil

@@ -69,13 +69,15 @@ type superblock struct {
 	DataSize   int64 // bytes of data area used on each member, a multiple of Chunk
 	Events     uint64
 	Dirty      bool
-	Features   uint32 // reserved for the bitmap and log; always 0 in format version 1
+	Features   uint32 // featureBitmap; 0 in superblocks from before the bitmap
 	Created    time.Time
 	Updated    time.Time
-	BitmapOff  int64 // reserved: member offset of the write-intent bitmap, 0 = none
-	BitmapSize int64
-	LogOff     int64 // reserved: member offset of the log, 0 = none
-	LogSize    int64
+	BitmapOff  int64 // member offset of the write-intent bitmap (BitmapOffset), 0 = none
+	BitmapSize int64 // its size in bytes (whole pages)
+	// BitmapRegion is the stripes each bit covers (a power of two), 0 without a bitmap.
+	BitmapRegion int64
+	LogOff       int64 // reserved: member offset of the log, 0 = none
+	LogSize      int64
 	// Recovery is how many bytes of the data area the member rebuilding into the role whose
 	// state is roleRebuilding has rebuilt (a checkpoint; 0 when nothing is being rebuilt).
 	Recovery int64
@@ -117,7 +119,13 @@ const (
 	sbLogSize    = 144
 	sbRecovery   = 152
 	sbStates     = 160 // stripe.MaxMembers bytes
-	sbEnd        = 192 // [sbEnd, crcOff) is reserved and written as zeroes
+	sbBitmapReg  = 192
+	sbEnd        = 200 // [sbEnd, crcOff) is reserved and written as zeroes
+
+	// featureBitmap: the member carries a write-intent bitmap (BitmapOff, BitmapSize,
+	// BitmapRegion are set).
+	featureBitmap = 1 << 0
+	knownFeatures = featureBitmap
 
 	stateClean = 0
 	stateDirty = 1
@@ -154,7 +162,8 @@ func (sb *superblock) encode(b []byte) {
 	le.PutUint64(b[sbLogOff:], uint64(sb.LogOff))
 	le.PutUint64(b[sbLogSize:], uint64(sb.LogSize))
 	le.PutUint64(b[sbRecovery:], uint64(sb.Recovery))
-	copy(b[sbStates:sbEnd], sb.States[:])
+	copy(b[sbStates:sbBitmapReg], sb.States[:])
+	le.PutUint64(b[sbBitmapReg:], uint64(sb.BitmapRegion))
 	le.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32c))
 }
 
@@ -190,7 +199,8 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 		LogSize:    int64(le.Uint64(b[sbLogSize:])),
 		Recovery:   int64(le.Uint64(b[sbRecovery:])),
 	}
-	copy(sb.States[:], b[sbStates:sbEnd])
+	copy(sb.States[:], b[sbStates:sbBitmapReg])
+	sb.BitmapRegion = int64(le.Uint64(b[sbBitmapReg:]))
 	copy(sb.ArrayUUID[:], b[sbArrayUUID:])
 	copy(sb.DeviceUUID[:], b[sbDeviceUUID:])
 	// A valid checksum over nonsense is still nonsense: check every field.
@@ -232,8 +242,18 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 	default:
 		return bad("state %d", le.Uint32(b[sbState:]))
 	}
-	if sb.Features != 0 {
-		return bad("features %#x (none are known to this build)", sb.Features)
+	if sb.Features&^knownFeatures != 0 {
+		return bad("features %#x (this build knows %#x)", sb.Features, knownFeatures)
+	}
+	if sb.Features&featureBitmap != 0 {
+		stripes := sb.DataSize / sb.Chunk
+		if sb.BitmapOff != BitmapOffset || sb.BitmapRegion <= 0 || sb.BitmapRegion&(sb.BitmapRegion-1) != 0 ||
+			sb.BitmapRegion > 1<<40 || sb.BitmapSize != bitmapBytes((stripes+sb.BitmapRegion-1)/sb.BitmapRegion) ||
+			sb.BitmapSize > MaxBitmapBytes {
+			return bad("bitmap at %d, %d bytes, %d stripes per bit", sb.BitmapOff, sb.BitmapSize, sb.BitmapRegion)
+		}
+	} else if sb.BitmapOff != 0 || sb.BitmapSize != 0 || sb.BitmapRegion != 0 {
+		return bad("bitmap fields set without the bitmap feature")
 	}
 	return sb, nil
 }

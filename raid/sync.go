@@ -18,12 +18,12 @@ const (
 
 // Progress describes a rebuild or scrub.
 type Progress struct {
-	Kind        string        // "rebuild", "check" or "repair"
+	Kind        string        // "rebuild", "check", "repair" or "resync"
 	Role        int           // rebuild: the role being rebuilt; -1 otherwise
 	Done, Total int64         // bytes of the member data area
 	BytesPerSec float64       // member data-area bytes per second since this run started
 	ETA         time.Duration // at that speed
-	Mismatches  int64         // check/repair: stripes whose parity did not match (so far)
+	Mismatches  int64         // check/repair/resync: stripes whose parity did not match (so far); repair and resync rewrote it
 	MismatchAt  []int64       // the first (at most maxMismatchAt) such stripe numbers
 	Resumed     int64         // rebuild: the checkpoint it resumed from (bytes), 0 if none
 	Err         string        // why it stopped early, if it did
@@ -101,12 +101,18 @@ func (a *Array) startJobLocked(kind string, role int, busyFails bool, fn func(ct
 			j.p.Err = err.Error()
 		}
 		p := j.progress()
-		if kind != "rebuild" {
+		switch {
+		case kind == "resync":
+			a.lastResync = &p
+		case kind != "rebuild":
 			a.lastScrub = &p
-		} else if p.Role >= 0 {
+		case p.Role >= 0:
 			a.lastRebuild = &p
 		}
 		a.syncMu.Unlock()
+		if kind == "rebuild" && err == nil {
+			a.maybeResync() // a rebuild that ended with regions pending: now they can be
+		}
 		if err != nil && !errors.Is(err, context.Canceled) {
 			a.log.Error("raid: "+kind+" stopped", "err", err)
 		}
@@ -126,6 +132,9 @@ func (a *Array) stopSync(rebuildToo bool) {
 
 // stopAllSync stops the background job, waits for it, and refuses new ones (Close).
 func (a *Array) stopAllSync() {
+	if a.bm != nil {
+		a.bm.stopCleaner()
+	}
 	a.syncMu.Lock()
 	a.closing = true
 	if a.job != nil {
@@ -277,6 +286,9 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 				a.recPos.Store(0)
 				sp.rebuilding.Store(true)
 				a.roles[r].Store(sp)
+				if a.bm != nil {
+					a.bm.hold(nil) // the spare's bitmap is written whole at the next flush
+				}
 				a.recount()
 				break
 			}
@@ -567,7 +579,7 @@ func (a *Array) scrubSpan(s0, k int64, bufs [][]byte, repair bool) ([]int64, err
 		}
 		bad = append(bad, s)
 		if repair {
-			if err := a.memberIO(pm, P[:C], a.dataOffset+s*C, true, true); err != nil {
+			if err := a.writeIntent(s, 1, func() error { return a.memberIO(pm, P[:C], a.dataOffset+s*C, true, true) }); err != nil {
 				return bad, err
 			}
 		}

@@ -57,6 +57,11 @@ type CacheOptions struct {
 	// parallel); 0 means DefaultWriteBackers.
 	WriteBackers int
 	Logger       *slog.Logger // nil: discard
+	// MustReconstruct, if not nil, reports whether stripe s's parity on the members may be
+	// stale (an array resyncing after a crash): a partial write-out of s then reconstructs
+	// the parity of the units it writes from the data (reconstruct-write), never folds a
+	// difference into the old parity (read-modify-write). Called with s's lock held.
+	MustReconstruct func(s int64) bool
 }
 
 // CacheCounters are a Cache's cumulative counters.
@@ -100,9 +105,10 @@ type Cache struct {
 	delay  time.Duration
 	nwb    int
 	log    *slog.Logger
-	nd     int   // data chunks per stripe
-	chunk  int64 // chunk size
-	upc    int   // units per chunk
+	mustRC func(s int64) bool // CacheOptions.MustReconstruct, or nil
+	nd     int                // data chunks per stripe
+	chunk  int64              // chunk size
+	upc    int                // units per chunk
 	cap    int
 
 	mu      sync.Mutex // guards heads, lru, free, delayed, urgent, queued, err, and heads' bindings and links
@@ -182,7 +188,7 @@ const (
 func NewCache(layout Layout, coder *parity.Coder, m Members, locks *Locks, opts CacheOptions) *Cache {
 	c := &Cache{
 		layout: layout, coder: coder, m: m, locks: locks,
-		delay: opts.WriteBackDelay, nwb: opts.WriteBackers, log: opts.Logger,
+		delay: opts.WriteBackDelay, nwb: opts.WriteBackers, log: opts.Logger, mustRC: opts.MustReconstruct,
 		nd: layout.DataMembers(), chunk: layout.ChunkSize(), upc: int(layout.ChunkSize() / UnitSize),
 		cap:   max(opts.Stripes, 1),
 		heads: make(map[int64]*head),
@@ -680,7 +686,7 @@ func (c *Cache) writeOut(h *head, s int64) error {
 	colDirty := func(u int) bool { return cols[u]&colDirty != 0 }
 	full := h.nUp == D*upc
 	rmw := false
-	if !full && dm < 0 && !h.mustRCW {
+	if !full && dm < 0 && !h.mustRCW && (c.mustRC == nil || !c.mustRC(s)) {
 		rcwReads, rmwReads := 0, 0
 		for u := range upc {
 			nd, nu := 0, 0

@@ -1,0 +1,645 @@
+package raid_test
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/raidtest"
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// fastSync lets resyncs run unthrottled in tests.
+var fastSync = raid.IOOptions{SyncSpeedMin: 1 << 40, SyncSpeedMax: 1 << 40}
+
+// inconsistent returns the stripes of members ms (read through ReadAt; the array idle or
+// closed) whose parity is not the XOR of their data.
+func inconsistent(t *testing.T, ms []raid.Member, l stripe.Layout) []int64 {
+	t.Helper()
+	C := l.ChunkSize()
+	stripes := (ms[0].Size() - raid.DataOffset) / C
+	P, buf := make([]byte, C), make([]byte, C)
+	var bad []int64
+	for s := range stripes {
+		clear(P)
+		off := raid.DataOffset + s*C
+		for d := range l.DataMembers() {
+			if _, err := ms[l.DataMember(s, d)].ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+			subtle.XORBytes(P, P, buf)
+		}
+		if _, err := ms[l.ParityMember(s)].ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(P, buf) {
+			bad = append(bad, s)
+		}
+	}
+	return bad
+}
+
+// corruptParity flips a byte of stripe s's parity chunk at in-chunk offset in.
+func corruptParity(t *testing.T, ms []raid.Member, l stripe.Layout, s, in int64) {
+	t.Helper()
+	b := []byte{0}
+	off := raid.DataOffset + s*l.ChunkSize() + in
+	m := ms[l.ParityMember(s)]
+	if _, err := m.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x5a
+	if _, err := m.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestResync: an array assembled dirty resyncs in the background. With a bitmap only the
+// regions whose bits are set are read (counted in member bytes) and fixed — a corrupted parity
+// in a region not marked stays as it is, proof that it was not touched; without one, every
+// stripe is. Reads are correct throughout, Close then marks the array clean.
+func TestResync(t *testing.T) {
+	const C, chunks, regionStripes = 4 << 10, 64, 4
+	for _, tc := range []struct {
+		name   string
+		region int64 // CreateOptions.BitmapRegion
+	}{
+		{"bitmap", regionStripes * 2 * C},
+		{"no-bitmap", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mems := newMems("r", 3, raid.DataOffset+chunks*C)
+			ms := asMembers(mems)
+			a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, BitmapRegion: tc.region})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := a.Layout()
+			ss := l.StripeSize()
+			want := make([]byte, chunks*ss)
+			rng := rand.New(rand.NewPCG(1, 2))
+			// Write stripes 5 and 6 (region 1) and 21 (region 5), partly.
+			for _, s := range []int64{5, 6, 21} {
+				p := make([]byte, 3*C/2)
+				fill(rng, p)
+				copy(want[s*ss+C/4:], p)
+				if _, err := a.WriteAt(p, s*ss+C/4); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := a.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if st := a.Status(); tc.region > 0 && (st.Bitmap == nil || st.Bitmap.Set != 2 || st.Bitmap.RegionBytes != regionStripes*ss) {
+				t.Fatalf("bitmap %+v, want 2 bits set, %d bytes per bit", st.Bitmap, regionStripes*ss)
+			}
+			// Crash: copy the members as they are, never closed.
+			crashed := make([]*raidtest.Mem, len(mems))
+			for i, m := range mems {
+				crashed[i] = clone(m, fmt.Sprintf("x%d", i))
+			}
+			a.Close()
+			cms := asMembers(crashed)
+			corruptParity(t, cms, l, 6, 100)  // region 1: marked
+			corruptParity(t, cms, l, 40, 200) // region 10: not written, not marked
+			var logs recorder
+			b, err := raid.AssembleMembers(cms, raid.AssembleOptions{IOOptions: fastSync, Logger: slog.New(&logs)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(want))
+			if _, err := b.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("read during the resync: %v, equal %v", err, bytes.Equal(got, want))
+			}
+			p := waitResync(t, b)
+			readResync := b.Counters().MemberBytesRead - uint64(len(want)) // less the read above
+			wantRegions := int64(chunks / regionStripes)                   // every region
+			wantFixed := int64(2)
+			if tc.region > 0 {
+				wantRegions, wantFixed = 2, 1
+			}
+			if p.Kind != "resync" || p.Err != "" || p.Total != wantRegions*regionStripes*C || p.Done != p.Total || p.Mismatches != wantFixed {
+				t.Fatalf("resync %+v: want %d regions, %d stripes fixed", p, wantRegions, wantFixed)
+			}
+			// Every member's chunks of the regions resynced are read once: no more, no less.
+			if readResync != uint64(wantRegions*regionStripes*C*3) {
+				t.Fatalf("resync read %d member bytes, want %d", readResync, wantRegions*regionStripes*C*3)
+			}
+			if st := b.Status(); st.Unclean || st.WriteHole {
+				t.Fatalf("after the resync: unclean %v, write hole %v", st.Unclean, st.WriteHole)
+			}
+			if _, err := b.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("read after the resync: %v, equal %v", err, bytes.Equal(got, want))
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range crashed {
+				m.Reopen()
+			}
+			bad := inconsistent(t, cms, l)
+			if tc.region > 0 && !slicesEqual(bad, []int64{40}) || tc.region < 0 && len(bad) != 0 {
+				t.Fatalf("inconsistent stripes after the resync: %v", bad)
+			}
+			if _, _, _, _, err := raid.SuperblockInfo(cms[0]); err != nil {
+				t.Fatal(err)
+			}
+			c, err := raid.AssembleMembers(cms, raid.AssembleOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := c.Status(); st.Dirty || st.Unclean {
+				t.Fatalf("reassembled after the resync and Close: dirty %v unclean %v", st.Dirty, st.Unclean)
+			}
+			c.Close()
+		})
+	}
+}
+
+func slicesEqual(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestResyncReconstructs: while the resync has not reached a stripe, a partial write to it
+// reconstructs parity from the data instead of folding the change into its stale parity
+// (read-modify-write would carry the corruption forward).
+func TestResyncReconstructs(t *testing.T) {
+	const C, chunks = 4 << 10, 64
+	for _, mode := range []struct {
+		name  string
+		cache int
+	}{{"cached", 0}, {"cacheless", -1}} {
+		t.Run(mode.name, func(t *testing.T) {
+			mems := newMems("w", 4, raid.DataOffset+chunks*C)
+			ms := asMembers(mems)
+			a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, BitmapRegion: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := a.Layout()
+			ss := l.StripeSize()
+			// Mark every region: a whole-array write.
+			if err := a.WriteZeroes(0, mustSize(a), true); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			crashed := make([]*raidtest.Mem, len(mems))
+			for i, m := range mems {
+				crashed[i] = clone(m, fmt.Sprintf("y%d", i))
+			}
+			a.Close()
+			cms := asMembers(crashed)
+			const s = chunks - 2 // the resync gets there last
+			corruptParity(t, cms, l, s, 10)
+			// A slow resync: 1 MB/s over 64 stripes of 12 KiB takes most of a second.
+			io := raid.IOOptions{StripeCache: mode.cache, SyncSpeedMin: 1 << 20, SyncSpeedMax: 1 << 20, WriteBackDelay: time.Millisecond}
+			b, err := raid.AssembleMembers(cms, raid.AssembleOptions{IOOptions: io})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// One unit of one data chunk, the unit whose parity is corrupt: 1 of 3 data chunks,
+			// so read-modify-write would read less and be chosen without the resync rule.
+			p := bytes.Repeat([]byte{7}, 4<<10)
+			if _, err := b.WriteAt(p, s*ss); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if st := b.Status(); st.Sync == nil || st.Sync.Kind != "resync" {
+				t.Fatalf("the resync ended before the write: %+v (test too slow?)", st.Sync)
+			}
+			if c := b.Counters(); c.RMWWrites != 0 || c.RCWWrites != 1 {
+				t.Fatalf("write to a stripe not yet resynced: %d RMW, %d RCW; want one RCW", c.RMWWrites, c.RCWWrites)
+			}
+			// The stripe is consistent now, before the resync got there.
+			P := make([]byte, C)
+			buf := make([]byte, C)
+			off := int64(raid.DataOffset + s*C)
+			for d := range l.DataMembers() {
+				crashed[l.DataMember(s, d)].ReadAt(buf, off)
+				subtle.XORBytes(P, P, buf)
+			}
+			crashed[l.ParityMember(s)].ReadAt(buf, off)
+			if !bytes.Equal(P, buf) {
+				t.Fatal("stripe written during the resync is inconsistent")
+			}
+			b.Close()
+		})
+	}
+}
+
+// TestBitmapBeforeWrite: every data-area write to a member finds its region's bit already
+// durable in that member's bitmap (checked on the member's stable contents from a hook on the
+// write path); the bits are cleared once the regions are idle and synced, and not before.
+func TestBitmapBeforeWrite(t *testing.T) {
+	const C, chunks = 4 << 10, 64
+	vs := make([]*raidtest.Volatile, 4)
+	fs := make([]*raidtest.Faulty, 4)
+	ms := make([]raid.Member, 4)
+	for i := range vs {
+		vs[i] = raidtest.NewVolatile(fmt.Sprintf("v%d", i), raid.DataOffset+chunks*C)
+		fs[i] = raidtest.NewFaulty(vs[i])
+		ms[i] = fs[i]
+	}
+	a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, BitmapRegion: 2 * 3 * C})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	const regionStripes = 2
+	if st := a.Status(); st.Bitmap == nil || st.Bitmap.Regions != chunks/regionStripes {
+		t.Fatalf("bitmap %+v, want %d regions", st.Bitmap, chunks/regionStripes)
+	}
+	stableBit := func(v *raidtest.Volatile, r int64) bool {
+		b := []byte{0}
+		v.Stable(b, raid.BitmapOffset+r/8)
+		return b[0]&(1<<(r%8)) != 0
+	}
+	var checked, missing atomic.Int64
+	for i, f := range fs {
+		f.SetHook(func(op raidtest.Op, off int64) {
+			if op != raidtest.OpWrite || off < raid.DataOffset {
+				return
+			}
+			checked.Add(1)
+			if !stableBit(vs[i], (off-raid.DataOffset)/C/regionStripes) {
+				missing.Add(1)
+			}
+		})
+	}
+	ss := a.Layout().StripeSize()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			buf := make([]byte, 4<<10)
+			for i := range 50 {
+				fill(rng2(g, i), buf)
+				off := int64((g*50+i)*7919%int(chunks*ss/(4<<10))) * (4 << 10)
+				if _, err := a.WriteAt(buf, off); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if checked.Load() == 0 || missing.Load() != 0 {
+		t.Fatalf("%d of %d member writes found their region's bit not yet durable", missing.Load(), checked.Load())
+	}
+	st := a.Status()
+	if st.Bitmap.Set == 0 || st.Bitmap.Flushes == 0 || st.Bitmap.Flushes > uint64(st.Bitmap.Set)+1 {
+		t.Fatalf("bitmap %+v: want bits set, at most one flush per bit", st.Bitmap)
+	}
+	// Not idle long enough: nothing cleared.
+	raid.CleanBitmap(a, time.Hour)
+	if st := a.Status(); st.Bitmap.Set == 0 {
+		t.Fatal("bits cleared before the regions were idle")
+	}
+	raid.CleanBitmap(a, 0)
+	if st := a.Status(); st.Bitmap.Set != 0 {
+		t.Fatalf("%d bits still set after the regions went idle", st.Bitmap.Set)
+	}
+	for r := range int64(chunks / regionStripes) {
+		for i, v := range vs {
+			if stableBit(v, r) {
+				t.Fatalf("member %d: bit %d still set on disk", i, r)
+			}
+		}
+	}
+}
+
+func rng2(g, i int) *rand.Rand { return rand.New(rand.NewPCG(uint64(g), uint64(i))) }
+
+// TestBitmapFiles: the bitmap on real member files — the superblock says so, bits are set in
+// the files before a write returns and cleared on a clean Close; an array created without a
+// bitmap (as before it existed) assembles and has none.
+func TestBitmapFiles(t *testing.T) {
+	dir := t.TempDir()
+	paths := memberPaths(dir, 3)
+	a, err := raid.Create(paths, raid.CreateOptions{Chunk: testChunk, MemberSize: memberSize, BitmapRegion: 1,
+		IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := a.Layout().StripeSize()
+	if _, err := a.WriteAt([]byte("hello"), 3*ss+10); err != nil { // stripe 3: bit 3
+		t.Fatal(err)
+	}
+	bitmapByte := func(path string) byte {
+		t.Helper()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b[raid.BitmapOffset]
+	}
+	for _, p := range paths {
+		if got := bitmapByte(p); got != 1<<3 {
+			t.Fatalf("%s: bitmap byte %08b after a write to stripe 3", p, got)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		if got := bitmapByte(p); got != 0 {
+			t.Fatalf("%s: bitmap byte %08b after Close", p, got)
+		}
+	}
+	b, err := raid.Assemble(paths, raid.AssembleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Status(); st.Bitmap == nil || st.Bitmap.Regions != 16 {
+		t.Fatalf("reassembled: bitmap %+v", st.Bitmap)
+	}
+	b.Close()
+
+	old := memberPaths(t.TempDir(), 3)
+	c, err := raid.Create(old, raid.CreateOptions{Chunk: testChunk, MemberSize: memberSize, BitmapRegion: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteAt([]byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Status(); st.Bitmap != nil {
+		t.Fatalf("created without a bitmap: %+v", st.Bitmap)
+	}
+	c.Close()
+	d, err := raid.Assemble(old, raid.AssembleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Status(); st.Bitmap != nil || st.Dirty {
+		t.Fatalf("reassembled without a bitmap: %+v, dirty %v", st.Bitmap, st.Dirty)
+	}
+	d.Close()
+}
+
+// Blocks of the power-cut test: 4 KiB, headed by offset, generation and a CRC of the rest;
+// the body is generated from (offset, generation).
+const blk = 4 << 10
+
+func makeBlock(b []byte, off int64, gen uint64) {
+	rng := rand.New(rand.NewPCG(uint64(off), gen))
+	for i := 16; i < len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], rng.Uint64())
+	}
+	binary.LittleEndian.PutUint64(b[0:], uint64(off))
+	binary.LittleEndian.PutUint32(b[8:], uint32(gen))
+	binary.LittleEndian.PutUint32(b[12:], crc32.ChecksumIEEE(b[16:]))
+}
+
+// blockGen returns the generation a block holds: 0 for zeroes (never written), -1 if it is
+// neither zeroes nor a whole block written for offset off (torn, or from elsewhere).
+func blockGen(b []byte, off int64) int64 {
+	if bytes.Count(b, []byte{0}) == len(b) {
+		return 0
+	}
+	if int64(binary.LittleEndian.Uint64(b)) != off || binary.LittleEndian.Uint32(b[12:]) != crc32.ChecksumIEEE(b[16:]) {
+		return -1
+	}
+	gen := binary.LittleEndian.Uint32(b[8:])
+	want := make([]byte, len(b))
+	makeBlock(want, off, uint64(gen))
+	if !bytes.Equal(want, b) {
+		return -1
+	}
+	return int64(gen)
+}
+
+// TestPowerCut crashes the whole machine in-process: writers write blocks, each flushing now
+// and then, while every member is cut off at a random moment, losing its unsynced pages (all
+// of them, or a random subset as a reordering disk would). Reassembled, every block flushed
+// before the cut holds its flushed generation or a later one written, every other block one
+// of the generations written to it (never a mix, never garbage); the resync runs (only over
+// the regions written, with the bitmap) and leaves every stripe's parity consistent.
+func TestPowerCut(t *testing.T) {
+	const C, chunks, members, writers = 4 << 10, 256, 4, 4
+	for _, tc := range []struct {
+		name   string
+		region int64
+		keep   float64
+		cache  int
+	}{
+		{"bitmap/lose-all", 0, 0, 0},
+		{"bitmap/reorder", 0, 0.5, 0},
+		{"bitmap/cacheless/reorder", 0, 0.5, -1},
+		{"no-bitmap/reorder", -1, 0.5, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vs := make([]*raidtest.Volatile, members)
+			ms := make([]raid.Member, members)
+			for i := range vs {
+				vs[i] = raidtest.NewVolatile(fmt.Sprintf("p%d", i), raid.DataOffset+chunks*C)
+				ms[i] = vs[i]
+			}
+			a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, BitmapRegion: tc.region,
+				IOOptions: raid.IOOptions{StripeCache: tc.cache, WriteBackDelay: time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Flush(); err != nil { // Create's zeroing is volatile too
+				t.Fatal(err)
+			}
+			// Writers use the first quarter of the array; writer g owns blocks b with b%writers == g.
+			nblk := mustSize(a) / 4 / blk
+			durable := make([]int64, nblk) // generation flushed
+			issued := make([]int64, nblk)  // last generation issued (maybe not acknowledged)
+			var cut atomic.Bool
+			var flushes atomic.Int64
+			var wg sync.WaitGroup
+			for g := range writers {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(g), 99))
+					buf := make([]byte, blk)
+					acked := map[int64]int64{}
+					for i := 0; !cut.Load() && i < 5000; i++ {
+						b := int64(rng.IntN(int(nblk/writers)))*writers + int64(g)
+						issued[b]++
+						makeBlock(buf, b*blk, uint64(issued[b]))
+						if _, err := a.WriteAt(buf, b*blk); err != nil {
+							return // the cut
+						}
+						acked[b] = issued[b]
+						if i%16 == 15 {
+							if a.Flush() != nil {
+								return
+							}
+							for b, gen := range acked {
+								durable[b] = gen
+							}
+							clear(acked)
+							flushes.Add(1)
+						}
+					}
+				})
+			}
+			// Cut at a random moment after every writer could have flushed a few times.
+			for deadline := time.Now().Add(10 * time.Second); flushes.Load() < 2*writers && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(time.Duration(rand.IntN(100)) * time.Millisecond)
+			rng := rand.New(rand.NewPCG(7, uint64(len(tc.name))))
+			kept, lost := raidtest.PowerCut(tc.keep, rng, vs...)
+			t.Logf("power cut: %d unsynced pages kept, %d lost", kept, lost)
+			cut.Store(true)
+			wg.Wait()
+			a.Close() // fails: the members are off
+			for _, v := range vs {
+				v.Reopen()
+			}
+			b, err := raid.AssembleMembers(ms, raid.AssembleOptions{IOOptions: fastSync})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := b.Status(); !st.Unclean {
+				t.Fatal("assembled after a power cut: not unclean")
+			}
+			check := func(when string) {
+				buf := make([]byte, nblk*blk)
+				if _, err := b.ReadAt(buf, 0); err != nil {
+					t.Fatal(err)
+				}
+				flushed := 0
+				for i := range nblk {
+					gen := blockGen(buf[i*blk:(i+1)*blk], i*blk)
+					if gen < durable[i] || gen > issued[i] {
+						t.Fatalf("%s: block %d holds generation %d; flushed %d, last written %d", when, i, gen, durable[i], issued[i])
+					}
+					if durable[i] > 0 {
+						flushed++
+					}
+				}
+				if flushed == 0 {
+					t.Fatalf("%s: no block was flushed before the cut", when)
+				}
+			}
+			check("during the resync")
+			p := waitResync(t, b)
+			check("after the resync")
+			if p.Err != "" || p.Done != p.Total {
+				t.Fatalf("resync: %+v", p)
+			}
+			if tc.region >= 0 && p.Total > int64(chunks*C/2) {
+				t.Fatalf("resync with the bitmap covered %d of %d bytes per member; writes touched a quarter", p.Total, chunks*C)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range vs {
+				v.Reopen()
+			}
+			if bad := inconsistent(t, ms, b.Layout()); len(bad) != 0 {
+				t.Fatalf("stripes with inconsistent parity after the resync: %v", bad)
+			}
+			t.Logf("resync: %d of %d bytes per member, %d stripes fixed", p.Total, chunks*C, p.Mismatches)
+		})
+	}
+}
+
+// TestWriteHole shows what the bitmap does not cover. A degraded array (one member gone) is
+// cut off in the middle of a read-modify-write: the new data chunk reached its disk, the new
+// parity did not. Reassembled, the stripe cannot be resynced (its parity is needed to
+// rebuild the missing chunk), Status says so, and the missing member's chunk — which no one
+// wrote — now reads wrong. A consistency policy that logs partial parity (PPL) or journals
+// writes closes this hole; the bitmap alone cannot.
+func TestWriteHole(t *testing.T) {
+	const C, chunks = 4 << 10, 16
+	vs := make([]*raidtest.Volatile, 3)
+	ms := make([]raid.Member, 3)
+	for i := range vs {
+		vs[i] = raidtest.NewVolatile(fmt.Sprintf("h%d", i), raid.DataOffset+chunks*C)
+		ms[i] = vs[i]
+	}
+	a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := a.Layout()
+	const s = 1
+	d0, pm := l.DataMember(s, 0), l.ParityMember(s)
+	orig := bytes.Repeat([]byte{0xd1}, C)
+	if _, err := a.WriteAt(bytes.Repeat([]byte{0xd0}, C), s*l.StripeSize()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteAt(orig, s*l.StripeSize()+C); err != nil { // chunk D1: never written again
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	for _, v := range vs {
+		v.Reopen()
+	}
+	// Degraded: D1's member is gone.
+	deg := []raid.Member{ms[d0], ms[pm]}
+	b, err := raid.AssembleMembers(deg, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, C)
+	if _, err := b.ReadAt(got, s*l.StripeSize()+C); err != nil || !bytes.Equal(got, orig) {
+		t.Fatalf("degraded read of D1 before the crash: %v, equal %v", err, bytes.Equal(got, orig))
+	}
+	// A write to D0 only: read-modify-write of D0 and P. Then D0's member syncs (its disk
+	// wrote the new chunk), and the power goes before P's does.
+	if _, err := b.WriteAt(bytes.Repeat([]byte{0xee}, C), s*l.StripeSize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := vs[d0].Sync(); err != nil {
+		t.Fatal(err)
+	}
+	raidtest.PowerCut(0, nil, vs...)
+	b.Close()
+	for _, v := range vs {
+		v.Reopen()
+	}
+	var logs recorder
+	c, err := raid.AssembleMembers(deg, raid.AssembleOptions{Logger: slog.New(&logs), IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if st := c.Status(); !st.WriteHole || !st.Unclean || logs.count(slog.LevelError) == 0 {
+		t.Fatalf("dirty and degraded: write hole %v, unclean %v, %d errors logged", st.WriteHole, st.Unclean, logs.count(slog.LevelError))
+	}
+	if _, err := c.ReadAt(got, s*l.StripeSize()+C); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(got, orig) {
+		t.Fatal("D1 survived: the test did not hit the write hole")
+	}
+	// D1 now reads as new D0 ^ old P: garbage nobody wrote.
+	want := make([]byte, C)
+	subtle.XORBytes(want, bytes.Repeat([]byte{0xee}, C), bytes.Repeat([]byte{0xd0 ^ 0xd1}, C))
+	if !bytes.Equal(got, want) {
+		t.Fatalf("D1 reads %x..., want the write hole's %x...", got[:4], want[:4])
+	}
+
+}
