@@ -44,8 +44,10 @@
 // Serve runs one goroutine per connection and tracks them with a WaitGroup. Within a
 // connection, that goroutine reads and decodes requests and hands each to a worker; workers
 // (started on demand, never more than the requests in flight) call the Device concurrently and
-// write replies as they complete, in any order, each under the connection's write mutex as one
-// writev of header and payload. The reader stops taking requests while the connection has
+// reply as they complete, in any order. Replies are coalesced: a worker queues its reply and,
+// unless another worker is writing, writes every queued reply with one writev, so a lone reply
+// goes out at once and replies that complete during a write go out together in the next.
+// The reader stops taking requests while the connection has
 // Options.MaxInFlightRequests requests in flight, and stops taking READ and WRITE requests while
 // its buffers add up to Options.MaxInFlightBytes (FLUSH, TRIM and the others need no buffer and
 // are not held back).
@@ -134,8 +136,8 @@
 // Options.ShutdownTimeout), then closes. Serve returns after every connection has done so.
 package nbd
 
-// BUG(nbd): Under TLS a reply's header and payload are two TLS records, written without
-// writev, and every byte is copied through the cipher; the zero-allocation figures of the
+// BUG(nbd): Under TLS each reply's header and payload are TLS records of their own, written
+// without writev (replies are not coalesced into fewer records), and every byte is copied through the cipher; the zero-allocation figures of the
 // benchmarks are for plaintext connections. No TLS-PSK, no session resumption tuning and no
 // certificate reload without a restart.
 //

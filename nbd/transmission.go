@@ -28,11 +28,23 @@ type conn struct {
 	fua    FUAWriter    // the export's Device as a FUAWriter, or nil
 	pinned PinnedWriter // the export's Device as a PinnedWriter if StablePages is on, or nil
 
-	// writeMu serialises replies on nc, so that a header and its payload go out together.
+	// writeMu serialises writes on nc, so that a header and its payload go out together.
 	// It guards writeErr and errHdr.
 	writeMu  sync.Mutex
 	writeErr error                 // first failed reply write; later replies are dropped
 	errHdr   [replyHeaderSize]byte // header of error replies sent by the reader itself
+
+	// Replies are coalesced: a worker with a reply queues its request on replyQ and, if no
+	// worker is writing, becomes the writer: it writes every queued reply with one writev,
+	// releases those requests, and repeats until replyQ is empty. A lone reply goes out at
+	// once; replies completed while a write is under way go out together in the next one.
+	// qmu guards replyQ, spareQ and writing; wbufs and iovs belong to the writer.
+	qmu     sync.Mutex
+	replyQ  []*request  // requests whose replies are ready, in completion order
+	spareQ  []*request  // the last written batch's slice, reused as the next replyQ
+	writing bool        // a worker is writing replyQ
+	iovs    [][]byte    // backing array of wbufs, kept across batches
+	wbufs   net.Buffers // the batch being written (a field, so WriteTo does not allocate)
 
 	// mu guards the in-flight accounting, the free lists of requests and buffers, and the
 	// worker count; cond (on mu) wakes the reader when a request or a buffer is released.
@@ -68,9 +80,8 @@ type request struct {
 	length     uint32
 	buf        *buffer // pooled buffer for READ and WRITE, nil otherwise
 
-	hdr  [replyHeaderSize]byte
-	iov  [2][]byte
-	bufs net.Buffers // header (+ payload), written with one writev
+	hdr     [replyHeaderSize]byte // the reply's header, set by reply
+	payload []byte                // the reply's payload (part of buf), or nil
 }
 
 func newConn(s *Server, nc net.Conn, log *slog.Logger) *conn {
@@ -350,8 +361,7 @@ func (c *conn) unmapBuffer(b *buffer) {
 func (c *conn) release(req *request) {
 	b := req.buf
 	req.buf = nil
-	req.iov = [2][]byte{}
-	req.bufs = nil
+	req.payload = nil
 	if b != nil && b.refs.Add(-1) != 0 {
 		b = nil // a PinnedWriter still holds it; its release call finishes it
 	}
@@ -446,15 +456,16 @@ func (c *conn) checkIdle() {
 	}
 }
 
-// worker processes requests until the reader closes work.
+// worker processes requests until the reader closes work. Each request is released once its
+// reply is written, by whichever worker writes it (see reply).
 func (c *conn) worker() {
 	for req := range c.work {
 		c.serveRequest(req)
-		c.release(req)
 	}
 }
 
-// serveRequest performs one validated request on the Device and writes its reply.
+// serveRequest performs one validated request on the Device and hands its reply to reply,
+// which owns req from then on.
 func (c *conn) serveRequest(req *request) {
 	dev := c.sess.export.Device
 	off := int64(req.off)
@@ -525,21 +536,59 @@ func (c *conn) serveRequest(req *request) {
 	c.reply(req, 0, nil)
 }
 
-// reply writes req's simple reply: the header and, when errno is 0, payload, in one writev.
+// reply queues req's simple reply (the header and, when errno is 0, payload) and, unless
+// another worker is writing replies, writes the queue itself: each batch of queued replies in
+// one writev, until none is left. req is released after its reply is written (or dropped,
+// after a failed write); the caller must not touch it again.
 func (c *conn) reply(req *request, errno uint32, payload []byte) {
 	encodeReply(&req.hdr, errno, req.cookie)
-	req.bufs = req.iov[:0]
-	req.bufs = append(req.bufs, req.hdr[:])
-	if len(payload) > 0 {
-		req.bufs = append(req.bufs, payload)
+	req.payload = payload
+	c.qmu.Lock()
+	c.replyQ = append(c.replyQ, req)
+	if c.writing {
+		c.qmu.Unlock()
+		return // the writer will pick it up before it stops
 	}
+	c.writing = true
+	for len(c.replyQ) > 0 {
+		batch := c.replyQ
+		c.replyQ, c.spareQ = c.spareQ[:0], nil
+		c.qmu.Unlock()
+
+		c.writeBatch(batch)
+		for i, r := range batch {
+			c.release(r)
+			batch[i] = nil
+		}
+
+		c.qmu.Lock()
+		c.spareQ = batch[:0]
+	}
+	c.writing = false
+	c.qmu.Unlock()
+}
+
+// writeBatch writes the replies of batch with one writev (Go splits it only past 1024 iovecs
+// or on a short write), unless an earlier write failed. Called by the writer only.
+func (c *conn) writeBatch(batch []*request) {
+	v := c.iovs[:0]
+	for _, r := range batch {
+		v = append(v, r.hdr[:])
+		if len(r.payload) > 0 {
+			v = append(v, r.payload)
+		}
+	}
+	c.iovs = v
+	c.wbufs = v
 	c.writeMu.Lock()
 	if c.writeErr == nil {
-		if _, err := req.bufs.WriteTo(c.nc); err != nil {
+		if _, err := c.wbufs.WriteTo(c.nc); err != nil {
 			c.failWrite(err)
 		}
 	}
 	c.writeMu.Unlock()
+	clear(v) // drop the references to the payloads, which go back to the pool
+	c.wbufs = nil
 }
 
 // replyFromReader writes an error reply for a request the reader refused.
