@@ -82,10 +82,10 @@ type bitmap struct {
 	dirtyPg  []bool   // per page: changed since the last flush
 	seq      uint64   // bumped by every change of bits
 
-	// flushMu serialises flushes and guards durable, img.
+	// flushMu serialises flushes. durable is the seq of the last change known durable on
+	// the members; it is stored under flushMu and read without it.
 	flushMu sync.Mutex
-	durable uint64 // seq of the last change known durable on the members
-	img     []byte // page-sized bounce buffer
+	durable atomic.Uint64
 
 	flushes, waits atomic.Uint64
 	stop           chan struct{} // closed by Close: the cleaner returns
@@ -100,8 +100,8 @@ func newBitmap(a *Array, regionStripes int64) *bitmap {
 		a: a, regionStripes: regionStripes, nbits: n,
 		bits: make([]byte, size), setSeq: make([]uint64, n), inflight: make([]int32, n),
 		writes: make([]uint64, n), last: make([]int64, n), held: make([]bool, n),
-		dirtyPg: make([]bool, size/bitmapPage), img: make([]byte, bitmapPage),
-		stop: make(chan struct{}),
+		dirtyPg: make([]bool, size/bitmapPage),
+		stop:    make(chan struct{}),
 	}
 }
 
@@ -140,12 +140,15 @@ func (b *bitmap) begin(s0, n int64) error {
 		need = max(need, b.setSeq[r])
 	}
 	b.mu.Unlock()
-	b.flushMu.Lock()
-	defer b.flushMu.Unlock()
-	if b.durable >= need {
+	if b.durable.Load() >= need { // the common case: the bit has long been on disk
 		return nil
 	}
 	b.waits.Add(1)
+	b.flushMu.Lock()
+	defer b.flushMu.Unlock()
+	if b.durable.Load() >= need { // a flush that started after ours was set covered it
+		return nil
+	}
 	return b.flushLocked()
 }
 
@@ -181,7 +184,7 @@ func (b *bitmap) flushLocked() error {
 	}
 	b.mu.Unlock()
 	if len(pages) == 0 {
-		b.durable = seq
+		b.durable.Store(seq)
 		return nil
 	}
 	var wg sync.WaitGroup
@@ -213,7 +216,7 @@ func (b *bitmap) flushLocked() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: writing the write-intent bitmap: %w", ErrArrayFailed, err)
 	}
-	b.durable = seq
+	b.durable.Store(seq)
 	b.flushes.Add(1)
 	return nil
 }
