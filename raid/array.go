@@ -305,7 +305,7 @@ type Status struct {
 	Size      int64
 	Members   []MemberStatus // every member incl. faulty ones and spares: by role, then spares
 	Missing   []int          // roles with no working (active) member
-	Sync      *Progress      // the rebuild or scrub running now, nil if none
+	Sync      *Progress      // the rebuild, resync or scrub running (or waiting to) now, nil if none
 	LastScrub *Progress      // the last finished or stopped scrub, nil if none
 	// LastRebuild is the last finished or stopped rebuild run, nil if none (Resumed says
 	// where it started).
@@ -364,8 +364,12 @@ func (a *Array) Status() Status {
 		st.State = StateClean
 	}
 	a.syncMu.Lock()
-	if a.job != nil && a.job.running {
-		p := a.job.progress()
+	switch j := a.job; {
+	case j != nil && j.running: // a scrub waiting for the resync shows as the scrub
+		p := j.progress()
+		st.Sync = &p
+	case j != nil && j.after != nil && j.after.running: // a stopped scrub's resync goes on
+		p := j.after.progress()
 		st.Sync = &p
 	}
 	if a.lastScrub != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/subtle"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
@@ -642,4 +643,64 @@ func TestWriteHole(t *testing.T) {
 		t.Fatalf("D1 reads %x..., want the write hole's %x...", got[:4], want[:4])
 	}
 
+}
+
+// TestScrubDuringResync: a scrub started while the resync runs waits for it (not ErrBusy) and
+// shows as the scrub; StopScrub stops the scrub at once and leaves the resync running; the
+// resync cannot be stopped as a scrub; Close stops both.
+func TestScrubDuringResync(t *testing.T) {
+	const C, chunks = 4 << 10, 64
+	mems := newMems("s", 3, raid.DataOffset+chunks*C)
+	a, err := raid.CreateMembers(asMembers(mems), raid.CreateOptions{Chunk: C, BitmapRegion: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WriteZeroes(0, mustSize(a), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	crashed := make([]*raidtest.Mem, len(mems))
+	for i, m := range mems {
+		crashed[i] = clone(m, fmt.Sprintf("s%d", i))
+	}
+	a.Close()
+	// 256 KiB per member at 64 KiB/s: about four seconds of resync.
+	slow := raid.IOOptions{SyncSpeedMin: 64 << 10, SyncSpeedMax: 64 << 10}
+	b, err := raid.AssembleMembers(asMembers(crashed), raid.AssembleOptions{IOOptions: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StopScrub(); !errors.Is(err, raid.ErrNotRunning) {
+		t.Fatalf("StopScrub during the resync: %v, want ErrNotRunning", err)
+	}
+	if err := b.StartScrub(false); err != nil {
+		t.Fatalf("StartScrub during the resync: %v", err)
+	}
+	if st := b.Status(); st.Sync == nil || st.Sync.Kind != "check" {
+		t.Fatalf("a waiting scrub shows as %+v, want check", st.Sync)
+	}
+	start := time.Now()
+	if err := b.StopScrub(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("StopScrub of a waiting scrub took %v", d)
+	}
+	if st := b.Status(); st.Sync == nil || st.Sync.Kind != "resync" {
+		t.Fatalf("after the scrub stopped: %+v, want the resync still running", st.Sync)
+	}
+	if err := b.StartScrub(false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if st := b.Status(); st.Sync == nil || st.Sync.Kind != "check" || st.Sync.Done != 0 || st.LastResync != nil {
+		t.Fatalf("a second scrub must wait for the resync: %+v, last resync %+v", st.Sync, st.LastResync)
+	}
+	start = time.Now()
+	b.Close()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Close with a resync and a waiting scrub took %v", d)
+	}
 }

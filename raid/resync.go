@@ -78,7 +78,7 @@ func (a *Array) maybeResync() {
 	}
 	a.syncMu.Lock()
 	defer a.syncMu.Unlock()
-	if j := a.job; j != nil && j.running {
+	if a.running() != nil {
 		return
 	}
 	a.startJobLocked("resync", -1, true, a.runResync)

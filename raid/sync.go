@@ -56,6 +56,9 @@ type syncJob struct {
 	p       Progress
 	start   time.Time
 	base    int64 // Done when this run started
+	// after is the resync this job waits for before it starts, nil if none; stopping this
+	// job for a failure or Close stops it too.
+	after *syncJob
 }
 
 func (j *syncJob) progress() Progress {
@@ -77,24 +80,44 @@ func (a *Array) startJobLocked(kind string, role int, busyFails bool, fn func(ct
 	if a.closing {
 		return nil, ErrClosed
 	}
-	prev := a.job
-	if prev != nil && prev.running {
-		if busyFails {
-			return nil, ErrBusy
-		}
+	prev := a.running()
+	var after *syncJob
+	switch {
+	case prev == nil || !prev.running:
+	case prev.kind == "resync" && kind != "rebuild":
+		after = prev // a scrub waits for the resync (which makes parity worth checking)
+	case busyFails:
+		return nil, ErrBusy
+	default:
 		prev.cancel()
+		if prev.after != nil {
+			prev.after.cancel()
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	j := &syncJob{kind: kind, ctx: ctx, cancel: cancel, done: make(chan struct{}), running: true,
-		p: Progress{Kind: kind, Role: role, Total: a.memberData}, start: time.Now()}
+		p: Progress{Kind: kind, Role: role, Total: a.memberData}, start: time.Now(), after: after}
 	a.job = j
 	a.bgWG.Go(func() {
 		defer close(j.done)
 		defer cancel()
-		if prev != nil {
+		var err error
+		switch {
+		case after != nil: // stopping this job must not wait for the resync
+			select {
+			case <-after.done:
+			case <-ctx.Done():
+			}
+			err = ctx.Err()
+		case prev != nil:
 			<-prev.done
+			if prev.after != nil {
+				<-prev.after.done
+			}
 		}
-		err := fn(ctx, j)
+		if err == nil {
+			err = fn(ctx, j)
+		}
 		a.syncMu.Lock()
 		j.running = false
 		if err != nil && !errors.Is(err, context.Canceled) {
@@ -120,13 +143,29 @@ func (a *Array) startJobLocked(kind string, role int, busyFails bool, fn func(ct
 	return j, nil
 }
 
+// running returns the job running now, nil if none: the current job, or the resync a
+// stopped scrub was waiting for. The caller holds syncMu.
+func (a *Array) running() *syncJob {
+	j := a.job
+	if j != nil && !j.running && j.after != nil {
+		j = j.after
+	}
+	if j == nil || !j.running {
+		return nil
+	}
+	return j
+}
+
 // stopSync cancels the running job without waiting for it (the caller may hold stripe locks
 // the job needs). rebuildToo says whether a rebuild is cancelled too, or only a scrub.
 func (a *Array) stopSync(rebuildToo bool) {
 	a.syncMu.Lock()
 	defer a.syncMu.Unlock()
-	if j := a.job; j != nil && j.running && (rebuildToo || j.kind != "rebuild") {
+	if j := a.running(); j != nil && (rebuildToo || j.kind != "rebuild") {
 		j.cancel()
+		if j.after != nil {
+			j.after.cancel()
+		}
 	}
 }
 
@@ -139,6 +178,9 @@ func (a *Array) stopAllSync() {
 	a.closing = true
 	if a.job != nil {
 		a.job.cancel()
+		if a.job.after != nil {
+			a.job.after.cancel()
+		}
 	}
 	a.syncMu.Unlock()
 	a.bgWG.Wait()
@@ -450,7 +492,9 @@ func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) er
 // parity does not match get it rewritten from their data. It runs at the sync speed limits,
 // stripe batch by stripe batch under their locks (the cache's dirty heads written out first),
 // while the array serves. Progress is in Status().Sync, the result in Status().LastScrub.
-// It returns ErrBusy while a rebuild or scrub runs and ErrDegraded if a member is missing.
+// It returns ErrBusy while a rebuild or scrub runs and ErrDegraded if a member is missing; a
+// scrub started while the resync after an unclean shutdown runs waits for the resync to end
+// (Status().Sync shows the scrub meanwhile).
 func (a *Array) StartScrub(repair bool) error {
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
@@ -477,7 +521,7 @@ func (a *Array) StartScrub(repair bool) error {
 func (a *Array) StopScrub() error {
 	a.syncMu.Lock()
 	j := a.job
-	if j == nil || !j.running || j.kind == "rebuild" {
+	if j == nil || !j.running || j.kind == "rebuild" || j.kind == "resync" {
 		a.syncMu.Unlock()
 		return ErrNotRunning
 	}
