@@ -13,7 +13,7 @@ MEMBERS   := $(foreach i,0 1 2 3,$(DATA)/member$(i).img)
 LISTEN    ?= 127.0.0.1:10809
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-unit test-e2e fuzz bench lint deps clean
+.PHONY: help build run test test-unit test-e2e fuzz bench bench-peers lint deps clean
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +48,9 @@ fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \
 	  $(GO) test ./$$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME); \
 	done
+
+bench-peers: ## raid5d vs nbdkit file/null (nbd-server if installed): same fio jobs (test/fio/peers), one table
+	test/bench/peers.sh
 
 bench: ## Go benchmarks of the hot paths
 	$(GO) test -run '^$$' -bench . -benchmem $(UNIT_PKGS)
