@@ -14,6 +14,16 @@ import (
 	"github.com/raid5d/raid5d/stripe"
 )
 
+// Consistency policies (CreateOptions.Consistency).
+const (
+	ConsistencyBitmap = "bitmap"
+	ConsistencyNone   = "none"
+)
+
+// ErrConsistency is returned by Create for a consistency policy it does not implement ("ppl",
+// "journal") or does not know.
+var ErrConsistency = errors.New("raid: consistency policy not implemented")
+
 // ErrDuplicateMember is returned by Create and Assemble when one file or device is given twice.
 var ErrDuplicateMember = errors.New("raid: the same member is given twice")
 
@@ -31,7 +41,13 @@ type CreateOptions struct {
 	// the bitmap has at most DefaultBitmapBits bits); < 0 no bitmap (every unclean shutdown
 	// then resyncs the whole array). ErrBitmapRegion if the bitmap would not fit.
 	BitmapRegion int64
-	IOOptions    // stripe cache, stable pages, failure handling for the returned array
+	// Consistency is the policy for crash consistency: "" or ConsistencyBitmap (the default:
+	// the write-intent bitmap; after a crash only its regions are resynced), ConsistencyNone
+	// (no bitmap, as BitmapRegion < 0: a crash resyncs everything). Neither closes the write
+	// hole of a crash while degraded (doc.go # Crash consistency). "ppl" and "journal", which
+	// would, are not implemented: ErrConsistency.
+	Consistency string
+	IOOptions   // stripe cache, stable pages, failure handling for the returned array
 }
 
 // Create makes a new array of the members at paths (role i is paths[i]), writes their
@@ -79,6 +95,13 @@ func Create(paths []string, opts CreateOptions) (*Array, error) {
 // in-memory members. On success the array owns the members and closes them on Close; on error
 // the caller still owns them. opts.MemberSize is ignored.
 func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
+	switch opts.Consistency {
+	case "", ConsistencyBitmap:
+	case ConsistencyNone:
+		opts.BitmapRegion = -1
+	default:
+		return nil, fmt.Errorf("%w: %q", ErrConsistency, opts.Consistency)
+	}
 	chunk := opts.Chunk
 	if chunk == 0 {
 		chunk = stripe.DefaultChunk

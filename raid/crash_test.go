@@ -704,3 +704,35 @@ func TestScrubDuringResync(t *testing.T) {
 		t.Fatalf("Close with a resync and a waiting scrub took %v", d)
 	}
 }
+
+// TestConsistencyOption: "bitmap" (and "") give a bitmap, "none" none; "ppl", "journal" and
+// unknown policies are refused before any member is touched.
+func TestConsistencyOption(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		bitmap bool
+		err    error
+	}{
+		{"", true, nil}, {raid.ConsistencyBitmap, true, nil}, {raid.ConsistencyNone, false, nil},
+		{"ppl", false, raid.ErrConsistency}, {"journal", false, raid.ErrConsistency}, {"paranoid", false, raid.ErrConsistency},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			ms := newMems("k", 3, memberSize)
+			a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: testChunk, Consistency: tc.policy})
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("Create: %v, want %v", err, tc.err)
+			}
+			if err != nil {
+				ms[0].Bytes()[raid.DataOffset] = 1 // a Create that went ahead would zero it
+				if _, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: testChunk, Consistency: tc.policy}); !errors.Is(err, tc.err) || ms[0].Bytes()[raid.DataOffset] != 1 {
+					t.Fatalf("a refused Create touched a member (or was not refused: %v)", err)
+				}
+				return
+			}
+			defer a.Close()
+			if got := a.Status().Bitmap != nil; got != tc.bitmap {
+				t.Fatalf("bitmap %v, want %v", got, tc.bitmap)
+			}
+		})
+	}
+}

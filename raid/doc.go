@@ -255,7 +255,9 @@
 // mismatched parity and reads wrong; a rebuild writes that wrong chunk onto the new member.
 // raid5d logs this as an error and reports Status.WriteHole; it keeps serving (TestWriteHole
 // shows the corruption). Closing the hole needs a partial parity log (md's PPL) or a write
-// journal; neither exists yet. Writes not yet flushed may be lost in a crash, as NBD allows;
+// journal; neither exists yet: CreateOptions.Consistency takes "bitmap" (the default: it costs
+// little and shortens the resync from the whole array to what was being written) and "none"
+// (no bitmap), and refuses "ppl" and "journal" with ErrConsistency. Writes not yet flushed may be lost in a crash, as NBD allows;
 // a 4 KiB block written whole holds its old or new contents, never a mix (TestPowerCut checks
 // this with raidtest.Volatile members that lose, or keep a random subset of, their unsynced
 // pages at once).
