@@ -130,3 +130,51 @@ func TestUUIDAndStateMarshalText(t *testing.T) {
 		t.Fatalf("json = %s, want %s", b, want)
 	}
 }
+
+// TestSuperblockBitmap: the bitmap fields round-trip with the feature flag and are checked
+// against the geometry; set without the flag, or with an unknown flag, they are refused.
+func TestSuperblockBitmap(t *testing.T) {
+	withBitmap := func() *superblock {
+		sb := testSuperblock()
+		sb.Features, sb.BitmapOff, sb.BitmapRegion = featureBitmap, BitmapOffset, 4
+		sb.BitmapSize = bitmapBytes((sb.DataSize/sb.Chunk + 3) / 4)
+		return sb
+	}
+	want := withBitmap()
+	got, err := decodeSuperblock(encoded(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Features != featureBitmap || got.BitmapOff != BitmapOffset || got.BitmapSize != 4096 || got.BitmapRegion != 4 {
+		t.Fatalf("bitmap fields %+v", got)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(sb *superblock)
+	}{
+		{"region not a power of two", func(sb *superblock) { sb.BitmapRegion = 3 }},
+		{"region zero", func(sb *superblock) { sb.BitmapRegion = 0 }},
+		{"wrong size", func(sb *superblock) { sb.BitmapSize = 8192 }},
+		{"wrong offset", func(sb *superblock) { sb.BitmapOff = DataOffset }},
+		{"fields without the flag", func(sb *superblock) { sb.Features = 0 }},
+		{"unknown feature", func(sb *superblock) { sb.Features |= 1 << 7 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sb := withBitmap()
+			tc.edit(sb)
+			if _, err := decodeSuperblock(encoded(sb)); !errors.Is(err, ErrBadSuperblock) {
+				t.Fatalf("decode: %v, want ErrBadSuperblock", err)
+			}
+		})
+	}
+	// The default region: at most DefaultBitmapBits bits, a power of two, at least a stripe.
+	for _, stripes := range []int64{1, 100, 4096, 4097, 1 << 20} {
+		r := bitmapRegionStripes(stripes, 3<<16, 0)
+		if r&(r-1) != 0 || (stripes+r-1)/r > DefaultBitmapBits || r > 1 && (stripes+r/2-1)/(r/2) <= DefaultBitmapBits {
+			t.Fatalf("%d stripes: region %d stripes", stripes, r)
+		}
+	}
+	if r := bitmapRegionStripes(1000, 3<<16, 5*3<<16); r != 8 {
+		t.Fatalf("5 stripes' worth rounds to %d stripes, want 8", r)
+	}
+}
