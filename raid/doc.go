@@ -1,7 +1,8 @@
 // Package raid is raid5d's array: members (files and block devices), the on-disk superblock,
 // creating and assembling arrays, and RAID-5 I/O — reads, writes with parity, flush, trim —
-// including degraded operation with one member missing, member failure, spares, rebuild and
-// scrub.
+// including degraded operation with one member missing, member failure, spares, rebuild,
+// scrub, and crash consistency (a write-intent bitmap and the resync after an unclean
+// shutdown).
 //
 // Create makes an array and Assemble puts one together from its members' superblocks; Examine
 // reads the superblocks without assembling. Members that fail are marked faulty and the array
