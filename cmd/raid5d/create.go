@@ -26,6 +26,11 @@ superblock, so give them to serve with the members.`, stdout)
 	fs.Var(&size, "size", "create member files that do not exist, sparse, of this `size` (e.g. 256M)")
 	var spares stringsFlag
 	fs.Var(&spares, "spare", "also make `path` a spare (repeatable): it takes over a failed member's role by itself")
+	consistency := fs.String("consistency", raid.ConsistencyBitmap, "crash-consistency `policy`: bitmap (a write-intent bitmap: after a crash only the regions\n"+
+		"being written are resynced) or none (a full resync after every crash). See README, \"Crashes\"")
+	var bitmapRegion sizeFlag
+	fs.Var(&bitmapRegion, "bitmap-region", "array bytes each bitmap bit covers (`size`, rounded up to a power-of-two number of stripes);\n"+
+		"default: the smallest giving at most 4096 bits")
 	force := fs.Bool("force", false, "overwrite members that already carry a raid5d superblock (destroys that array)")
 	members, err := parseFlags(fs, args)
 	if err != nil {
@@ -39,11 +44,13 @@ superblock, so give them to serve with the members.`, stdout)
 		return fmt.Errorf("%w: --layout: %v", errUsage, err)
 	}
 	a, err := raid.Create(members, raid.CreateOptions{
-		Chunk:      chunk.n,
-		Layout:     alg.String(),
-		MemberSize: size.n,
-		Force:      *force,
-		Spares:     spares,
+		Chunk:        chunk.n,
+		Layout:       alg.String(),
+		MemberSize:   size.n,
+		Force:        *force,
+		Spares:       spares,
+		Consistency:  *consistency,
+		BitmapRegion: bitmapRegion.n,
 	})
 	if err != nil {
 		return err

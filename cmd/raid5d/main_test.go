@@ -136,3 +136,20 @@ func TestHelpPrintedOnce(t *testing.T) {
 		}
 	}
 }
+
+func TestCreateConsistency(t *testing.T) {
+	dir := t.TempDir()
+	ms := []string{filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "c")}
+	code, out, errOut := runCLI(t, append([]string{"create", "--size", "8M", "--consistency", "ppl"}, ms...)...)
+	if code != 1 || !strings.Contains(errOut, "not implemented") {
+		t.Fatalf("--consistency ppl: exit %d: %s%s", code, out, errOut)
+	}
+	if _, err := os.Stat(ms[0]); !os.IsNotExist(err) {
+		t.Fatalf("a refused create touched the members: %v", err)
+	}
+	for _, policy := range []string{"none", "bitmap"} {
+		if code, out, errOut := runCLI(t, append([]string{"create", "--force", "--size", "8M", "--consistency", policy}, ms...)...); code != 0 {
+			t.Fatalf("--consistency %s: exit %d: %s%s", policy, code, out, errOut)
+		}
+	}
+}

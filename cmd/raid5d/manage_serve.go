@@ -49,7 +49,8 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 		Daemon: d, UUID: s.UUID.String(), State: s.State.String(), Dirty: s.Dirty, Unclean: s.Unclean,
 		Events: s.Events, Size: s.Size, Level: 5, Disks: s.Layout.Members(), Chunk: s.Layout.ChunkSize(),
 		Layout: s.Layout.Algorithm().String(), Missing: s.Missing, Members: []control.MemberStatus{},
-		Sync: progressOf(s.Sync), LastScrub: progressOf(s.LastScrub),
+		Sync: progressOf(s.Sync), LastScrub: progressOf(s.LastScrub), LastResync: progressOf(s.LastResync),
+		WriteHole:    s.WriteHole,
 		SyncSpeedMin: s.SyncSpeedMin, SyncSpeedMax: s.SyncSpeedMax,
 		Counters: control.Counters{
 			FullStripeWrites: c.FullStripeWrites, RMWWrites: c.RMWWrites, RCWWrites: c.RCWWrites,
@@ -57,6 +58,9 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 			CacheHits: c.CacheHits, CacheMisses: c.CacheMisses, CacheEvictions: c.CacheEvictions,
 			WriteThroughs: c.WriteThroughs, CacheStripes: c.CacheStripes,
 		},
+	}
+	if b := s.Bitmap; b != nil {
+		st.Bitmap = &control.Bitmap{RegionBytes: b.RegionBytes, Regions: b.Regions, Set: b.Set, Flushes: b.Flushes, Waits: b.Waits}
 	}
 	for _, m := range s.Members {
 		st.Members = append(st.Members, control.MemberStatus{

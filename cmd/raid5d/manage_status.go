@@ -119,9 +119,12 @@ func syncName(p *control.Progress) string {
 func stateWords(st *control.Status) string {
 	s := st.State
 	if p := st.Sync; p != nil {
-		if p.Kind == "rebuild" {
+		switch p.Kind {
+		case "rebuild":
 			s += ", rebuilding"
-		} else {
+		case "resync":
+			s += ", resyncing"
+		default:
 			s += ", scrubbing (" + p.Kind + ")"
 		}
 	}
@@ -143,6 +146,12 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 	fmt.Fprintf(w, "  events:   %d\n", st.Events)
 	if p := st.Sync; p != nil {
 		fmt.Fprintf(w, "  %-9s %s\n", p.Kind+":", progressLine(p))
+	}
+	if p := st.LastResync; p != nil {
+		fmt.Fprintf(w, "  last resync: %s, %d stripes' parity fixed\n", finishedOrStopped(p), p.Mismatches)
+	}
+	if b := st.Bitmap; b != nil {
+		fmt.Fprintf(w, "  bitmap:   %d regions of %s, %d set, %d bitmap writes\n", b.Regions, formatSize(b.RegionBytes), b.Set, b.Flushes)
 	}
 	if p := st.LastScrub; p != nil {
 		fmt.Fprintf(w, "  last scrub: %s %s, %s", p.Kind, finishedOrStopped(p), mismatchText(p))
@@ -191,10 +200,12 @@ func onlineNote(st *control.Status) string {
 		return fmt.Sprintf(" (%d roles without a working member: data there cannot be served)", len(st.Missing))
 	case st.Sync != nil && st.Sync.Kind == "rebuild" && st.Sync.Role >= 0:
 		return fmt.Sprintf(" (role %d being rebuilt: no redundancy until it finishes)", st.Sync.Role)
+	case st.WriteHole:
+		return " (WRITE HOLE: assembled after an unclean shutdown while degraded; chunks of the missing member in stripes being written at the crash may be wrong)"
 	case len(st.Missing) > 0:
 		return fmt.Sprintf(" (role %d missing: served from parity, no redundancy left)", st.Missing[0])
 	case st.Unclean:
-		return " (assembled after an unclean shutdown)"
+		return " (assembled after an unclean shutdown: resyncing parity)"
 	}
 	return ""
 }

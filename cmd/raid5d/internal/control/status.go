@@ -32,13 +32,28 @@ type Status struct {
 	Members []MemberStatus `json:"members"` // by role, then faulty members and spares
 	Missing []int          `json:"missing"` // roles with no working member
 
-	Sync      *Progress `json:"sync,omitempty"`       // the rebuild or scrub running now
-	LastScrub *Progress `json:"last_scrub,omitempty"` // the last finished or stopped scrub
+	Sync       *Progress `json:"sync,omitempty"`        // the rebuild, resync or scrub running now
+	LastScrub  *Progress `json:"last_scrub,omitempty"`  // the last finished or stopped scrub
+	LastResync *Progress `json:"last_resync,omitempty"` // the resync after an unclean shutdown, when it ended
+
+	// WriteHole: the array was assembled dirty and degraded, so parity of stripes being written
+	// at the crash cannot be made consistent and the missing member's chunks there may be wrong.
+	WriteHole bool    `json:"write_hole"`
+	Bitmap    *Bitmap `json:"bitmap,omitempty"` // the write-intent bitmap, if the array has one
 
 	SyncSpeedMin int64 `json:"sync_speed_min"` // bytes/s
 	SyncSpeedMax int64 `json:"sync_speed_max"` // bytes/s
 
 	Counters Counters `json:"counters"`
+}
+
+// Bitmap is the write-intent bitmap's state.
+type Bitmap struct {
+	RegionBytes int64  `json:"region_bytes"` // array bytes per bit
+	Regions     int    `json:"regions"`      // bits
+	Set         int    `json:"set"`          // bits set now
+	Flushes     uint64 `json:"flushes"`      // bitmap writes
+	Waits       uint64 `json:"waits"`        // stripe writes that waited for one
 }
 
 // Daemon says which daemon answered.
