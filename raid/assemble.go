@@ -54,10 +54,22 @@ type CreateOptions struct {
 // superblocks and returns the open array, clean. Members of unequal size contribute the
 // smallest one's data size. Each member's data area is made to read as zeroes (Member.Trim), so
 // parity is consistent from the start without an initial sync.
-func Create(paths []string, opts CreateOptions) (*Array, error) {
+func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 	if err := checkDistinct(append(paths[:len(paths):len(paths)], opts.Spares...)); err != nil {
 		return nil, err
 	}
+	// Refuse bad options before any file is created.
+	if _, err := opts.layout(len(paths)); err != nil {
+		return nil, err
+	}
+	var created []string // member files made here: removed again if Create fails
+	defer func() {
+		if err != nil {
+			for _, p := range created {
+				os.Remove(p)
+			}
+		}
+	}()
 	members := make([]Member, 0, len(paths))
 	for _, p := range append(paths[:len(paths):len(paths)], opts.Spares...) {
 		if opts.MemberSize > 0 {
@@ -66,6 +78,7 @@ func Create(paths []string, opts CreateOptions) (*Array, error) {
 					closeMembers(members)
 					return nil, &MemberError{Member: p, Role: len(members), Op: "create", Off: -1, Err: err}
 				}
+				created = append(created, p)
 			}
 		}
 		m, err := OpenMember(p, false)
@@ -76,7 +89,7 @@ func Create(paths []string, opts CreateOptions) (*Array, error) {
 		members = append(members, m)
 	}
 	spares := members[len(paths):]
-	a, err := CreateMembers(members[:len(paths)], opts)
+	a, err = CreateMembers(members[:len(paths)], opts)
 	if err != nil {
 		closeMembers(members)
 		return nil, err
@@ -91,16 +104,13 @@ func Create(paths []string, opts CreateOptions) (*Array, error) {
 	return a, nil
 }
 
-// CreateMembers is Create on members already open (role i is members[i]), such as raidtest's
-// in-memory members. On success the array owns the members and closes them on Close; on error
-// the caller still owns them. opts.MemberSize is ignored.
-func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
+// layout checks the options that do not depend on the members (consistency policy, chunk size,
+// layout name) and returns the geometry of an array of n members.
+func (opts *CreateOptions) layout(n int) (stripe.Layout, error) {
 	switch opts.Consistency {
-	case "", ConsistencyBitmap:
-	case ConsistencyNone:
-		opts.BitmapRegion = -1
+	case "", ConsistencyBitmap, ConsistencyNone:
 	default:
-		return nil, fmt.Errorf("%w: %q", ErrConsistency, opts.Consistency)
+		return stripe.Layout{}, fmt.Errorf("%w: %q", ErrConsistency, opts.Consistency)
 	}
 	chunk := opts.Chunk
 	if chunk == 0 {
@@ -110,13 +120,24 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	if opts.Layout != "" {
 		var err error
 		if alg, err = stripe.ParseAlgorithm(opts.Layout); err != nil {
-			return nil, err
+			return stripe.Layout{}, err
 		}
 	}
-	layout, err := stripe.NewLayout(len(members), chunk, alg)
+	return stripe.NewLayout(n, chunk, alg)
+}
+
+// CreateMembers is Create on members already open (role i is members[i]), such as raidtest's
+// in-memory members. On success the array owns the members and closes them on Close; on error
+// the caller still owns them. opts.MemberSize is ignored.
+func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
+	layout, err := opts.layout(len(members))
 	if err != nil {
 		return nil, err
 	}
+	if opts.Consistency == ConsistencyNone {
+		opts.BitmapRegion = -1
+	}
+	chunk := layout.ChunkSize()
 	need := int64(DataOffset + MinDataChunks*chunk)
 	smallest := int64(-1)
 	for r, m := range members {
@@ -167,7 +188,7 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	roles := make([]*member, len(members))
 	for r, m := range members {
 		roles[r] = &member{Member: m, sb: &superblock{
-			ArrayUUID: arrayUUID, DeviceUUID: newUUID(), Level: level5, Layout: alg, Chunk: chunk,
+			ArrayUUID: arrayUUID, DeviceUUID: newUUID(), Level: level5, Layout: layout.Algorithm(), Chunk: chunk,
 			Members: len(members), Role: r, DataOffset: DataOffset, DataSize: dataSize, Created: now,
 			Features: features, BitmapOff: bmOff, BitmapSize: bmSize, BitmapRegion: bmRegion,
 		}}
