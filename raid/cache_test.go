@@ -308,7 +308,7 @@ func TestBatching(t *testing.T) {
 			// the default here, so that a stall of the writers under the race detector on a busy
 			// machine does not count as the stream having stopped.
 			io := mode.io
-			io.WriteBackDelay = 50 * time.Millisecond
+			io.WriteBackDelay = 250 * time.Millisecond
 			a, ms := newCached(t, 4, chunk, stripes, raid.AssembleOptions{IOOptions: io})
 			l := a.Layout()
 			total := stripes * l.StripeSize()
