@@ -65,6 +65,7 @@ there, and removes a stale socket left by one that died.
 		"(write-through, no cache); memory used is stripes × members × chunk. Default: 64M worth of stripes, 16 to 256")
 	writeBackDelay := fs.Duration("write-back-delay", 0, "how long a partial stripe waits in the cache for more writes (`duration`; default 5ms)")
 	mlock := fs.Bool("mlock", false, "mlock the request buffers (needs RLIMIT_MEMLOCK or CAP_IPC_LOCK)")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on http://`address`/metrics, a loopback address (e.g. 127.0.0.1:9100)")
 	pprofAddr := fs.String("pprof", "", "serve Go's pprof profiles on this loopback `address` (e.g. 127.0.0.1:6060)")
 	debugImmutable := fs.Bool("debug-immutable", false, "debugging: mprotect request buffers read-only while the array holds them\n"+
 		"(with --stable-pages); a stray write then crashes the daemon loudly. Slow")
@@ -151,10 +152,23 @@ there, and removes a stale socket left by one that died.
 		a.Close()
 		return err
 	}
+	var metricsLn net.Listener
+	if *metricsAddr != "" {
+		if metricsLn, err = listenMetrics(*metricsAddr); err != nil {
+			a.Close()
+			return err
+		}
+		defer metricsLn.Close() // in case serving never starts; closing twice is harmless
+	}
 	ln, addr, err := listenOn(*listen, *socket, mode != nbd.TLSOff && tlsConf != nil, log)
 	if err != nil {
 		a.Close()
 		return err
+	}
+	var dev nbd.Device = a
+	reqMetrics := newRequestMetrics()
+	if metricsLn != nil {
+		dev = instrumentDevice(a, reqMetrics)
 	}
 	srv, err := nbd.NewServer(nbd.Options{
 		MlockBuffers:     *mlock,
@@ -168,7 +182,7 @@ there, and removes a stale socket left by one that died.
 			StablePages:    *stablePages,
 			Name:           *export,
 			Description:    fmt.Sprintf("raid5d RAID-5 array %s", st.UUID),
-			Device:         a,
+			Device:         dev,
 			ReadOnly:       *readOnly,
 			PreferredBlock: preferredBlock(a),
 			AllowedClients: allowClients,
@@ -180,6 +194,17 @@ there, and removes a stale socket left by one that died.
 		ln.Close()
 		a.Close()
 		return err
+	}
+
+	if metricsLn != nil {
+		reg, err := newMetricsRegistry(newArrayCollector(a.Status, srv.BufferStats), reqMetrics)
+		if err != nil {
+			ln.Close()
+			a.Close()
+			return err
+		}
+		stopMetrics := serveMetrics(metricsLn, reg, log)
+		defer stopMetrics()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
