@@ -228,11 +228,6 @@ func (a *Array) all() []*member {
 
 // start starts the array's background work (the cache's write-out goroutines); Close stops it.
 func (a *Array) start() {
-	a.sbMu.Lock()
-	for _, m := range a.all() {
-		a.startReaders(m)
-	}
-	a.sbMu.Unlock()
 	if a.cache != nil {
 		a.startIO()
 		a.cache.Start(context.Background())
@@ -533,9 +528,6 @@ func (a *Array) Close() error {
 	}
 	a.sbMu.Lock()
 	for _, m := range append(a.all(), a.retired...) {
-		if m.rq != nil {
-			close(m.rq)
-		}
 		errs = append(errs, memberErr(m, m.sb.Role, "close", -1, m.Close()))
 	}
 	a.sbMu.Unlock()

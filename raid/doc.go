@@ -153,10 +153,10 @@
 // one stripe run concurrently too (with a cache, on per-member I/O goroutines).
 //
 // Background goroutines — the cache's write-out goroutines and ioWorkers per role for its
-// member I/O (not for read-only arrays or without a cache), readersPerMember per member for
-// timed reads, and the rebuild or scrub — are started by Create and Assemble (a rebuild also
-// by a failure or AddSpare) and stopped, and waited for, by Close (a reader stuck in a hung
-// member's read is left behind). Marking a member faulty takes sbMu under a stripe lock; so
+// member I/O (not for read-only arrays or without a cache), and the rebuild or scrub — are
+// started by Create and Assemble (a rebuild also by a failure or AddSpare) and stopped, and
+// waited for, by Close. Member reads run in the goroutine that needs them (a request touching
+// several members starts one goroutine per extra member). Marking a member faulty takes sbMu under a stripe lock; so
 // nothing holding sbMu (or syncMu) ever waits for a stripe lock, and a failure only cancels a
 // running rebuild or scrub, never waits for it. Close waits for the calls in flight and makes
 // later calls fail with ErrClosed.
@@ -167,11 +167,11 @@
 // # Failure and rebuild
 //
 // Member I/O goes through one function (memberIO) that decides per stripe which members are
-// usable. A read that fails, or takes longer than IOOptions.MemberTimeout (default 30 s; it
-// then runs on the member's reader goroutines into a bounce buffer, and a late result is
-// dropped), is counted in the member's ReadErrors and served as the XOR of the other members'
-// bytes at the same offsets, under the stripe lock; past IOOptions.ReadErrorLimit (default 20)
-// errors the member is marked faulty. A write that fails (or an fdatasync, or a trim) marks the
+// usable. A read that fails is counted in the member's ReadErrors and served as the XOR of the
+// other members' bytes at the same offsets, under the stripe lock; a read that succeeds but
+// takes longer than IOOptions.MemberTimeout (default 30 s) is counted the same way (ErrTimeout
+// in the log) and its data is used. Past IOOptions.ReadErrorLimit (default 20) errors the
+// member is marked faulty. A write that fails (or an fdatasync, or a trim) marks the
 // member faulty at once. Marking faulty sets the member's flag and, under sbMu, rewrites every
 // other working member's superblock with the role marked faulty in the state table and the
 // events counter bumped, synced, before the failing I/O returns; any write that skipped the
@@ -296,9 +296,14 @@
 //     without it. A spare that takes a role gets the bitmap at the next bitmap write.
 //   - The bitmap's fdatasync fallback (members without RWF_DSYNC, such as faulty: specs)
 //     syncs the whole member, which flushes its data writes too.
-//   - Writes have no timeout: a member that hangs in a write hangs that stripe (reads time
-//     out). Reads with a timeout cost a hand-off and a copy (bounce buffer); MemberTimeout < 0
-//     reads straight into the caller's buffer.
+//   - No member I/O can be cancelled. Writes have no timeout: a member that hangs in a write
+//     hangs that stripe. A read is issued straight into the caller's buffer in the caller's
+//     goroutine, so a member that hangs in a read holds that request until the system call
+//     returns; only then is the read counted as slow (MemberTimeout) and, past the read-error
+//     limit, the member failed. A hung member is thus failed only once its reads come back
+//     (the kernel's own device timeouts bound that for block devices). The earlier design,
+//     which gave up on a read at the timeout and rebuilt its data, needed a goroutine hand-off
+//     and a bounce-buffer copy per read (8× the cost of an in-memory 4 KiB read).
 //   - Read errors are not repaired by rewriting the sector from the rebuilt data (md does);
 //     the member is failed at the read-error limit. No bad-block list.
 //   - Replace is the simple version: the member is failed first and the array runs degraded

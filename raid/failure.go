@@ -3,7 +3,6 @@ package raid
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,9 +23,9 @@ const (
 	DefaultReadErrorLimit = 20
 )
 
-// ErrTimeout is the error of a member read that did not complete within
-// IOOptions.MemberTimeout (inside a *MemberError); the read is treated as failed and its late
-// result discarded.
+// ErrTimeout is the error a member read that took longer than IOOptions.MemberTimeout is
+// counted and logged with (inside a *MemberError); the read's data is still used. Never returned
+// by the array's I/O methods.
 var ErrTimeout error = &ioError{"raid: member read timed out", uint32(unix.EIO)}
 
 // member is one member of the array as the array tracks it.
@@ -37,9 +36,6 @@ type member struct {
 	// role, usable only for stripes below Array.recPos.
 	faulty, rebuilding  atomic.Bool
 	readErrs, writeErrs atomic.Uint64
-
-	rq     chan *readReq // timed reads (see timedRead); nil without a timeout
-	rqOnce sync.Once
 }
 
 // usable returns the member that serves role r in stripe s, or nil if none does.
@@ -97,9 +93,10 @@ func (a *Array) failed() bool {
 // done, the stripe is consistent without it (its chunk is what parity implies) — unless the
 // stripe has lost two roles, then it fails with ErrArrayFailed. A write that fails marks the
 // member faulty (recorded in the other superblocks before memberIO returns) and is then
-// treated the same way. A read of a role with no usable member, or a read that fails or times
-// out (counted; past IOOptions.ReadErrorLimit the member is marked faulty), is rebuilt from
-// the other members (the XOR of theirs at the same offsets), under the stripe lock.
+// treated the same way. A read of a role with no usable member, or a read that fails (counted;
+// past IOOptions.ReadErrorLimit the member is marked faulty), is rebuilt from the other members
+// (the XOR of theirs at the same offsets), under the stripe lock. A read slower than the member
+// timeout is counted the same way but its data is used (readMember).
 func (a *Array) memberIO(role int, buf []byte, off int64, write, locked bool) error {
 	s := (off - a.dataOffset) / a.layout.ChunkSize()
 	m := a.usable(role, s)
@@ -232,89 +229,29 @@ func (a *Array) roleOf(m *member) int {
 	return -1
 }
 
-// readMember reads buf at off from m, within IOOptions.MemberTimeout if one is set.
+// readMember reads buf at off from m straight into buf, in the calling goroutine. With a member
+// timeout (IOOptions.MemberTimeout > 0), a read that succeeds but takes longer is counted as a
+// read error of m (slowRead) and its data is still returned: the read cannot be cancelled, so
+// a hung member holds its caller until the system call returns (see doc.go # Caveats).
 func (a *Array) readMember(m *member, buf []byte, off int64) (int, error) {
 	if a.timeout <= 0 {
 		return m.ReadAt(buf, off)
 	}
-	return a.timedRead(m, buf, off)
-}
-
-// readReq is a timed read handed to a member's reader goroutines. Its bounce buffer belongs to
-// whoever wins state: the waiter (done) or, after a timeout, the reader (which recycles it).
-type readReq struct {
-	m     *member
-	buf   []byte
-	off   int64
-	n     int
-	err   error
-	state atomic.Int32 // 0 pending, 1 done, 2 abandoned by the waiter
-	done  chan struct{}
-}
-
-var readReqs = sync.Pool{New: func() any { return &readReq{done: make(chan struct{}, 1)} }}
-var timers = sync.Pool{New: func() any { t := time.NewTimer(time.Hour); t.Stop(); return t }}
-
-// readersPerMember is the number of goroutines per member that run timed reads.
-const readersPerMember = 4
-
-// startReaders starts m's reader goroutines (once); stopReaders (Close) stops them. A reader
-// stuck in a hung member's read stays stuck, but nothing waits for it past the timeout.
-func (a *Array) startReaders(m *member) {
-	if a.timeout <= 0 {
-		return
+	t0 := time.Now()
+	n, err := m.ReadAt(buf, off)
+	if d := time.Since(t0); err == nil && d > a.timeout {
+		a.slowRead(m, off, d)
 	}
-	m.rqOnce.Do(func() {
-		m.rq = make(chan *readReq)
-		for range readersPerMember {
-			go func() {
-				for r := range m.rq {
-					r.n, r.err = m.ReadAt(r.buf, r.off)
-					if r.state.CompareAndSwap(0, 1) {
-						r.done <- struct{}{}
-						continue
-					}
-					r.m, r.buf = nil, r.buf[:0] // abandoned: the waiter is gone
-					r.state.Store(0)
-					readReqs.Put(r)
-				}
-			}()
-		}
-	})
-}
-
-// timedRead reads through m's reader goroutines into a bounce buffer, copied into buf on
-// success; after the timeout it returns ErrTimeout and leaves the late read to the reader.
-func (a *Array) timedRead(m *member, buf []byte, off int64) (int, error) {
-	if m.rq == nil {
-		return m.ReadAt(buf, off)
-	}
-	r := readReqs.Get().(*readReq)
-	if cap(r.buf) < len(buf) {
-		r.buf = make([]byte, len(buf))
-	}
-	r.m, r.buf, r.off = m, r.buf[:len(buf)], off
-	t := timers.Get().(*time.Timer)
-	t.Reset(a.timeout)
-	defer func() { t.Stop(); timers.Put(t) }()
-	select {
-	case m.rq <- r:
-	case <-t.C:
-		r.m = nil
-		readReqs.Put(r)
-		return 0, ErrTimeout
-	}
-	select {
-	case <-r.done:
-	case <-t.C:
-		if r.state.CompareAndSwap(0, 2) {
-			return 0, ErrTimeout // the reader recycles r
-		}
-		<-r.done // it finished just now
-	}
-	n, err := copy(buf, r.buf[:r.n]), r.err
-	r.m, r.err, r.n = nil, nil, 0
-	r.state.Store(0)
-	readReqs.Put(r)
 	return n, err
+}
+
+// slowRead counts a read of m at off that took d, longer than the member timeout, as a read
+// error (ErrTimeout) and marks m faulty past the read-error limit. The read's data was good.
+func (a *Array) slowRead(m *member, off int64, d time.Duration) {
+	n := m.readErrs.Add(1)
+	err := fmt.Errorf("%w: took %v, limit %v", memberErr(m, -1, "read", off, ErrTimeout), d, a.timeout)
+	a.log.Warn("raid: member read slower than the member timeout; its data was used", "err", err, "read_errors", n)
+	if n > uint64(a.readErrLimit) {
+		a.fail(m, fmt.Errorf("%d read errors, more than the limit %d; last: %w", n, a.readErrLimit, err))
+	}
 }

@@ -145,7 +145,6 @@ func (a *Array) AddSpareMember(m Member) error {
 	sb.DeviceUUID, sb.Role, sb.Dirty = newUUID(), spareRole, a.dirty.Load()
 	sp := &member{Member: m, sb: &sb}
 	a.spares = append(a.spares, sp)
-	a.startReaders(sp)
 	err := a.writeSuperblocks(nil)
 	a.sbMu.Unlock()
 	a.log.Info("raid: spare added", "member", m.Name())

@@ -30,10 +30,10 @@ type IOOptions struct {
 	// WriteBackers is the number of background write-out goroutines; 0 means
 	// stripe.DefaultWriteBackers (4).
 	WriteBackers int
-	// MemberTimeout bounds each member read: one that takes longer counts as a read error (its
-	// data is rebuilt from the other members; its late result is discarded). 0 means
-	// DefaultMemberTimeout (30 s); < 0 no timeout (reads go straight into the caller's buffer,
-	// without the bounce buffer and hand-off a timeout needs). Writes have no timeout.
+	// MemberTimeout is how long a member read may take: one that succeeds but takes longer
+	// counts as a read error of the member (towards ReadErrorLimit; its data is still used).
+	// The read is not interrupted, so a hung member holds the request until the read returns.
+	// 0 means DefaultMemberTimeout (30 s); < 0 no check. Writes have no timeout.
 	MemberTimeout time.Duration
 	// ReadErrorLimit is how many read errors a member may have before it is marked faulty;
 	// 0 means DefaultReadErrorLimit (20).
