@@ -90,43 +90,66 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	for _, e := range exts {
 		touched |= 1 << e.Member
 	}
-	var (
-		mu      sync.Mutex // guards failOff, failErr
-		failOff = int64(len(p))
-		failErr error
-	)
-	readMember := func(r int) {
-		for _, e := range exts {
-			if e.Member != r {
-				continue
-			}
-			if err := a.readPiece(p[e.BufOff:e.BufOff+e.Len], e); err != nil {
-				mu.Lock()
-				if e.BufOff < failOff {
-					failOff, failErr = e.BufOff, err
-				}
-				mu.Unlock()
-				return
-			}
-		}
-	}
-	var wg sync.WaitGroup
+	st := readStates.Get().(*readState)
+	st.a, st.p, st.exts, st.failOff = a, p, exts, int64(len(p))
 	last := -1
 	for r := range a.roles {
 		if touched&(1<<r) == 0 {
 			continue
 		}
-		if prev := last; prev >= 0 {
-			wg.Go(func() { readMember(prev) })
+		if last >= 0 {
+			st.wg.Add(1)
+			go st.readRoleDone(last)
 		}
 		last = r
 	}
-	readMember(last)
-	wg.Wait()
-	if failErr != nil {
-		return int(failOff), failErr
+	st.readRole(last)
+	st.wg.Wait()
+	n, err := len(p), st.failErr
+	if err != nil {
+		n = int(st.failOff)
 	}
-	return len(p), nil
+	*st = readState{}
+	readStates.Put(st)
+	return n, err
+}
+
+// readState is the state of one ReadAt that touches several members, shared by its member
+// goroutines; pooled (readStates).
+type readState struct {
+	a       *Array
+	p       []byte
+	exts    []stripe.Extent
+	wg      sync.WaitGroup
+	mu      sync.Mutex // guards failOff, failErr
+	failOff int64      // the lowest BufOff of a failed extent, else len(p)
+	failErr error
+}
+
+var readStates = sync.Pool{New: func() any { return new(readState) }}
+
+// readRole reads the request's extents on member r into p, in order, stopping at the first
+// error (recorded if it is the lowest so far).
+func (st *readState) readRole(r int) {
+	for _, e := range st.exts {
+		if e.Member != r {
+			continue
+		}
+		if err := st.a.readPiece(st.p[e.BufOff:e.BufOff+e.Len], e); err != nil {
+			st.mu.Lock()
+			if e.BufOff < st.failOff {
+				st.failOff, st.failErr = e.BufOff, err
+			}
+			st.mu.Unlock()
+			return
+		}
+	}
+}
+
+// readRoleDone is readRole on its own goroutine.
+func (st *readState) readRoleDone(r int) {
+	st.readRole(r)
+	st.wg.Done()
 }
 
 // readPiece reads one extent into dst: through the cache if there is one, else readExtent.
