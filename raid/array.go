@@ -90,6 +90,8 @@ type Array struct {
 	writeHole atomic.Bool
 	// bm is the write-intent bitmap (bitmap.go); nil if the array has none.
 	bm *bitmap
+	// jr is the write journal (journal.go); nil unless the consistency policy is journal.
+	jr *journal
 
 	// syncMu guards job, lastScrub, speedMin, speedMax, closing: the background rebuild or
 	// scrub (sync.go). Never held while taking sbMu or a stripe lock.
@@ -111,6 +113,7 @@ type scratch struct {
 	bufs   [][]byte
 	shards [][]byte
 	ops    []memberOp
+	jops   []intentOp // the journal's view of ops (intent.go)
 }
 
 func (a *Array) getScratch() *scratch { return a.scratch.Get().(*scratch) }
@@ -119,6 +122,7 @@ func (a *Array) getScratch() *scratch { return a.scratch.Get().(*scratch) }
 func (a *Array) putScratch(s *scratch) {
 	clear(s.shards)
 	clear(s.ops[:cap(s.ops)])
+	clear(s.jops[:cap(s.jops)])
 	a.scratch.Put(s)
 }
 

@@ -401,18 +401,3 @@ func (b *bitmap) clearAll() error {
 }
 
 func (b *bitmap) stopCleaner() { b.stopOnce.Do(func() { close(b.stop) }) }
-
-// writeIntent runs write, which writes stripes [s0, s0+n), between the bitmap's begin and end:
-// the regions' bits are durable before it issues a member write and stay set until the
-// cleaner sees the writes synced. Without a bitmap it just runs write.
-func (a *Array) writeIntent(s0, n int64, write func() error) error {
-	if a.bm == nil {
-		return write()
-	}
-	if err := a.bm.begin(s0, n); err != nil {
-		a.bm.end(s0, n)
-		return err
-	}
-	defer a.bm.end(s0, n)
-	return write()
-}

@@ -300,7 +300,15 @@ func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
 			ops = append(ops, memberOp{role: pm, buf: P, off: pOff, write: true})
 		}
 		reads = ops
-		return a.writeIntent(s, 1, func() error { return a.runOps(ops) })
+		var jops []intentOp
+		if a.journaled() {
+			jops = sc.jops[:0]
+			for _, op := range ops {
+				jops = append(jops, intentOp{role: op.role, off: op.off, buf: op.buf})
+			}
+			sc.jops = jops
+		}
+		return a.writeIntent(s, 1, jops, func() error { return a.runOps(ops) })
 	}
 	if a.usable(pm, s) == nil { // parity missing: the data is all there is
 		return writeAll(nil)
@@ -478,7 +486,13 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 		n := min(nLocks, end-s)
 		a.lockSpan(s, n)
 		var errs []error
-		ierr := a.writeIntent(s, n, func() error {
+		var jops []intentOp
+		if a.journaled() {
+			for r := range a.roles {
+				jops = append(jops, intentOp{role: r, off: a.dataOffset + s*C, trim: n * C})
+			}
+		}
+		ierr := a.writeIntent(s, n, jops, func() error {
 			for r := range a.roles {
 				if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
 					moff := a.dataOffset + s*C

@@ -80,7 +80,7 @@ func (m memberIO) Missing(s int64) int { return m.a.missingAt(s) }
 // the error of the lowest role that failed, as a *MemberError.
 func (m memberIO) Do(ops []stripe.MemberOp) error {
 	a := m.a
-	if a.bm != nil {
+	if a.bm != nil || a.jr != nil {
 		s0, s1 := int64(-1), int64(-1)
 		C := a.layout.ChunkSize()
 		for i := range ops {
@@ -93,7 +93,18 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 			}
 		}
 		if s0 >= 0 {
-			return a.writeIntent(s0, s1-s0+1, func() error { return m.do(ops) })
+			var jops []intentOp
+			if a.journaled() {
+				jp := intentOps.Get().(*[]intentOp)
+				defer func() { clear(*jp); *jp = (*jp)[:0]; intentOps.Put(jp) }()
+				for _, op := range ops {
+					if op.Write {
+						*jp = append(*jp, intentOp{role: op.Role, off: a.dataOffset + op.Off, buf: op.Buf})
+					}
+				}
+				jops = *jp
+			}
+			return a.writeIntent(s0, s1-s0+1, jops, func() error { return m.do(ops) })
 		}
 	}
 	return m.do(ops)

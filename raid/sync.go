@@ -623,7 +623,11 @@ func (a *Array) scrubSpan(s0, k int64, bufs [][]byte, repair bool) ([]int64, err
 		}
 		bad = append(bad, s)
 		if repair {
-			if err := a.writeIntent(s, 1, func() error { return a.memberIO(pm, P[:C], a.dataOffset+s*C, true, true) }); err != nil {
+			var jops []intentOp
+			if a.journaled() {
+				jops = []intentOp{{role: pm, off: a.dataOffset + s*C, buf: P[:C]}}
+			}
+			if err := a.writeIntent(s, 1, jops, func() error { return a.memberIO(pm, P[:C], a.dataOffset+s*C, true, true) }); err != nil {
 				return bad, err
 			}
 		}
