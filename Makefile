@@ -13,7 +13,7 @@ MEMBERS   := $(foreach i,0 1 2 3,$(DATA)/member$(i).img)
 LISTEN    ?= 127.0.0.1:10809
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-unit test-e2e fuzz bench bench-peers lint deps clean
+.PHONY: help build run test test-unit test-e2e fuzz bench bench-peers benchcmp lint deps clean
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -49,11 +49,20 @@ fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 	  $(GO) test ./$$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME); \
 	done
 
-bench-peers: ## raid5d vs nbdkit file/null (nbd-server if installed): same fio jobs (test/fio/peers), one table
+bench-peers: ## raid5d vs nbdkit file/null, nbd-server and go-nbd's file backend: same fio jobs (test/fio/peers), one table
+	@if ! command -v nbd-server >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+	  echo "installing: nbd-server"; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nbd-server >/dev/null || exit 1; \
+	fi
 	test/bench/peers.sh
 
 bench: ## Go benchmarks of the hot paths
 	$(GO) test -run '^$$' -bench . -benchmem $(UNIT_PKGS)
+
+benchcmp: ## Go benchmarks of the working tree vs BASE=ref, alternating runs, benchstat (COUNT, BENCH, BENCH_PKGS)
+	@test -n "$(BASE)" || { echo "usage: make benchcmp BASE=ref"; exit 2; }
+	test/bench/benchcmp.sh $(BASE)
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

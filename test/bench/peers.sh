@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Side-by-side fio figures: raid5d (4 members) against its peers (nbdkit's file plugin over one
 # file on the same filesystem, nbdkit's null plugin as the transport ceiling, nbd-server if it
-# is installed), same transport (loopback TCP), same fio job files (test/fio/peers/*.fio), one
-# run. The servers run one at a time. Bounded: each job runs RUNTIME seconds under a timeout;
-# every server started here is stopped by PID.
+# is installed, go-nbd v0.3.2's own server and file backend (test/bench/gonbd)), same transport
+# (loopback TCP), same fio job files (test/fio/peers/*.fio), one run. The servers run one at a
+# time. Bounded: each job runs RUNTIME seconds under a timeout; every server started here is
+# stopped by PID.
 #
 #   test/bench/peers.sh [DIR]      DIR defaults to /dev/shm/raid5d-bench
 #
 # Environment: RUNTIME (seconds per job, 8), MEMBER (member size, 512M), CHUNK (16K, so 48k is
 # a full stripe), PORT (10911), JOBS (job names to run, default all), RAID5D (a raid5d binary
 # to use instead of building one), RAID5D_FLAGS (extra serve flags), PEERS (default
-# "nbdkit-file nbdkit-null nbd-server").
+# "nbdkit-file nbdkit-null nbd-server gonbd").
 #
 # Prints one table: per job and server MB/s, IOPS, p99 completion latency (µs), the server's
 # CPU time per I/O (µs, user+system from /proc/PID/stat over the job, all threads), and
@@ -22,7 +23,7 @@ export RUNTIME=${RUNTIME:-8}
 MEMBER=${MEMBER:-512M}
 CHUNK=${CHUNK:-16K}
 PORT=${PORT:-10911}
-PEERS=${PEERS:-nbdkit-file nbdkit-null nbd-server}
+PEERS=${PEERS:-nbdkit-file nbdkit-null nbd-server gonbd}
 for t in fio nbdkit nbdinfo python3; do command -v $t >/dev/null || { echo "need $t (make deps)"; exit 1; }; done
 
 if [[ -z ${JOBS:-} ]]; then
@@ -31,6 +32,9 @@ fi
 if [[ -z ${RAID5D:-} ]]; then
   go build -o bin/raid5d ./cmd/raid5d
   RAID5D=bin/raid5d
+fi
+if [[ " $PEERS " == *" gonbd "* ]]; then
+  go build -o bin/gonbd ./test/bench/gonbd
 fi
 rm -rf "$DIR"; mkdir -p "$DIR"
 "$RAID5D" create --chunk "$CHUNK" --size "$MEMBER" "$DIR"/m{0..3}.img >/dev/null
@@ -57,6 +61,7 @@ start() { # name: start that server on PORT, in the background, and wait until i
                    null size="$size" & ;;
     nbd-server) printf '[generic]\n[export]\nexportname = %s\n' "$DIR/peer.img" >"$DIR/nbd-server.conf"
                 nbd-server -d -C "$DIR/nbd-server.conf" 127.0.0.1@$PORT & ;;
+    gonbd) bin/gonbd -listen 127.0.0.1:$PORT "$DIR/peer.img" & ;;
   esac
   pid=$!
   for _ in $(seq 100); do nbdinfo --size nbd://127.0.0.1:$PORT >/dev/null 2>&1 && return; sleep 0.1; done
