@@ -378,14 +378,17 @@ func TestParseURI(t *testing.T) {
 		want client.URI
 		err  bool
 	}{
-		{"nbd://localhost", client.URI{"tcp", "localhost:10809", ""}, false},
-		{"nbd://127.0.0.1:1234/array", client.URI{"tcp", "127.0.0.1:1234", "array"}, false},
-		{"nbd://[::1]/a%20b", client.URI{"tcp", "[::1]:10809", "a b"}, false},
-		{"nbd+unix:///exp?socket=/tmp/s.sock", client.URI{"unix", "/tmp/s.sock", "exp"}, false},
-		{"nbd+unix:///?socket=/tmp/s.sock", client.URI{"unix", "/tmp/s.sock", ""}, false},
+		{"nbd://localhost", client.URI{"tcp", "localhost:10809", "", false}, false},
+		{"nbd://127.0.0.1:1234/array", client.URI{"tcp", "127.0.0.1:1234", "array", false}, false},
+		{"nbd://[::1]/a%20b", client.URI{"tcp", "[::1]:10809", "a b", false}, false},
+		{"nbd+unix:///exp?socket=/tmp/s.sock", client.URI{"unix", "/tmp/s.sock", "exp", false}, false},
+		{"nbd+unix:///?socket=/tmp/s.sock", client.URI{"unix", "/tmp/s.sock", "", false}, false},
+		{"nbds://host/exp", client.URI{"tcp", "host:10809", "exp", true}, false},
+		{"nbds+unix:///exp?socket=/tmp/s.sock", client.URI{"unix", "/tmp/s.sock", "exp", true}, false},
 		{"nbd+unix:///exp", client.URI{}, true},
 		{"nbd+unix://host/exp?socket=/s", client.URI{}, true},
-		{"nbds://host/exp", client.URI{}, true},
+		{"nbds+unix:///exp", client.URI{}, true},
+		{"nbds+unix:///?socket=/s&tls-certificates=/d", client.URI{}, true},
 		{"http://host/", client.URI{}, true},
 		{"nbd:///exp", client.URI{}, true},
 		{"nbd://host/?tls=1", client.URI{}, true},

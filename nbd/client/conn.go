@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,6 +21,11 @@ type Options struct {
 	MaxInFlight int
 	// Dialer dials the server; nil means a zero net.Dialer.
 	Dialer *net.Dialer
+	// TLSConfig, when set, upgrades the connection with NBD_OPT_STARTTLS before the export is
+	// negotiated (see LoadTLSConfig). Dial needs an nbds URI for it, and with an nbds URI and
+	// no TLSConfig verifies the server against the system's CAs. Dial fills in ServerName
+	// from the URI when it is empty ("localhost" for a unix socket); TLS 1.2 is the minimum.
+	TLSConfig *tls.Config
 }
 
 // Conn is one NBD connection in the transmission phase. It is safe for concurrent use; see the
@@ -72,12 +78,26 @@ type slot struct {
 // errnoBroken, sent on a slot's done channel, means the connection broke before the reply.
 const errnoBroken = ^uint32(0)
 
-// Dial connects to the export named by an NBD URI (see ParseURI) and completes the handshake.
-// ctx bounds the dial and the handshake.
+// Dial connects to the export named by an NBD URI (see ParseURI) and completes the handshake,
+// upgrading to TLS first for an nbds or nbds+unix URI. ctx bounds the dial and the handshake.
 func Dial(ctx context.Context, uri string, opts Options) (*Conn, error) {
 	u, err := ParseURI(uri)
 	if err != nil {
 		return nil, err
+	}
+	switch {
+	case u.TLS:
+		conf := opts.TLSConfig
+		if conf == nil {
+			conf = &tls.Config{}
+		}
+		if conf.ServerName == "" {
+			conf = conf.Clone()
+			conf.ServerName = u.serverName()
+		}
+		opts.TLSConfig = conf
+	case opts.TLSConfig != nil:
+		return nil, fmt.Errorf("%w: %q: a TLS configuration given for a plaintext URI (use nbds:// or nbds+unix://)", ErrBadURI, uri)
 	}
 	d := opts.Dialer
 	if d == nil {
@@ -96,12 +116,18 @@ func Dial(ctx context.Context, uri string, opts Options) (*Conn, error) {
 }
 
 // NewConn runs the handshake for export on an established connection and returns the Conn,
-// which owns nc from then on (Close closes it). ctx bounds the handshake. On error nc is left
-// open for the caller to close.
+// which owns nc from then on (Close closes it). With opts.TLSConfig set it first upgrades nc to
+// TLS (the config must name the server, or skip verification). ctx bounds the handshake. On
+// error nc is left open for the caller to close.
 func NewConn(ctx context.Context, nc net.Conn, export string, opts Options) (*Conn, error) {
+	conf := opts.TLSConfig
+	if conf != nil && conf.MinVersion < tls.VersionTLS12 {
+		conf = conf.Clone()
+		conf.MinVersion = tls.VersionTLS12
+	}
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(aLongTimeAgo) })
 	br := bufio.NewReaderSize(nc, 64<<10)
-	info, err := handshake(br, nc, export)
+	info, tnc, br, err := handshake(ctx, br, nc, export, conf)
 	if !stop() {
 		return nil, fmt.Errorf("client: handshake: %w", context.Cause(ctx))
 	}
@@ -113,7 +139,7 @@ func NewConn(ctx context.Context, nc net.Conn, export string, opts Options) (*Co
 		n = DefaultMaxInFlight
 	}
 	c := &Conn{
-		nc: nc, info: info,
+		nc: tnc, info: info,
 		slots:     make([]slot, n),
 		free:      make(chan uint32, n),
 		dead:      make(chan struct{}),

@@ -9,13 +9,16 @@
 // # Protocol
 //
 // The wire format is doc/proto.md of the NBD reference implementation. The handshake asks for
-// NBD_FLAG_C_FIXED_NEWSTYLE and, when the server offers it, NBD_FLAG_C_NO_ZEROES; it sends
+// NBD_FLAG_C_FIXED_NEWSTYLE and, when the server offers it, NBD_FLAG_C_NO_ZEROES; for an nbds
+// URI (or Options.TLSConfig) it sends NBD_OPT_STARTTLS and runs the TLS handshake (crypto/tls,
+// TLS 1.2 or later; LoadTLSConfig reads the CA, client certificate and key), then it sends
 // NBD_OPT_GO with an NBD_INFO_BLOCK_SIZE request, and falls back to NBD_OPT_EXPORT_NAME when
 // the server answers NBD_REP_ERR_UNSUP (or speaks plain, unfixed newstyle). Transmission uses
 // simple replies: READ, WRITE (optionally with NBD_CMD_FLAG_FUA), FLUSH, TRIM, WRITE_ZEROES
 // (optionally NO_HOLE) and DISC. A request the server did not advertise (FLUSH without
 // NBD_FLAG_SEND_FLUSH, a write to a read-only export, ...) fails with ErrUnsupported or
-// ErrReadOnly before anything is sent.
+// ErrReadOnly before anything is sent. A server that serves only over TLS refuses a plaintext
+// client with NBD_REP_ERR_TLS_REQD: Dial's error then wraps ErrTLSRequired.
 //
 // # Concurrency
 //
@@ -38,7 +41,8 @@
 // and not kept after the call returns.
 package client
 
-// BUG(client): No TLS (NBD_OPT_STARTTLS), structured replies, block status or extended headers.
+// BUG(client): No structured replies, block status or extended headers. TLS is by certificate
+// only: no pre-shared keys (libnbd's tls-psk-file), and no tls-certificates URI parameters.
 //
 // BUG(client): A READ or WRITE longer than the server's maximum block size fails with
 // ErrTooLarge instead of being split.

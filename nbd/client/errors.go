@@ -26,6 +26,12 @@ var (
 	// ErrRange is returned by a request that reaches past the end of the export or has a
 	// negative offset, before anything is sent.
 	ErrRange = errors.New("client: request beyond end of export")
+	// ErrTLSRequired is wrapped by the *OptionError Dial returns when a server that serves
+	// only over TLS (NBD_REP_ERR_TLS_REQD) is dialled without it: use an nbds URI.
+	ErrTLSRequired = errors.New("client: server requires TLS")
+	// ErrTLSHandshake wraps a failed TLS handshake after NBD_OPT_STARTTLS (an untrusted or
+	// misnamed server certificate, a client certificate the server refused, ...).
+	ErrTLSHandshake = errors.New("client: TLS handshake failed")
 )
 
 // Error is a request the server answered with an error. Errno is the NBD error value (the
@@ -86,6 +92,14 @@ func (e *OptionError) Error() string {
 		}())
 }
 
+// Unwrap returns ErrTLSRequired for NBD_REP_ERR_TLS_REQD, so callers can say how to fix it.
+func (e *OptionError) Unwrap() error {
+	if e.Reply == repErrTLSReqd {
+		return ErrTLSRequired
+	}
+	return nil
+}
+
 func optName(o uint32) string {
 	switch o {
 	case optExportName:
@@ -94,6 +108,8 @@ func optName(o uint32) string {
 		return "NBD_OPT_GO"
 	case optAbort:
 		return "NBD_OPT_ABORT"
+	case optStartTLS:
+		return "NBD_OPT_STARTTLS"
 	}
 	return fmt.Sprintf("%d", o)
 }

@@ -2,9 +2,12 @@ package client
 
 import (
 	"bufio"
+	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 )
 
 // exportInfo is what the handshake learned about the export.
@@ -14,21 +17,23 @@ type exportInfo struct {
 	minBlock, prefBlock, maxBlock uint32
 }
 
-// handshake negotiates export on r/w: greeting, client flags, NBD_OPT_GO (or
-// NBD_OPT_EXPORT_NAME when GO is unsupported or the server is not fixed-newstyle).
-func handshake(r *bufio.Reader, w io.Writer, export string) (exportInfo, error) {
+// handshake negotiates export on nc (read through r): greeting, client flags, NBD_OPT_STARTTLS
+// and the TLS handshake when tlsConf is set, then NBD_OPT_GO (or NBD_OPT_EXPORT_NAME when GO is
+// unsupported or the server is not fixed-newstyle). It returns the connection and reader the
+// transmission phase must use: the TLS session after an upgrade, else nc and r.
+func handshake(ctx context.Context, r *bufio.Reader, nc net.Conn, export string, tlsConf *tls.Config) (exportInfo, net.Conn, *bufio.Reader, error) {
 	var g [18]byte
 	if _, err := io.ReadFull(r, g[:]); err != nil {
-		return exportInfo{}, fmt.Errorf("client: reading the greeting: %w", err)
+		return exportInfo{}, nil, nil, fmt.Errorf("client: reading the greeting: %w", err)
 	}
 	if m := binary.BigEndian.Uint64(g[0:8]); m != magicNBD {
-		return exportInfo{}, fmt.Errorf("%w: greeting magic %#x", ErrHandshake, m)
+		return exportInfo{}, nil, nil, fmt.Errorf("%w: greeting magic %#x", ErrHandshake, m)
 	}
 	if m := binary.BigEndian.Uint64(g[8:16]); m != magicOption {
 		if m == magicOldstyle {
-			return exportInfo{}, fmt.Errorf("%w: oldstyle server (not supported)", ErrHandshake)
+			return exportInfo{}, nil, nil, fmt.Errorf("%w: oldstyle server (not supported)", ErrHandshake)
 		}
-		return exportInfo{}, fmt.Errorf("%w: greeting option magic %#x", ErrHandshake, m)
+		return exportInfo{}, nil, nil, fmt.Errorf("%w: greeting option magic %#x", ErrHandshake, m)
 	}
 	hflags := binary.BigEndian.Uint16(g[16:18])
 	var cflags uint32
@@ -40,16 +45,73 @@ func handshake(r *bufio.Reader, w io.Writer, export string) (exportInfo, error) 
 	if noZeroes {
 		cflags |= clientNoZeroes
 	}
+	var w io.Writer = nc
 	if err := writeUint32(w, cflags); err != nil {
-		return exportInfo{}, err
+		return exportInfo{}, nil, nil, err
+	}
+	if tlsConf != nil {
+		if !fixed {
+			return exportInfo{}, nil, nil, fmt.Errorf("%w: TLS asked for, but the server is not fixed-newstyle (no NBD_OPT_STARTTLS)", ErrHandshake)
+		}
+		tc, err := startTLS(ctx, r, nc, tlsConf)
+		if err != nil {
+			return exportInfo{}, nil, nil, err
+		}
+		nc, w, r = tc, tc, bufio.NewReaderSize(tc, r.Size())
 	}
 	if fixed {
 		info, ok, err := optionGo(r, w, export)
 		if err != nil || ok {
-			return info, err
+			return info, nc, r, err
 		}
 	}
-	return exportName(r, w, export, noZeroes)
+	info, err := exportName(r, w, export, noZeroes)
+	return info, nc, r, err
+}
+
+// startTLS sends NBD_OPT_STARTTLS and, once the server acknowledges it, runs the TLS handshake
+// on nc. A server that refuses (TLS off, NBD_REP_ERR_POLICY, or no TLS support at all) gives
+// an *OptionError.
+func startTLS(ctx context.Context, r *bufio.Reader, nc net.Conn, conf *tls.Config) (*tls.Conn, error) {
+	if err := writeOption(nc, optStartTLS, nil); err != nil {
+		return nil, err
+	}
+	var h [20]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return nil, fmt.Errorf("client: reading NBD_OPT_STARTTLS reply: %w", err)
+	}
+	if m := binary.BigEndian.Uint64(h[0:8]); m != magicOptionReply {
+		return nil, fmt.Errorf("%w: option reply magic %#x", ErrHandshake, m)
+	}
+	if o := binary.BigEndian.Uint32(h[8:12]); o != optStartTLS {
+		return nil, fmt.Errorf("%w: reply to option %d, asked %d", ErrHandshake, o, optStartTLS)
+	}
+	typ := binary.BigEndian.Uint32(h[12:16])
+	n := binary.BigEndian.Uint32(h[16:20])
+	if n > maxOptionReply {
+		return nil, fmt.Errorf("%w: option reply of %d bytes", ErrHandshake, n)
+	}
+	d := make([]byte, n)
+	if _, err := io.ReadFull(r, d); err != nil {
+		return nil, fmt.Errorf("client: reading NBD_OPT_STARTTLS reply: %w", err)
+	}
+	switch {
+	case typ == repAck && n == 0:
+	case typ&repErrBit != 0:
+		return nil, &OptionError{Option: optStartTLS, Reply: typ, Message: string(d)}
+	default:
+		return nil, fmt.Errorf("%w: unexpected reply %#x of %d bytes to NBD_OPT_STARTTLS", ErrHandshake, typ, n)
+	}
+	// The server sends nothing more until our ClientHello: buffered bytes would be an attack
+	// on the plaintext part (injected before the upgrade), not a TLS record.
+	if r.Buffered() > 0 {
+		return nil, fmt.Errorf("%w: %d bytes after the NBD_OPT_STARTTLS acknowledgement", ErrHandshake, r.Buffered())
+	}
+	tc := tls.Client(nc, conf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTLSHandshake, err)
+	}
+	return tc, nil
 }
 
 func writeUint32(w io.Writer, v uint32) error {

@@ -26,6 +26,7 @@ const (
 const (
 	optExportName = uint32(1)
 	optAbort      = uint32(2)
+	optStartTLS   = uint32(5)
 	optGo         = uint32(7)
 
 	repAck              = uint32(1)
