@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -18,7 +19,11 @@ import (
 
 const benchDescription = `Drives an NBD export (any server: raid5d, nbdkit, qemu-nbd, nbd-server) with a load and reports
 throughput, IOPS, latency percentiles and the CPU the generator itself used. URI is
-nbd://host[:port][/export] or nbd+unix:///export?socket=PATH.
+nbd://host[:port][/export] or nbd+unix:///export?socket=PATH; nbds:// and nbds+unix:// upgrade
+the connection to TLS (NBD_OPT_STARTTLS): --tls-ca names the CA that signed the server's
+certificate (default: the system's), --tls-cert and --tls-key a client certificate for a server
+that requires one. The server's certificate must name the URI's host (localhost for a unix
+socket) unless --tls-server-name says otherwise.
 
 Writes DESTROY the data in the region. Every write carries incompressible data from a pool
 filled once at start (PCG); each 4 KiB unit (or each block, below 4 KiB) gets a 32-byte
@@ -63,6 +68,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	verifyLog := fs.String("verify-log", "", "record writes, acknowledgements and flushes in `file` for --check")
 	check := fs.String("check", "", "check the export against the verify log `file` instead of running a load")
 	asJSON := fs.Bool("json", false, "print the summary as JSON on stdout")
+	tf := addClientTLSFlags(fs)
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -71,14 +77,16 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: want exactly one URI, got %d arguments", errUsage, len(pos))
 	}
 	uri := pos[0]
-	if _, err := client.ParseURI(uri); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+	dialOpts, err := tf.options(uri)
+	if err != nil {
+		return err
 	}
+	dialOpts.MaxInFlight = *iodepth
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
 	if *check != "" {
-		return runCheck(ctx, uri, *check, *iodepth, *asJSON, stdout)
+		return runCheck(ctx, uri, *check, dialOpts, *asJSON, stdout)
 	}
 	mode, err := loadgen.ParseMode(*rw)
 	if err != nil {
@@ -102,9 +110,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 	for range *jobs {
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		c, err := client.Dial(dctx, uri, client.Options{MaxInFlight: *iodepth})
-		cancel()
+		c, err := benchDial(ctx, uri, dialOpts)
 		if err != nil {
 			return err
 		}
@@ -161,7 +167,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	return err
 }
 
-func runCheck(ctx context.Context, uri, path string, iodepth int, asJSON bool, stdout io.Writer) error {
+func runCheck(ctx context.Context, uri, path string, opts client.Options, asJSON bool, stdout io.Writer) error {
+	iodepth := opts.MaxInFlight
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -171,9 +178,7 @@ func runCheck(ctx context.Context, uri, path string, iodepth int, asJSON bool, s
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	c, err := client.Dial(dctx, uri, client.Options{MaxInFlight: iodepth})
-	cancel()
+	c, err := benchDial(ctx, uri, opts)
 	if err != nil {
 		return err
 	}
@@ -202,6 +207,53 @@ func runCheck(ctx context.Context, uri, path string, iodepth int, asJSON bool, s
 		}
 	}
 	return err
+}
+
+// clientTLSFlags are bench's --tls-ca, --tls-cert, --tls-key and --tls-server-name.
+type clientTLSFlags struct {
+	ca, cert, key, serverName *string
+}
+
+func addClientTLSFlags(fs *flag.FlagSet) clientTLSFlags {
+	return clientTLSFlags{
+		ca:         fs.String("tls-ca", "", "CA certificates `file` (PEM) that signed the server's certificate, for nbds:// URIs (default: the system's)"),
+		cert:       fs.String("tls-cert", "", "client certificate `file` (PEM), for a server that requires one (serve --tls-client-ca)"),
+		key:        fs.String("tls-key", "", "client private key `file` (PEM)"),
+		serverName: fs.String("tls-server-name", "", "`name` the server's certificate must carry (default: the URI's host, localhost for a socket)"),
+	}
+}
+
+// options checks uri and returns the client options the TLS flags ask for: a TLS configuration
+// for an nbds URI, none for a plaintext one (where a TLS flag is a usage error).
+func (f clientTLSFlags) options(uri string) (client.Options, error) {
+	u, err := client.ParseURI(uri)
+	if err != nil {
+		return client.Options{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	given := *f.ca != "" || *f.cert != "" || *f.key != "" || *f.serverName != ""
+	if !u.TLS {
+		if given {
+			return client.Options{}, fmt.Errorf("%w: --tls-ca, --tls-cert, --tls-key and --tls-server-name need an nbds:// or nbds+unix:// URI", errUsage)
+		}
+		return client.Options{}, nil
+	}
+	conf, err := client.LoadTLSConfig(*f.ca, *f.cert, *f.key, *f.serverName)
+	if err != nil {
+		return client.Options{}, err
+	}
+	return client.Options{TLSConfig: conf}, nil
+}
+
+// benchDial connects to uri within 30 seconds, saying how to fix it when the server requires
+// TLS and the URI has none.
+func benchDial(ctx context.Context, uri string, opts client.Options) (*client.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(dctx, uri, opts)
+	if errors.Is(err, client.ErrTLSRequired) {
+		return nil, fmt.Errorf("%s: server requires TLS; use nbds:// (or nbds+unix://) and --tls-ca: %w", uri, err)
+	}
+	return c, err
 }
 
 func printResult(w io.Writer, r *loadgen.Result) {

@@ -2,8 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"log/slog"
+	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -186,5 +193,97 @@ func TestBenchNbdkit(t *testing.T) {
 	code, out, errOut = runCLI(t, "bench", uri, "--check", vlog)
 	if code != 0 || !strings.Contains(out, "violations 0") {
 		t.Fatalf("check: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// writeTestCerts writes a self-signed CA (ca.pem) and a server certificate it signed for
+// localhost and 127.0.0.1 (server.pem, server.key) into dir.
+func writeTestCerts(t *testing.T, dir string) {
+	t.Helper()
+	write := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("ca.pem", "CERTIFICATE", caDER)
+	write("server.pem", "CERTIFICATE", der)
+	write("server.key", "PRIVATE KEY", kder)
+}
+
+// TestBenchTLS: bench reaches a TLS-only server through an nbds+unix URI with --tls-ca and
+// verifies what it wrote; a plaintext URI gets the error that says what to do; TLS flags with
+// a plaintext URI are a usage error.
+func TestBenchTLS(t *testing.T) {
+	dir := t.TempDir()
+	writeTestCerts(t, dir)
+	conf, err := nbd.LoadTLSConfig(filepath.Join(dir, "server.pem"), filepath.Join(dir, "server.key"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := nbd.NewServer(nbd.Options{
+		TLSConfig: conf, TLSMode: nbd.TLSRequire,
+		Exports: []nbd.Export{{Name: "x", Device: nbdtest.NewMemDevice(4 << 20)}},
+		Logger:  slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	code, out, errOut := runCLI(t, "bench", "nbds+unix:///x?socket="+sock, "--tls-ca", filepath.Join(dir, "ca.pem"),
+		"--rw", "randwrite", "--time", "0", "--verify", "--iodepth", "4")
+	if code != 0 || !strings.Contains(out, "; 0 mismatches") {
+		t.Fatalf("bench over TLS: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "bench", "nbd+unix:///x?socket="+sock, "--time", "0")
+	if code != 1 || !strings.Contains(errOut, "server requires TLS; use nbds://") {
+		t.Errorf("plaintext bench against a TLS-only server: exit %d, want 1 and the hint\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "bench", "nbd+unix:///x?socket="+sock, "--tls-ca", filepath.Join(dir, "ca.pem"))
+	if code != 2 || !strings.Contains(errOut, "need an nbds://") {
+		t.Errorf("--tls-ca with a plaintext URI: exit %d, want 2\n%s%s", code, out, errOut)
 	}
 }
