@@ -1,0 +1,284 @@
+package raid
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// The volatile member (faulty:PATH?volatile) is tested here, inside the package, so that a
+// recording member underneath can show the order in which a Sync writes its pages.
+
+// newVolatileFile creates a member file of size bytes filled with a pattern and returns its
+// path and contents.
+func newVolatileFile(t *testing.T, size int) (string, []byte) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m")
+	data := make([]byte, size)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, data
+}
+
+// TestVolatileSpecModel: random writes, trims and syncs through faulty:PATH?volatile, checked
+// byte for byte against two models: what a read sees (every write) and what the file holds
+// (only what a Sync wrote out). Close without a Sync then leaves the file as of the last Sync.
+func TestVolatileSpecModel(t *testing.T) {
+	const size = 256<<10 + 1000 // a short last page
+	path, data := newVolatileFile(t, size)
+	m, err := OpenMember(FaultySpecPrefix+path+"?volatile", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Name() != path || m.Size() != size {
+		t.Fatalf("Name %q Size %d, want %q %d", m.Name(), m.Size(), path, size)
+	}
+	seen := bytes.Clone(data)   // what reads must return
+	stable := bytes.Clone(data) // what the file must hold
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, size)
+	for i := range 2000 {
+		off := rng.IntN(size)
+		n := rng.IntN(min(3*volatilePage, size-off) + 1)
+		switch r := rng.IntN(20); {
+		case r < 13:
+			p := make([]byte, n)
+			for j := range p {
+				p[j] = byte(rng.Uint32())
+			}
+			if _, err := m.WriteAt(p, int64(off)); err != nil {
+				t.Fatalf("op %d: write [%d,+%d): %v", i, off, n, err)
+			}
+			copy(seen[off:], p)
+		case r < 16:
+			if r == 15 { // whole pages, as the array trims them
+				off = off / volatilePage * volatilePage
+				n = min(n/volatilePage*volatilePage, size-off)
+			}
+			if err := m.Trim(int64(off), int64(n)); err != nil {
+				t.Fatalf("op %d: trim [%d,+%d): %v", i, off, n, err)
+			}
+			clear(seen[off : off+n])
+		case r < 19:
+			got := buf[:n]
+			if _, err := m.ReadAt(got, int64(off)); err != nil {
+				t.Fatalf("op %d: read [%d,+%d): %v", i, off, n, err)
+			}
+			if !bytes.Equal(got, seen[off:off+n]) {
+				t.Fatalf("op %d: read [%d,+%d) differs from what was written", i, off, n)
+			}
+		default:
+			if err := m.Sync(); err != nil {
+				t.Fatalf("op %d: sync: %v", i, err)
+			}
+			copy(stable, seen)
+		}
+		if i%100 == 0 {
+			file, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(file, stable) {
+				t.Fatalf("op %d: the file holds writes not synced, or lacks synced ones", i)
+			}
+		}
+	}
+	if _, err := m.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, seen) {
+		t.Fatalf("whole read after the run: %v, equal %v", err, bytes.Equal(buf, seen))
+	}
+	if _, err := m.WriteAt([]byte("lost at close"), 5000); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.ReadAt(buf[:10], 0); !errors.Is(err, errVolatileClosed) {
+		t.Fatalf("read after Close: %v, want errVolatileClosed", err)
+	}
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(file, stable) {
+		t.Fatal("after Close without Sync the file differs from the last Sync's contents")
+	}
+	for _, bad := range []string{"volatile=maybe", "volatile=2"} {
+		if _, err := OpenMember(FaultySpecPrefix+path+"?"+bad, false); err == nil {
+			t.Fatalf("spec %q accepted", bad)
+		}
+	}
+	// volatile=false is a plain faulty: member: writes reach the file at once.
+	m, err = OpenMember(FaultySpecPrefix+path+"?volatile=false", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.WriteAt([]byte("at once"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if file, _ := os.ReadFile(path); !bytes.HasPrefix(file, []byte("at once")) {
+		t.Fatal("volatile=false: the write did not reach the file")
+	}
+}
+
+// recordingMember is a Member in memory that records the pages written to it, and can stop
+// (fail every write) after a given number of them, as a process killed in the middle of a
+// Sync would.
+type recordingMember struct {
+	mu        sync.Mutex // guards everything below
+	data      []byte
+	order     []int64 // page numbers, in the order written
+	failAfter int     // writes that succeed before every write fails (< 0: never)
+	syncs     int
+}
+
+var errStopped = errors.New("recordingMember: stopped")
+
+func (r *recordingMember) ReadAt(p []byte, off int64) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return copy(p, r.data[off:]), nil
+}
+
+func (r *recordingMember) WriteAt(p []byte, off int64) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failAfter >= 0 && len(r.order) >= r.failAfter {
+		return 0, errStopped
+	}
+	r.order = append(r.order, off/volatilePage)
+	return copy(r.data[off:], p), nil
+}
+
+func (r *recordingMember) Trim(off, n int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.data[off : off+n])
+	return nil
+}
+
+func (r *recordingMember) Sync() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.syncs++
+	return nil
+}
+
+func (r *recordingMember) Size() int64  { return int64(len(r.data)) }
+func (r *recordingMember) Close() error { return nil }
+func (r *recordingMember) Name() string { return "recording" }
+
+// TestVolatileSyncOrder: a Sync writes its batch page by page in a random order, so a kill in
+// the middle leaves a random subset; a Sync that fails part way keeps the pages it did not
+// write cached, and the next Sync writes them.
+func TestVolatileSyncOrder(t *testing.T) {
+	const pages = 64
+	rec := &recordingMember{data: make([]byte, pages*volatilePage), failAfter: -1}
+	v := newVolatileMember(rec)
+	page := bytes.Repeat([]byte{7}, volatilePage)
+	for pg := range int64(pages) {
+		if _, err := v.WriteAt(page, pg*volatilePage); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec.order != nil {
+		t.Fatalf("writes reached the member before Sync: %v", rec.order)
+	}
+	if err := v.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	got := slices.Clone(rec.order)
+	slices.Sort(got)
+	want := make([]int64, pages)
+	for i := range want {
+		want[i] = int64(i)
+	}
+	if !slices.Equal(got, want) || rec.syncs != 1 {
+		t.Fatalf("Sync wrote pages %v and synced %d times, want each of the %d pages once and one sync", rec.order, rec.syncs, pages)
+	}
+	if slices.IsSorted(rec.order) {
+		t.Fatalf("Sync wrote its %d pages in ascending order, want a random order", pages)
+	}
+
+	// A Sync stopped after 10 pages: 10 pages reached the member, the rest stay readable
+	// through the cache and reach the member at the next Sync.
+	for pg := range int64(pages) {
+		if _, err := v.WriteAt(bytes.Repeat([]byte{byte(pg + 100)}, volatilePage), pg*volatilePage); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.order, rec.failAfter = nil, 10
+	if err := v.Sync(); !errors.Is(err, errStopped) {
+		t.Fatalf("Sync over a failing member: %v, want errStopped", err)
+	}
+	if len(rec.order) != 10 {
+		t.Fatalf("%d pages written before the failure, want 10", len(rec.order))
+	}
+	for pg := range int64(pages) {
+		onMember := rec.data[pg*volatilePage] == byte(pg+100)
+		if onMember != slices.Contains(rec.order, pg) {
+			t.Fatalf("page %d: on the member %v, but written %v", pg, onMember, slices.Contains(rec.order, pg))
+		}
+	}
+	rec.failAfter = -1
+	if err := v.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for pg := range int64(pages) {
+		if !bytes.Equal(rec.data[pg*volatilePage:(pg+1)*volatilePage], bytes.Repeat([]byte{byte(pg + 100)}, volatilePage)) {
+			t.Fatalf("page %d not on the member after the retried Sync", pg)
+		}
+	}
+}
+
+// TestVolatileConcurrent: reads and writes on other pages proceed while a Sync writes its
+// batch, and each sees the newest contents (run with -race).
+func TestVolatileConcurrent(t *testing.T) {
+	const pages = 32
+	rec := &recordingMember{data: make([]byte, 2*pages*volatilePage), failAfter: -1}
+	v := newVolatileMember(rec)
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			buf := make([]byte, volatilePage)
+			for i := range 200 {
+				pg := int64(w*pages + i%pages)
+				p := bytes.Repeat([]byte{byte(i)}, volatilePage)
+				if _, err := v.WriteAt(p, pg*volatilePage); err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := v.ReadAt(buf, pg*volatilePage); err != nil || !bytes.Equal(buf, p) {
+					t.Errorf("page %d: read %v, equal %v", pg, err, bytes.Equal(buf, p))
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 50 {
+			if err := v.Sync(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	wg.Wait()
+	if err := v.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2*pages*volatilePage)
+	if _, err := v.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, rec.data) {
+		t.Fatalf("after the last Sync the member differs from what reads see: %v", err)
+	}
+}
