@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -21,23 +22,111 @@ func (s *server) crash() {
 	s.proc.stop(syscall.SIGKILL, stopGrace)
 }
 
-// TestCrashLoop kills the daemon with SIGKILL at random moments while raid5d bench writes with
-// periodic flushes and logs what it wrote; after each restart, bench --check proves that every
-// block flushed (or acknowledged after a flush) before the kill is intact and every other block
-// holds one of the values written to it or its old contents. The same array lives through every
-// crash, so later rounds also start from a dirty array.
-func TestCrashLoop(t *testing.T) {
-	needRaid5d(t)
-	if standin {
-		t.Skip("kills raid5d")
+// crashBenchSize is the region of the array the crash loops' bench writes (from offset 0): a
+// few dozen of the bitmap's regions, so that a resync limited to them is plainly smaller than
+// a full one.
+const crashBenchSize = 24 << 20
+
+// crashSyncSpeed is the crash loops' --sync-speed-min: the resync and the scrub run at full
+// speed although bench --check reads meanwhile, so the loops do not wait for them.
+const crashSyncSpeed = "200M"
+
+// crashStatus is the part of `raid5d status --json` the crash loops read: the resync after
+// an unclean shutdown, the write-intent bitmap and the last scrub.
+type crashStatus struct {
+	Unclean    bool           `json:"unclean"`
+	Sync       *crashProgress `json:"sync"`
+	LastResync *crashProgress `json:"last_resync"`
+	LastScrub  *crashProgress `json:"last_scrub"`
+	Bitmap     *struct {
+		RegionBytes int64 `json:"region_bytes"`
+		Regions     int   `json:"regions"`
+	} `json:"bitmap"`
+}
+
+type crashProgress struct {
+	Kind       string `json:"kind"`
+	Done       int64  `json:"done"`
+	Total      int64  `json:"total"`
+	Mismatches int64  `json:"mismatches"`
+	Err        string `json:"error"`
+}
+
+// crashStatus is `raid5d status --json` from the running daemon, the fields crashStatus has.
+func (s *server) crashStatus() *crashStatus {
+	s.t.Helper()
+	out, errOut, code := s.manageSplit("status", "--json")
+	var st crashStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		s.t.Fatalf("raid5d status --json: exit %d: %v\n%s%s", code, err, out, errOut)
 	}
-	const rounds = 20
-	rng := rand.New(rand.NewPCG(20261130, 1))
+	return &st
+}
+
+// waitResync waits until the resync that follows an unclean restart has ended, and checks
+// that it finished and covered only the bitmap's regions that the bench can have dirtied
+// (those overlapping [0, crashBenchSize)), and at least one of them. It returns the resync's
+// bytes per member.
+func (s *server) waitResync(round int) int64 {
+	s.t.Helper()
+	var st *crashStatus
+	waitFor(s.t, "the resync after the restart", 60*time.Second, s.proc, func() bool {
+		st = s.crashStatus()
+		return st.LastResync != nil && (st.Sync == nil || st.Sync.Kind != "resync")
+	})
+	r := st.LastResync
+	if st.Bitmap == nil || st.Bitmap.RegionBytes <= 0 {
+		s.t.Fatalf("round %d: status shows no write-intent bitmap: %+v", round, st)
+	}
+	perRegion := st.Bitmap.RegionBytes / (memberCount - 1) // member bytes per bit
+	touched := (crashBenchSize + st.Bitmap.RegionBytes - 1) / st.Bitmap.RegionBytes
+	if r.Kind != "resync" || r.Err != "" || r.Done != r.Total || r.Total <= 0 || r.Total > touched*perRegion {
+		s.t.Fatalf("round %d: resync %+v: want finished, over 1 to %d regions of %d bytes per member (those the bench wrote; a full resync is %d bytes)",
+			round, *r, touched, perRegion, memberSize-dataOffset)
+	}
+	return r.Total
+}
+
+// scrubClean runs scrub check to its end and fails the test unless it found 0 mismatches.
+func (s *server) scrubClean() {
+	s.t.Helper()
+	out, code := s.manage("scrub", "check", "--wait", "--poll", "50ms")
+	st := s.crashStatus()
+	if code != 0 || !strings.Contains(out, " 0 mismatches") || st.LastScrub == nil ||
+		st.LastScrub.Kind != "check" || st.LastScrub.Mismatches != 0 || st.LastScrub.Done != st.LastScrub.Total {
+		s.t.Fatalf("scrub check after the crashes: exit %d, last scrub %+v (want 0 mismatches over the whole array)\n%s", code, st.LastScrub, out)
+	}
+}
+
+// crashLoop is the body of the crash tests: rounds times, raid5d bench writes with periodic
+// flushes and logs what it wrote, the daemon dies at a random moment (SIGKILL), and after the
+// restart bench --check proves that every block flushed (or acknowledged after a flush) before
+// the kill is intact and every other block holds one of the values written to it or its old
+// contents; then the resync must cover only the regions the bench wrote. The same array
+// lives through every crash, so later rounds also start from a dirty array. At the end a
+// scrub check finds no stripe whose parity does not match.
+type crashLoop struct {
+	rounds int
+	seed   uint64
+	// load and check give the member specs the daemon is started with for a round's load (and
+	// kill), and for the check after it; nil means the plain member paths.
+	load, check func(a *array, round int) []string
+}
+
+func (c crashLoop) run(t *testing.T) {
+	rng := rand.New(rand.NewPCG(c.seed, 1))
 	a := newArray(t)
 	dir := t.TempDir()
-	s := a.serve(t)
-	var durable int64
-	for i := range rounds {
+	serveWith := func(specs func(*array, int) []string, round int) *server {
+		b := a
+		if specs != nil {
+			b = &array{dir: a.dir, members: specs(a, round)}
+		}
+		return b.serve(t, "--sync-speed-min", crashSyncSpeed)
+	}
+	s := serveWith(c.load, 0)
+	var durable, resynced int64
+	for i := range c.rounds {
 		log := filepath.Join(dir, fmt.Sprintf("round%02d.vlog", i))
 		// Half the rounds mix block sizes across stripe boundaries; all flush every 16 writes
 		// per job, two jobs on two connections.
@@ -46,7 +135,7 @@ func TestCrashLoop(t *testing.T) {
 			bs = "36K"
 		}
 		bench := startProc(t, raid5dBin, "bench", s.uri, "--rw", "randwrite", "--bs", bs,
-			"--iodepth", "8", "--jobs", "2", "--size", "24M", "--time", "30s",
+			"--iodepth", "8", "--jobs", "2", "--size", fmt.Sprint(crashBenchSize), "--time", "30s",
 			"--flush-every", "16", "--seed", fmt.Sprint(1000+i), "--verify-log", log)
 		// Kill once the load is running (its log has grown past the baseline by a few
 		// thousand records), at a random moment after that.
@@ -70,7 +159,9 @@ func TestCrashLoop(t *testing.T) {
 			t.Fatalf("round %d: bench exited 0 although the server was killed under it:\n%s", i, bench.out.String())
 		}
 
-		s = a.serve(t)
+		s = serveWith(c.check, i)
+		// The check reads while the resync runs: reads of regions not resynced yet are correct
+		// too (data chunks are authoritative).
 		out, err := runToolErr(raid5dBin, "bench", s.uri, "--check", log, "--json")
 		var res struct {
 			Blocks, Written, Durable, Violations int64
@@ -83,7 +174,36 @@ func TestCrashLoop(t *testing.T) {
 				i, bs, res.Violations, res.Durable, res.Written, out)
 		}
 		durable += res.Durable
+		resynced += s.waitResync(i)
+		if i+1 < c.rounds && !sameSpecs(c.check, c.load, a, i) {
+			s.stop() // a clean shutdown, then the next round's load on the load's specs
+			s = serveWith(c.load, i+1)
+		}
 	}
+	s.scrubClean()
 	s.stop()
-	t.Logf("%d crashes, %d durable blocks checked intact", rounds, durable)
+	t.Logf("%d crashes, %d durable blocks checked intact, resyncs of %.1f MiB per member in all (a full one is %d MiB), scrub check: 0 mismatches",
+		c.rounds, durable, float64(resynced)/(1<<20), (memberSize-dataOffset)>>20)
+}
+
+// sameSpecs reports whether the check after round i runs on the specs the next load uses.
+func sameSpecs(check, load func(*array, int) []string, a *array, i int) bool {
+	spec := func(f func(*array, int) []string, round int) []string {
+		if f == nil {
+			return a.members
+		}
+		return f(a, round)
+	}
+	return fmt.Sprint(spec(check, i)) == fmt.Sprint(spec(load, i+1))
+}
+
+// TestCrashLoop kills the daemon with SIGKILL at 20 random moments under a verifying bench
+// (see crashLoop). The member files keep every write the daemon made (the kernel has them):
+// what a crash loses is what the daemon itself held, such as dirty stripes in its cache.
+func TestCrashLoop(t *testing.T) {
+	needRaid5d(t)
+	if standin {
+		t.Skip("kills raid5d")
+	}
+	crashLoop{rounds: 20, seed: 20261130}.run(t)
 }
