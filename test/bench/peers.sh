@@ -14,7 +14,8 @@
 # "nbdkit-file nbdkit-null nbd-server gonbd").
 #
 # Prints one table: per job and server MB/s, IOPS, p99 completion latency (µs), the server's
-# CPU time per I/O (µs, user+system from /proc/PID/stat over the job, all threads), and
+# CPU time per I/O (µs, user+system from /proc/PID/stat over the job, all threads and ended
+# child processes), and
 # raid5d's IOPS ratio to each peer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,12 +47,18 @@ results=$DIR/results
 
 pid=
 stop() { # stop the server started last, by PID
-  if [[ -n $pid ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=; fi
+  if [[ -n $pid ]]; then
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true # not our child when it daemonized (nbd-server): wait until gone
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    pid=
+  fi
 }
 cleanup() { stop; rm -rf "$DIR"; }
 trap cleanup EXIT
 
-start() { # name: start that server on PORT, in the background, and wait until it answers
+start() { # name: start that server on PORT, in the background, and wait until it answers at $uri
+  uri=nbd://127.0.0.1:$PORT
   case $1 in
     raid5d) "$RAID5D" serve --listen 127.0.0.1:$PORT --control "$DIR/ctl.sock" --log-level warn \
               ${RAID5D_FLAGS:-} "$DIR"/m{0..3}.img & ;;
@@ -59,12 +66,20 @@ start() { # name: start that server on PORT, in the background, and wait until i
                    file "$DIR/peer.img" & ;;
     nbdkit-null) nbdkit --foreground --exit-with-parent --port $PORT --ipaddr 127.0.0.1 \
                    null size="$size" & ;;
-    nbd-server) printf '[generic]\n[export]\nexportname = %s\n' "$DIR/peer.img" >"$DIR/nbd-server.conf"
-                nbd-server -d -C "$DIR/nbd-server.conf" 127.0.0.1@$PORT & ;;
+    nbd-server) # -d would serve one connection only, so it daemonizes and its PID comes from
+                # the pid file; it has no default export, so the URI names the export.
+                printf '[generic]\n[peer]\nexportname = %s\n' "$DIR/peer.img" >"$DIR/nbd-server.conf"
+                rm -f "$DIR/nbd-server.pid"
+                nbd-server -C "$DIR/nbd-server.conf" -p "$DIR/nbd-server.pid" 127.0.0.1@$PORT 2>>"$DIR/nbd-server.log"
+                uri=nbd://127.0.0.1:$PORT/peer ;;
     gonbd) bin/gonbd -listen 127.0.0.1:$PORT "$DIR/peer.img" & ;;
   esac
-  pid=$!
-  for _ in $(seq 100); do nbdinfo --size nbd://127.0.0.1:$PORT >/dev/null 2>&1 && return; sleep 0.1; done
+  if [[ $1 == nbd-server ]]; then pid=; else pid=$!; fi
+  for _ in $(seq 100); do
+    if [[ $1 == nbd-server ]]; then pid=$(cat "$DIR/nbd-server.pid" 2>/dev/null || true); fi
+    [[ -n $pid ]] && nbdinfo --size "$uri" >/dev/null 2>&1 && return
+    sleep 0.1
+  done
   echo "$1 did not start"; exit 1
 }
 
@@ -81,12 +96,17 @@ cpu = (t1 - t0) / hz * 1e6 / ios if ios else 0
 print(job, server, "%.0f" % (d["bw_bytes"] / 1e6), "%.0f" % d["iops"], "%.0f" % p99, "%.1f" % cpu)
 EOF
 
-cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# cputicks PID: user+system ticks of PID and of its children that have ended (nbd-server forks
+# one per connection), after waiting (bounded) for those children to end.
+cputicks() {
+  for _ in $(seq 50); do [[ -z $(pgrep -P "$1" || true) ]] && break; sleep 0.1; done
+  awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat"
+}
 
 runjob() { # server job: append "job server MB/s IOPS p99us cpu-us/io" to results
   local t0 t1 out
   t0=$(cputicks "$pid")
-  out=$(NBD_URI=nbd://127.0.0.1:$PORT timeout $((RUNTIME + 60)) \
+  out=$(NBD_URI=$uri timeout $((RUNTIME + 60)) \
         fio --output-format=json "test/fio/peers/$2.fio" 2>/dev/null)
   t1=$(cputicks "$pid")
   python3 -c "$PARSE" "$1" "$2" "$t0" "$t1" "$(getconf CLK_TCK)" <<<"$out" >>"$results"
@@ -102,8 +122,8 @@ done
 for s in "${servers[@]}"; do
   start "$s"
   # Fill the range the jobs touch, so reads are of written data, not holes.
-  [[ $s == nbdkit-null ]] || NBD_URI=nbd://127.0.0.1:$PORT timeout 60 fio --name=fill \
-    --ioengine=nbd --uri=nbd://127.0.0.1:$PORT --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
+  [[ $s == nbdkit-null ]] || timeout 60 fio --name=fill \
+    --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
   for j in $JOBS; do runjob "$s" "$j"; done
   stop
 done
