@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -113,7 +114,27 @@ type crashLoop struct {
 	load, check func(a *array, round int) []string
 }
 
+// The soak (test/bench/crash-soak.sh) runs the crash loops longer through the environment:
+// RAID5D_CRASH_ROUNDS sets the rounds of each loop, RAID5D_CRASH_TIME (a Go duration) stops
+// a loop starting rounds after that long, RAID5D_CRASH_SEED changes the seed of the kill
+// moments.
 func (c crashLoop) run(t *testing.T) {
+	var budget time.Duration
+	for _, e := range []struct {
+		name string
+		set  func(string) error
+	}{
+		{"RAID5D_CRASH_ROUNDS", func(v string) (err error) { c.rounds, err = strconv.Atoi(v); return err }},
+		{"RAID5D_CRASH_SEED", func(v string) (err error) { c.seed, err = strconv.ParseUint(v, 10, 64); return err }},
+		{"RAID5D_CRASH_TIME", func(v string) (err error) { budget, err = time.ParseDuration(v); return err }},
+	} {
+		if v := os.Getenv(e.name); v != "" {
+			if err := e.set(v); err != nil {
+				t.Fatalf("%s=%q: %v", e.name, v, err)
+			}
+		}
+	}
+	start := time.Now()
 	rng := rand.New(rand.NewPCG(c.seed, 1))
 	a := newArray(t)
 	dir := t.TempDir()
@@ -126,7 +147,12 @@ func (c crashLoop) run(t *testing.T) {
 	}
 	s := serveWith(c.load, 0)
 	var durable, resynced int64
+	rounds := 0
 	for i := range c.rounds {
+		if budget > 0 && time.Since(start) > budget {
+			break
+		}
+		rounds++
 		log := filepath.Join(dir, fmt.Sprintf("round%02d.vlog", i))
 		// Half the rounds mix block sizes across stripe boundaries; all flush every 16 writes
 		// per job, two jobs on two connections.
@@ -174,6 +200,7 @@ func (c crashLoop) run(t *testing.T) {
 				i, bs, res.Violations, res.Durable, res.Written, out)
 		}
 		durable += res.Durable
+		os.Remove(log) // a soak's logs would fill the disk; a failed round's log stays
 		resynced += s.waitResync(i)
 		if i+1 < c.rounds && !sameSpecs(c.check, c.load, a, i) {
 			s.stop() // a clean shutdown, then the next round's load on the load's specs
@@ -182,8 +209,8 @@ func (c crashLoop) run(t *testing.T) {
 	}
 	s.scrubClean()
 	s.stop()
-	t.Logf("%d crashes, %d durable blocks checked intact, resyncs of %.1f MiB per member in all (a full one is %d MiB), scrub check: 0 mismatches",
-		c.rounds, durable, float64(resynced)/(1<<20), (memberSize-dataOffset)>>20)
+	t.Logf("seed %d: %d crashes, %d durable blocks checked intact, resyncs of %.1f MiB per member in all (a full one is %d MiB), scrub check: 0 mismatches",
+		c.seed, rounds, durable, float64(resynced)/(1<<20), (memberSize-dataOffset)>>20)
 }
 
 // sameSpecs reports whether the check after round i runs on the specs the next load uses.
