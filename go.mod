@@ -3,6 +3,7 @@ module github.com/raid5d/raid5d
 go 1.26.0
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/klauspost/reedsolomon v1.14.2
 	github.com/pojntfx/go-nbd v0.3.2
 	github.com/prometheus/client_golang v1.25.0

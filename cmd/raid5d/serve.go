@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -51,6 +53,18 @@ its request buffers; the flag exists because the library cannot assume it for ev
 Management: the daemon answers raid5d status, fail, remove, add, replace, scrub and rebuild on a
 control socket (permission 0600, owner only). It refuses to start if another daemon answers
 there, and removes a stale socket left by one that died.
+
+Configuration file (--config FILE): TOML, one flat table whose keys are the names of these flags
+(listen = "127.0.0.1:10809", stable-pages = true, max-connections = 64, allow-client = ["alice"])
+plus members = ["m0.img", ...]. Relative paths in it (members, socket, control, tls-*) are
+relative to the file's directory. Flags on the command line win over the file, and MEMBERs on
+the command line replace its members. An unknown key is an error naming the key and its line.
+--print-config prints the effective settings in the same format and exits.
+
+Service manager: with $NOTIFY_SOCKET set (systemd Type=notify) the daemon sends READY=1 once the
+array is assembled and the listener accepts, STATUS= lines (export, address, array state,
+rebuild or resync progress), STOPPING=1 on SIGTERM or SIGINT, and WATCHDOG=1 every half
+$WATCHDOG_USEC.
 `+controlHelp, stdout)
 	listen := fs.String("listen", defaultListen, "TCP `address` to listen on (host:port)")
 	socket := fs.String("socket", "", "listen on this unix socket `path` instead of TCP")
@@ -88,9 +102,35 @@ there, and removes a stale socket left by one that died.
 	handshakeTimeout := fs.Duration("handshake-timeout", nbd.DefaultHandshakeTimeout, "a client must finish the NBD handshake within this `duration`")
 	idleTimeout := fs.Duration("idle-timeout", 0, "close a connection with nothing in flight after this `duration` without a request (0: never)")
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
+	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
+	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
 	members, err := parseFlags(fs, args)
 	if err != nil {
 		return err
+	}
+	// Member paths are made absolute, so status shows them whole and management commands run
+	// from any directory can name them; those from a configuration file are relative to it.
+	for i, m := range members {
+		if members[i], err = absMember(m); err != nil {
+			return err
+		}
+	}
+	src := settingSource{}
+	fs.Visit(func(f *flag.Flag) { src[f.Name] = "command line" })
+	if *configFile != "" {
+		fileMembers, fileSrc, err := applyConfigFile(*configFile, fs)
+		if err != nil {
+			return err
+		}
+		src = fileSrc
+		if len(members) == 0 {
+			members = fileMembers
+		} else {
+			delete(src, configMembersKey)
+		}
+	}
+	if *printCfg {
+		return printConfig(stdout, fs, members, src)
 	}
 	if len(members) == 0 {
 		return fmt.Errorf("%w: no members given", errUsage)
@@ -111,12 +151,14 @@ there, and removes a stale socket left by one that died.
 	if *debugImmutable && !*stablePages {
 		return fmt.Errorf("%w: --debug-immutable needs --stable-pages", errUsage)
 	}
-	// Member paths are made absolute, so status shows them whole and management commands run
-	// from any directory can name them.
-	for i, m := range members {
-		if members[i], err = absMember(m); err != nil {
-			return err
-		}
+	// With a service manager (systemd Type=notify) watching, say what is going on until READY.
+	sd, err := newNotifier(os.Getenv, os.Getpid())
+	if err != nil {
+		log.Warn("cannot notify the service manager", "err", err)
+	}
+	defer sd.Close()
+	if err := sd.send(statusLine(fmt.Sprintf("assembling the array from %d members", len(members)))); err != nil {
+		log.Warn("sd_notify", "err", err)
 	}
 	// The control socket comes first: a second daemon for the same socket stops here, before it
 	// touches the members. Listen sets the umask briefly: no other goroutine runs yet.
@@ -216,7 +258,16 @@ there, and removes a stale socket left by one that died.
 	}, log), ctlLn, log)
 	log.Info("serving", "address", addr, "export", *export, "read_only", *readOnly, "attach", attachHint(*socket, *listen),
 		"control", ctlPath)
+	// The listener accepts already (connections wait in its backlog until Serve takes them), so
+	// READY=1 goes out now; STOPPING=1 when a signal arrives or Serve fails.
+	notifyCtx, stopNotify := context.WithCancel(ctx)
+	var notifyDone sync.WaitGroup
+	notifyDone.Go(func() {
+		sd.notifyLoop(notifyCtx, func() string { return serviceStatus(*export, addr, a.Status()) }, time.Second, log)
+	})
 	serveErr := srv.Serve(ctx, ln)
+	stopNotify()
+	notifyDone.Wait()
 	stopControl()
 	waitControl() // no management request runs once the array closes
 	if *socket != "" {
@@ -236,6 +287,16 @@ there, and removes a stale socket left by one that died.
 		"bytes_copied", c.CopiedBytes, "cache_hits", c.CacheHits, "cache_misses", c.CacheMisses,
 		"cache_evictions", c.CacheEvictions)
 	return nil
+}
+
+// serviceStatus is the one-line STATUS= the service manager shows: what is served where, the
+// array's state, and a rebuild, resync or scrub with its progress.
+func serviceStatus(export, addr string, st raid.Status) string {
+	s := fmt.Sprintf("serving %s on %s, state %s", export, addr, st.State)
+	if p := st.Sync; p != nil && p.Total > 0 {
+		s += fmt.Sprintf(", %s %d%%", p.Kind, p.Done*100/p.Total)
+	}
+	return s
 }
 
 // absMember makes a member path absolute; in a faulty:PATH?... spec (a testing aid, see the
