@@ -49,6 +49,38 @@ type PinnedWriter interface {
 	WritePinned(p []byte, off int64, release func()) (int, error)
 }
 
+// BlockStatuser is implemented by devices that know which of their ranges are holes: ranges
+// that certainly read as zeroes and are not allocated in the backing storage. The server
+// answers NBD_CMD_BLOCK_STATUS for the base:allocation metadata context with it; a device
+// without it has every range reported as allocated data (flags 0), which is always true.
+//
+// BlockStatus describes the consecutive ranges from off on, appending them to dst[:0] and
+// returning the result: each Extent has a positive Length, and together they cover at least
+// one byte and at most length bytes of [off, off+length). It may stop early, for instance when
+// the result reaches cap(dst), which the server sets to the most extents it will send (more
+// are dropped). The server calls it concurrently, like ReadAt; off and length are within the
+// device. An error is answered to the client like a failed ReadAt.
+type BlockStatuser interface {
+	BlockStatus(off, length int64, dst []Extent) ([]Extent, error)
+}
+
+// Extent is one range of a BlockStatus answer.
+type Extent struct {
+	Length int64
+	Flags  ExtentFlags
+}
+
+// ExtentFlags are the base:allocation states of an Extent.
+type ExtentFlags uint32
+
+const (
+	// ExtentHole: the range is not allocated (NBD_STATE_HOLE). Report it only together with
+	// ExtentZero unless the range may read as anything.
+	ExtentHole ExtentFlags = 1 << 0
+	// ExtentZero: the range reads as zeroes (NBD_STATE_ZERO).
+	ExtentZero ExtentFlags = 1 << 1
+)
+
 // Errors from Device methods reach the client as an NBD error value. If errors.As finds an
 // error in the chain with a method
 //

@@ -18,16 +18,18 @@
 // that sets any other client flag. It answers NBD_OPT_EXPORT_NAME (size, flags, and 124 zero
 // bytes unless the client chose NO_ZEROES), NBD_OPT_INFO and NBD_OPT_GO (NBD_INFO_EXPORT;
 // NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked; NBD_INFO_BLOCK_SIZE always, since the
-// server enforces it), NBD_OPT_LIST, NBD_OPT_ABORT (ACK, then close) and NBD_OPT_STARTTLS (see
-// Security). Every other option, including STRUCTURED_REPLY and the metadata-context options,
-// gets NBD_REP_ERR_UNSUP with its data consumed, so the client may carry on. An unknown name gets NBD_REP_ERR_UNKNOWN,
+// server enforces it), NBD_OPT_LIST, NBD_OPT_ABORT (ACK, then close), NBD_OPT_STARTTLS (see
+// Security), NBD_OPT_STRUCTURED_REPLY (ACK; NBD_REP_ERR_INVALID if it carries data) and the
+// metadata-context options (see Structured replies). Every other option, EXTENDED_HEADERS
+// included, gets NBD_REP_ERR_UNSUP with its data consumed, so the client may carry on. An
+// unknown name gets NBD_REP_ERR_UNKNOWN,
 // except after NBD_OPT_EXPORT_NAME, which cannot fail politely: the connection closes. So does
 // an option announcing more than 64 KiB of data. The empty name is the first export.
 //
 // Transmission: the flags say what the Device interface offers: HAS_FLAGS, SEND_FLUSH,
 // SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES and CAN_MULTI_CONN (Device.Flush makes every completed
-// write durable, whichever connection made it); a read-only export has READ_ONLY instead of
-// FUA, TRIM and WRITE_ZEROES. READ, WRITE (FUA via FUAWriter when the Device has it, else
+// write durable, whichever connection made it), and SEND_DF once structured replies are on; a
+// read-only export has READ_ONLY instead of FUA, TRIM and WRITE_ZEROES. READ, WRITE (FUA via FUAWriter when the Device has it, else
 // WriteAt then Flush; without FUA via PinnedWriter when Export.StablePages is on), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE and FUA honoured), CACHE (checked,
 // then ignored) and DISC are served. A request the server refuses gets a reply with an error
 // and the connection goes on: EINVAL for an unknown command or flag, a READ, TRIM or CACHE past
@@ -37,7 +39,33 @@
 // Device) or the nearest one for a syscall.Errno, else EIO. Only a broken stream closes the
 // connection, with a log line saying why: a bad request magic (ErrBadRequestMagic), a WRITE
 // payload above MaxBlock (ErrPayloadTooLarge: the server will neither buffer nor skip it), or
-// an I/O error on the socket.
+// an I/O error on the socket, or a reply write that takes longer than Options.ReplyTimeout.
+//
+// # Structured replies
+//
+// A client that sends NBD_OPT_STRUCTURED_REPLY gets structured replies to every request,
+// each one chunk with NBD_REPLY_FLAG_DONE: NBD_REPLY_TYPE_OFFSET_DATA for a READ's data (the
+// offset goes with the header, and the data is written from the request buffer in the same
+// writev as before: no copy, no allocation), NBD_REPLY_TYPE_NONE for a READ of 0 bytes and
+// every other success, NBD_REPLY_TYPE_BLOCK_STATUS for a BLOCK_STATUS, and for an error
+// NBD_REPLY_TYPE_ERROR with a short message ("READ: invalid argument"; never the Device's
+// error text, which may name server paths), or NBD_REPLY_TYPE_ERROR_OFFSET for a failed READ
+// (at the offset ReadAt stopped at; no partial data is sent). A READ is never answered with a
+// simple reply then, not even when the reader refuses it. NBD_CMD_FLAG_DF is accepted, and
+// NBD_FLAG_SEND_DF advertised, since a READ is always one chunk. STARTTLS forgets structured
+// replies and the selected context, as the protocol asks.
+//
+// Metadata contexts: the server knows one, base:allocation. NBD_OPT_LIST_META_CONTEXT lists
+// it for no query, "base:" or "base:allocation"; NBD_OPT_SET_META_CONTEXT selects it for
+// "base:allocation" (context id 1, on every connection). Other leaf names and namespaces match
+// nothing without error; a query without a namespace, malformed data, or either option before
+// STRUCTURED_REPLY gets NBD_REP_ERR_INVALID, an unknown export NBD_REP_ERR_UNKNOWN. The
+// selection holds for the export it named: NBD_CMD_BLOCK_STATUS is served only when the same
+// export is then chosen, and gets EINVAL otherwise, or for 0 bytes or a range past the end
+// (its length need not be aligned: it is a hint). The answer comes from the Device's
+// BlockStatus (BlockStatuser) for at most 1 GiB from the offset, with neighbours of the same
+// flags merged, at most 4096 extents (one with NBD_CMD_FLAG_REQ_ONE), never past the asked
+// range; a Device without BlockStatus is reported as data (flags 0), which is always true.
 //
 // # Concurrency and buffer ownership
 //
@@ -117,6 +145,11 @@
 //   - Options.IdleTimeout (none by default): a connection with nothing in flight and no
 //     request for that long is closed (ErrIdleTimeout). Requests the device is slow to serve
 //     do not count as idle.
+//   - Options.ReplyTimeout (DefaultReplyTimeout, 30 s) for each reply write: a client that
+//     stops reading its socket is closed once a write has been blocked that long
+//     (ErrReplyTimeout), and the buffers its replies held go back, instead of staying
+//     charged to MaxInFlightBytes and MaxTotalInFlightBytes. During shutdown, the earlier of
+//     it and ShutdownTimeout applies.
 //   - Options.MaxInFlightBytes and MaxInFlightRequests per connection (see Concurrency), and
 //     Options.MaxTotalInFlightBytes (DefaultMaxTotalInFlightBytes, 1 GiB) across connections:
 //     a reader whose READ or WRITE would pass it waits for other requests to finish (logged
@@ -142,16 +175,16 @@ package nbd
 // certificate reload without a restart.
 //
 // BUG(nbd): A client that stops reading its replies keeps its requests' buffers charged to
-// MaxInFlightBytes and MaxTotalInFlightBytes until it leaves (there is no write timeout in the
-// transmission phase); enough such clients fill the server-wide budget and make the others
-// wait. MaxConnections bounds how many there can be.
+// MaxInFlightBytes and MaxTotalInFlightBytes for up to ReplyTimeout; enough such clients can
+// fill the server-wide budget and make the others wait that long.
 //
 // BUG(nbd): Refused clients (access denied, TLS required) are logged each time, without the
 // rate limit the connection and memory limits have; HandshakeTimeout bounds how many
 // refusals one connection can cause.
 //
-// BUG(nbd): No structured replies, metadata contexts (NBD_CMD_BLOCK_STATUS) or extended
-// headers; reads are simple replies, so a failed READ carries no partial data.
+// BUG(nbd): No extended headers (64-bit lengths); no NBD_REPLY_TYPE_OFFSET_HOLE (a READ of a
+// hole sends its zeroes); a failed READ carries no partial data; no metadata context but
+// base:allocation.
 //
 // BUG(nbd): NBD_CMD_CACHE is accepted and ignored, and not advertised; NBD_FLAG_SEND_FAST_ZERO,
 // NBD_FLAG_SEND_DF and NBD_FLAG_ROTATIONAL are never set.

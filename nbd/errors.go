@@ -61,6 +61,9 @@ var (
 	ErrHandshakeTimeout = errors.New("nbd: handshake timed out")
 	// ErrIdleTimeout: the client sent no request for Options.IdleTimeout with none in flight.
 	ErrIdleTimeout = errors.New("nbd: connection idle too long")
+	// ErrReplyTimeout: writing one reply took longer than Options.ReplyTimeout; the client
+	// stopped reading its socket.
+	ErrReplyTimeout = errors.New("nbd: client stopped reading replies")
 )
 
 // errClientAbort ends a handshake on NBD_OPT_ABORT; it is not a failure.

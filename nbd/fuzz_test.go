@@ -33,11 +33,17 @@ func FuzzRequestHeader(f *testing.F) {
 		requestBytes(cmdRead, cmdFlagDF, 6, 0, 32<<20+512),
 		requestBytes(99, 0xffff, 7, 1, 1),
 		requestBytes(cmdDisc, 0, 8, 0, 0),
+		requestBytes(cmdBlockStatus, cmdFlagReqOne, 9, 4096, 1000),
+		requestBytes(cmdBlockStatus, 0, 10, 0, 0),
+		requestBytes(cmdRead, cmdFlagDF, 11, 512, 512),
 		make([]byte, requestHeaderSize), // bad magic
 	} {
 		f.Add(seed, uint64(1<<30), false, uint8(9))
 		f.Add(seed, uint64(1<<20+1), true, uint8(0))
+		f.Add(seed, uint64(1<<20), false, uint8(128+12))
 	}
+	// minShift's low bits pick MinBlock; its top bit says the session negotiated structured
+	// replies and base:allocation.
 	f.Fuzz(func(t *testing.T, raw []byte, size uint64, readOnly bool, minShift uint8) {
 		if len(raw) < requestHeaderSize {
 			return
@@ -54,6 +60,10 @@ func FuzzRequestHeader(f *testing.F) {
 		}
 		e.fillDefaults()
 		sess := &session{export: e, size: size, flags: e.transmissionFlags()}
+		if minShift >= 128 {
+			sess.structured, sess.metaAlloc = true, true
+			sess.flags |= tflagSendDF
+		}
 		errno, err := checkRequest(&h, sess)
 		if err != nil {
 			if h.RequestMagic == magicRequest && !(h.Type == cmdWrite && h.Length > e.MaxBlock) {
@@ -67,16 +77,25 @@ func FuzzRequestHeader(f *testing.F) {
 		if errno == 0 {
 			switch h.Type {
 			case cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes, cmdCache, cmdFlush:
+			case cmdBlockStatus:
+				if !sess.metaAlloc || h.Length == 0 {
+					t.Fatalf("admitted BLOCK_STATUS of %d bytes, metaAlloc %v", h.Length, sess.metaAlloc)
+				}
 			case cmdDisc:
 				return
 			default:
 				t.Fatalf("admitted unknown command %d", h.Type)
 			}
 			allowed := cmdFlagFUA
-			if h.Type == cmdWriteZeroes {
+			switch {
+			case h.Type == cmdWriteZeroes:
 				allowed |= cmdFlagNoHole
+			case h.Type == cmdBlockStatus:
+				allowed |= cmdFlagReqOne
+			case h.Type == cmdRead && sess.structured:
+				allowed |= cmdFlagDF
 			}
-			if h.CommandFlags&^allowed != 0 || (readOnly && h.CommandFlags != 0) {
+			if h.CommandFlags&^allowed != 0 || (readOnly && h.CommandFlags&cmdFlagFUA != 0) {
 				t.Fatalf("admitted flags %#x for %s (read-only %v)", h.CommandFlags, cmdName(h.Type), readOnly)
 			}
 			if h.Type == cmdFlush {
@@ -131,6 +150,16 @@ func FuzzHandshake(f *testing.F) {
 			optionBytes(optInfo, infoData("secret")), optionBytes(optExportName, []byte("secret"))))
 		f.Add(mode, cat(flags, optionBytes(optInfo, infoData("secret")), optionBytes(optExportName, []byte("disk"))))
 		f.Add(mode, cat(flags, optionBytes(optStartTLS, nil), optionBytes(optExportName, []byte("disk"))))
+		// Structured replies and metadata contexts, in and out of order, around STARTTLS.
+		f.Add(mode, cat(flags, optionBytes(optSetMetaContext, metaData("disk", "base:allocation")),
+			optionBytes(optStructuredReply, nil), optionBytes(optListMetaContext, metaData("disk")),
+			optionBytes(optSetMetaContext, metaData("disk", "base:allocation")), optionBytes(optGo, infoData("disk"))))
+		f.Add(mode, cat(flags, optionBytes(optStructuredReply, []byte("x")), optionBytes(optStructuredReply, nil),
+			optionBytes(optSetMetaContext, metaData("secret", "base:allocation", "x-y:z")),
+			optionBytes(optStartTLS, nil), optionBytes(optGo, infoData("secret"))))
+		f.Add(mode, cat(flags, optionBytes(optStartTLS, nil), optionBytes(optStructuredReply, nil),
+			optionBytes(optListMetaContext, metaData("nope", "base:")), optionBytes(optSetMetaContext, []byte{0, 0, 0, 1}),
+			optionBytes(optExtendedHeaders, nil), optionBytes(optExportName, []byte("disk"))))
 	}
 	servers := make([]*Server, 3)
 	for i, m := range []TLSMode{TLSOff, TLSOn, TLSRequire} {
@@ -172,6 +201,12 @@ func FuzzHandshake(f *testing.F) {
 			t.Fatalf("handshake = %v, %v: want exactly one", sess, err)
 		}
 		if sess != nil {
+			if sess.metaAlloc && (!sess.structured || h.metaExport != sess.export) {
+				t.Fatalf("base:allocation on %q without structured replies or not selected for it", sess.export.Name)
+			}
+			if (sess.flags&tflagSendDF != 0) != sess.structured {
+				t.Fatalf("flags %#x with structured replies %v", sess.flags, sess.structured)
+			}
 			if s.tlsMode == TLSRequire && !h.peer.tls {
 				t.Fatalf("session for %q without TLS under TLSRequire", sess.export.Name)
 			}
@@ -198,6 +233,9 @@ func FuzzHandshake(f *testing.F) {
 				t.Fatalf("option %d answered %#x before STARTTLS under TLSRequire", id, typ)
 			case id == optInfo && typ == repInfo && !alice && bytes.Contains(o[pos+20:pos+n], []byte("secret")):
 				t.Fatalf("INFO on the secret export without alice's certificate")
+			case typ == repMetaContext && ((id != optListMetaContext && id != optSetMetaContext) ||
+				string(o[pos+24:pos+n]) != metaBaseAllocation):
+				t.Fatalf("NBD_REP_META_CONTEXT %q to option %d", o[pos+24:pos+n], id)
 			}
 			pos += n
 		}

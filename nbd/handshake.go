@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
 )
@@ -16,6 +17,10 @@ type session struct {
 	export *Export
 	size   uint64 // Device.Size, read once when the client chose the export
 	flags  uint16 // transmission flags sent to the client
+	// structured: NBD_OPT_STRUCTURED_REPLY was acknowledged, so every reply is a structured
+	// reply. metaAlloc: base:allocation was selected (NBD_OPT_SET_META_CONTEXT) for this
+	// export, so NBD_CMD_BLOCK_STATUS is served.
+	structured, metaAlloc bool
 }
 
 // handshakeConn is the handshake's view of a connection: where options come from and
@@ -28,6 +33,12 @@ type handshakeConn struct {
 	// upgrade runs the TLS handshake once NBD_REP_ACK to NBD_OPT_STARTTLS has been sent, and
 	// replaces r and w and fills in peer. Only called when the server has TLS.
 	upgrade func(h *handshakeConn) error
+
+	// What option haggling has agreed on so far; STARTTLS forgets both, as the protocol
+	// says. structured: NBD_OPT_STRUCTURED_REPLY acknowledged. metaExport: the export for
+	// which the last NBD_OPT_SET_META_CONTEXT selected base:allocation, or nil.
+	structured bool
+	metaExport *Export
 }
 
 // handshake runs the fixed-newstyle handshake on h: greeting, client flags, then options
@@ -156,11 +167,24 @@ func (s *Server) handshake(h *handshakeConn) (*session, error) {
 				if err := h.upgrade(h); err != nil {
 					return nil, err
 				}
+				h.structured, h.metaExport = false, nil // to be negotiated again under TLS
 				h.log.Debug("nbd: TLS on", "peer", h.peer.String())
 				continue
 			}
-		case optStructuredReply, optListMetaContext, optSetMetaContext, optExtendedHeaders:
-			appendOptionError(&out, opt.ID, repErrUnsup, "structured replies are not supported by this server")
+		case optStructuredReply:
+			if len(data) != 0 {
+				appendOptionError(&out, opt.ID, repErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+				break
+			}
+			// Extended headers are refused (ERR_UNSUP), so the protocol's rules on mixing
+			// them with structured replies never apply. A repeated STRUCTURED_REPLY is
+			// acknowledged again: it changes nothing.
+			h.structured = true
+			appendOptionReply(&out, opt.ID, repAck, nil)
+		case optListMetaContext, optSetMetaContext:
+			s.metaContext(&out, h, opt.ID, data)
+		case optExtendedHeaders:
+			appendOptionError(&out, opt.ID, repErrUnsup, "extended headers are not supported by this server")
 		default:
 			appendOptionError(&out, opt.ID, repErrUnsup, fmt.Sprintf("unknown option %d", opt.ID))
 		}
@@ -195,7 +219,7 @@ func (s *Server) exportName(out *bytes.Buffer, h *handshakeConn, name string, no
 	if s.admit(h, e) != 0 {
 		return nil, fmt.Errorf("%w: export %q, %s (NBD_OPT_EXPORT_NAME)", ErrAccessDenied, e.Name, h.peer.String())
 	}
-	sess, err := newSession(e)
+	sess, err := newSession(e, h)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +234,10 @@ func (s *Server) exportName(out *bytes.Buffer, h *handshakeConn, name string, no
 	return sess, nil
 }
 
-func newSession(e *Export) (*session, error) {
+// newSession describes export e as h's negotiation so far leaves it: structured replies (with
+// NBD_FLAG_SEND_DF, since a READ is always answered with one chunk) and base:allocation if
+// it was selected for e itself.
+func newSession(e *Export, h *handshakeConn) (*session, error) {
 	size, err := e.Device.Size()
 	if err != nil {
 		return nil, fmt.Errorf("nbd: size of export %q: %w", e.Name, err)
@@ -218,7 +245,13 @@ func newSession(e *Export) (*session, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("nbd: export %q has negative size %d", e.Name, size)
 	}
-	return &session{export: e, size: uint64(size), flags: e.transmissionFlags()}, nil
+	sess := &session{export: e, size: uint64(size), flags: e.transmissionFlags()}
+	if h.structured {
+		sess.structured = true
+		sess.metaAlloc = h.metaExport == e
+		sess.flags |= tflagSendDF
+	}
+	return sess, nil
 }
 
 // infoOrGo answers NBD_OPT_INFO or NBD_OPT_GO into out and returns the session on success.
@@ -241,7 +274,7 @@ func (s *Server) infoOrGo(out *bytes.Buffer, h *handshakeConn, id uint32, data [
 		appendOptionError(out, id, rep, fmt.Sprintf("access to export %q denied", e.Name))
 		return nil
 	}
-	sess, err := newSession(e)
+	sess, err := newSession(e, h)
 	if err != nil {
 		appendOptionError(out, id, repErrUnknown, "export unavailable")
 		return nil
@@ -299,6 +332,94 @@ func parseInfoRequest(data []byte) (name string, reqs []byte, ok bool) {
 		return "", nil, false
 	}
 	return name, reqs, true
+}
+
+// metaContext answers NBD_OPT_LIST_META_CONTEXT or NBD_OPT_SET_META_CONTEXT into out. The
+// server knows one context, base:allocation. A query "base:allocation" matches it, and so
+// does "base:" when listing (the protocol's wildcard); other queries of the base namespace and
+// queries of any other namespace match nothing and are no error. Listing with no query lists
+// it. SET replaces the selection, even when it fails; it needs structured replies
+// (NBD_REP_ERR_INVALID before them, as for LIST), selects for the named export only, and
+// answers with the context id the connection uses (metaIDAllocation).
+func (s *Server) metaContext(out *bytes.Buffer, h *handshakeConn, id uint32, data []byte) {
+	set := id == optSetMetaContext
+	if set {
+		h.metaExport = nil
+	}
+	if !h.structured {
+		appendOptionError(out, id, repErrInvalid, "negotiate NBD_OPT_STRUCTURED_REPLY first")
+		return
+	}
+	name, queries, ok := parseMetaRequest(data)
+	if !ok {
+		appendOptionError(out, id, repErrInvalid, "malformed metadata context request")
+		return
+	}
+	e := s.lookup(name)
+	if e == nil {
+		appendOptionError(out, id, repErrUnknown, fmt.Sprintf("no export named %q", name))
+		return
+	}
+	if rep := s.admit(h, e); rep != 0 {
+		appendOptionError(out, id, rep, fmt.Sprintf("access to export %q denied", e.Name))
+		return
+	}
+	match := !set && len(queries) == 0
+	for _, q := range queries {
+		ns, leaf, ok := strings.Cut(q, ":")
+		if !ok || ns == "" {
+			appendOptionError(out, id, repErrInvalid, fmt.Sprintf("query %q has no namespace", q))
+			return
+		}
+		if ns == "base" && (leaf == "allocation" || (leaf == "" && !set)) {
+			match = true
+		}
+	}
+	if match {
+		ctxID := uint32(0) // reserved in LIST replies
+		if set {
+			ctxID = metaIDAllocation
+			h.metaExport = e
+		}
+		d := binary.BigEndian.AppendUint32(nil, ctxID)
+		appendOptionReply(out, id, repMetaContext, append(d, metaBaseAllocation...))
+	}
+	appendOptionReply(out, id, repAck, nil)
+}
+
+// parseMetaRequest splits NBD_OPT_LIST/SET_META_CONTEXT data: 32-bit name length, name,
+// 32-bit query count, and that many queries (32-bit length, string). ok is false unless the
+// lengths add up exactly and every string is within the protocol's limit.
+func parseMetaRequest(data []byte) (name string, queries []string, ok bool) {
+	str := func() (string, bool) {
+		if len(data) < 4 {
+			return "", false
+		}
+		n := binary.BigEndian.Uint32(data)
+		if n > maxStringLength || uint64(n) > uint64(len(data)-4) {
+			return "", false
+		}
+		v := string(data[4 : 4+n])
+		data = data[4+n:]
+		return v, true
+	}
+	if name, ok = str(); !ok || len(data) < 4 {
+		return "", nil, false
+	}
+	count := binary.BigEndian.Uint32(data)
+	data = data[4:]
+	if uint64(count) > uint64(len(data)/4) { // each query takes 4 bytes at least
+		return "", nil, false
+	}
+	queries = make([]string, 0, count)
+	for range count {
+		q, ok := str()
+		if !ok {
+			return "", nil, false
+		}
+		queries = append(queries, q)
+	}
+	return name, queries, len(data) == 0
 }
 
 // appendOptionReply appends one fixed-newstyle option reply to out.

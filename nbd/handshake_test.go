@@ -149,9 +149,6 @@ func TestHandshakeOptions(t *testing.T) {
 	}{
 		{"unknown option with data", 0x4242, []byte("some data that must be skipped")},
 		{"STARTTLS", optStartTLS, nil},
-		{"STRUCTURED_REPLY", optStructuredReply, nil},
-		{"LIST_META_CONTEXT", optListMetaContext, []byte{0, 0, 0, 0, 0, 0, 0, 0}},
-		{"SET_META_CONTEXT", optSetMetaContext, infoData("disk")},
 		{"EXTENDED_HEADERS", optExtendedHeaders, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -67,7 +67,7 @@ func TestNbdinfo(t *testing.T) {
 			"export-size": float64(testSize), "block_size_minimum": float64(512),
 			"block_size_preferred": float64(65536), "block_size_maximum": float64(32 << 20),
 			"can_flush": true, "can_fua": true, "can_trim": true, "can_zero": true,
-			"can_multi_conn": true, "is_read_only": false, "can_df": false, "can_cache": false,
+			"can_multi_conn": true, "is_read_only": false, "can_df": true, "can_cache": false,
 			"can_fast_zero": false, "description": "raid5d test",
 		}},
 		{"ro", map[string]any{

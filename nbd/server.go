@@ -109,6 +109,13 @@ type Options struct {
 	// IdleTimeout, when positive, closes a connection in the transmission phase that has had
 	// no request in flight and sent none for that long (ErrIdleTimeout). Zero means no limit.
 	IdleTimeout time.Duration
+	// ReplyTimeout bounds each reply write in the transmission phase (one writev of the
+	// replies ready at that moment). A client that stops reading its socket makes the write
+	// block once the socket buffers are full; after ReplyTimeout the connection is closed with
+	// a log line (ErrReplyTimeout), and its requests' buffers return to the pool, instead of
+	// staying charged to MaxInFlightBytes and MaxTotalInFlightBytes for as long as the client
+	// keeps the socket open. Zero means DefaultReplyTimeout (30 s); there is no "never".
+	ReplyTimeout time.Duration
 }
 
 // Server serves exports over NBD. Create it with NewServer; it is safe for concurrent use, and
@@ -127,6 +134,7 @@ type Server struct {
 	maxConns         int64
 	handshakeTimeout time.Duration
 	idleTimeout      time.Duration
+	replyTimeout     time.Duration
 
 	conns       atomic.Int64 // connections being served (ServeConn calls past the limit check)
 	mem         budget       // request bytes in flight, server-wide
@@ -144,7 +152,7 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.MaxInFlightBytes < 0 || opts.MaxInFlightRequests < 0 || opts.ShutdownTimeout < 0 ||
 		opts.MaxConnections < 0 || opts.MaxTotalInFlightBytes < 0 || opts.HandshakeTimeout < 0 ||
-		opts.IdleTimeout < 0 {
+		opts.IdleTimeout < 0 || opts.ReplyTimeout < 0 {
 		return nil, fmt.Errorf("%w: negative limit", ErrInvalidOptions)
 	}
 	s := &Server{
@@ -159,6 +167,7 @@ func NewServer(opts Options) (*Server, error) {
 		maxConns:         int64(opts.MaxConnections),
 		handshakeTimeout: opts.HandshakeTimeout,
 		idleTimeout:      opts.IdleTimeout,
+		replyTimeout:     opts.ReplyTimeout,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -191,6 +200,9 @@ func NewServer(opts Options) (*Server, error) {
 	s.mem.cond.L = &s.mem.mu
 	if s.handshakeTimeout == 0 {
 		s.handshakeTimeout = DefaultHandshakeTimeout
+	}
+	if s.replyTimeout == 0 {
+		s.replyTimeout = DefaultReplyTimeout
 	}
 	if s.maxInFlightBytes == 0 {
 		s.maxInFlightBytes = DefaultMaxInFlightBytes
@@ -375,15 +387,13 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	}
 	defer s.conns.Add(-1)
 	// The handshake has a deadline; shutdown makes reads fail at once and bounds the time to
-	// write the replies still owed. Both act on nc, under a TLS session as well.
+	// write the replies still owed (reply writes keep to it: conn.shutdownAt). Both act on nc,
+	// under a TLS session as well.
+	c := newConn(s, nc, log)
 	nc.SetDeadline(time.Now().Add(s.handshakeTimeout))
-	stop := context.AfterFunc(ctx, func() {
-		nc.SetReadDeadline(aLongTimeAgo)
-		nc.SetWriteDeadline(time.Now().Add(s.shutdownTimeout))
-	})
+	stop := context.AfterFunc(ctx, func() { c.shutdownDeadlines() })
 	defer stop()
 
-	c := newConn(s, nc, log)
 	defer func() { c.nc.Close() }() // after STARTTLS, the TLS session: close_notify first
 	h := &handshakeConn{r: c.br, w: nc, log: log}
 	unixPeer(nc, &h.peer)
@@ -412,12 +422,20 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	// AfterFunc has run, or runs after this, since ctx.Err is set before it is called).
 	nc.SetDeadline(time.Time{})
 	if ctx.Err() != nil {
-		nc.SetReadDeadline(aLongTimeAgo)
-		nc.SetWriteDeadline(time.Now().Add(s.shutdownTimeout))
+		c.shutdownDeadlines()
 	}
 	log.Info("nbd: client connected", "export", sess.export.Name, "size", sess.size,
 		"flags", fmt.Sprintf("%#x", sess.flags), "peer", h.peer.String())
 	c.transmit(ctx, sess)
+}
+
+// shutdownDeadlines makes reads on c fail at once and gives the replies still owed
+// ShutdownTimeout to be written.
+func (c *conn) shutdownDeadlines() {
+	d := time.Now().Add(c.srv.shutdownTimeout)
+	c.shutdownAt.Store(d.UnixNano())
+	c.raw.SetReadDeadline(aLongTimeAgo)
+	c.raw.SetWriteDeadline(d)
 }
 
 // aLongTimeAgo is a deadline in the past: it makes pending and future I/O fail at once.

@@ -3,6 +3,7 @@ package nbd
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,8 @@ import (
 // and hands them to workers; workers call the Device and write the replies.
 type conn struct {
 	srv *Server
-	nc  net.Conn
+	nc  net.Conn      // the connection, or the TLS session on it after STARTTLS
+	raw net.Conn      // the connection itself, for deadlines (they apply under TLS as well)
 	br  *bufio.Reader // owned by the reader goroutine
 	log *slog.Logger
 
@@ -31,8 +33,12 @@ type conn struct {
 	// writeMu serialises writes on nc, so that a header and its payload go out together.
 	// It guards writeErr and errHdr.
 	writeMu  sync.Mutex
-	writeErr error                 // first failed reply write; later replies are dropped
-	errHdr   [replyHeaderSize]byte // header of error replies sent by the reader itself
+	writeErr error                // first failed reply write; later replies are dropped
+	errHdr   [maxReplyHeader]byte // header of error replies sent by the reader itself
+
+	// shutdownAt is the write deadline shutdown set (UnixNano), or 0: reply writes take the
+	// earlier of it and their own ReplyTimeout, so shutdown still bounds them.
+	shutdownAt atomic.Int64
 
 	// Replies are coalesced: a worker with a reply queues its request on replyQ and, if no
 	// worker is writing, becomes the writer: it writes every queued reply with one writev,
@@ -80,12 +86,25 @@ type request struct {
 	length     uint32
 	buf        *buffer // pooled buffer for READ and WRITE, nil otherwise
 
-	hdr     [replyHeaderSize]byte // the reply's header, set by reply
-	payload []byte                // the reply's payload (part of buf), or nil
+	hdr     [maxReplyHeader]byte // the reply's header (simple, or a chunk header and its fixed part)
+	hdrLen  int                  // bytes of hdr in use
+	payload []byte               // the reply's payload (part of buf, or bsWire), or nil
+
+	// BLOCK_STATUS only, allocated at the first one and kept with the request for reuse (at
+	// most maxBlockStatusExtents each): the device's extents and their wire form.
+	extents []Extent
+	bsWire  []byte
 }
 
+// maxReplyHeader bounds what goes before a reply's payload: a structured error chunk with its
+// message (at most maxErrorMessage bytes) and offset is the longest.
+const (
+	maxErrorMessage = 64
+	maxReplyHeader  = chunkHeaderSize + 4 + 2 + maxErrorMessage + 8
+)
+
 func newConn(s *Server, nc net.Conn, log *slog.Logger) *conn {
-	c := &conn{srv: s, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), log: log}
+	c := &conn{srv: s, nc: nc, raw: nc, br: bufio.NewReaderSize(nc, 64<<10), log: log}
 	c.cond.L = &c.mu
 	return c
 }
@@ -129,6 +148,10 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 		c.log.Info("nbd: client disconnected (NBD_CMD_DISC)")
 	case werr != nil && ctx.Err() != nil:
 		c.log.Warn("nbd: server shutting down: gave up writing replies", "err", werr)
+	case werr != nil && isTimeout(werr):
+		c.log.Warn("nbd: closing connection: the client stopped reading its replies",
+			"limit", "ReplyTimeout", "err", fmt.Errorf("%w: a reply write took over %v (ReplyTimeout): %w",
+				ErrReplyTimeout, c.srv.replyTimeout, werr))
 	case werr != nil && isClosed(werr):
 		c.log.Info("nbd: client went away before its replies were written", "err", werr)
 	case werr != nil:
@@ -170,7 +193,7 @@ func (c *conn) readRequests() error {
 			}
 			c.log.Debug("nbd: request refused", "cmd", cmdName(h.Type), "flags", h.CommandFlags,
 				"offset", h.Offset, "length", h.Length, "errno", errno)
-			c.replyFromReader(h.Handle, errno)
+			c.replyFromReader(&h, errno)
 			continue
 		}
 		req, err := c.acquire(&h)
@@ -183,7 +206,7 @@ func (c *conn) readRequests() error {
 			}
 			c.log.Warn("nbd: request refused", "cmd", cmdName(h.Type), "offset", h.Offset,
 				"length", h.Length, "errno", errnoIO, "err", err)
-			c.replyFromReader(h.Handle, errnoIO)
+			c.replyFromReader(&h, errnoIO)
 			continue
 		}
 		if h.Type == cmdWrite && h.Length > 0 {
@@ -220,7 +243,16 @@ func checkCommand(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
 	}
 	write := false
 	switch h.Type {
-	case cmdRead, cmdCache:
+	case cmdRead:
+		if sess.structured {
+			allowed |= cmdFlagDF // every READ reply is one chunk anyway
+		}
+	case cmdCache:
+	case cmdBlockStatus:
+		if !sess.metaAlloc || h.Length == 0 {
+			return errnoInval // no context selected; or nothing to describe
+		}
+		allowed |= cmdFlagReqOne
 	case cmdDisc:
 		return 0 // flags, offset and length are ignored: the client is leaving
 	case cmdWrite, cmdTrim:
@@ -234,7 +266,7 @@ func checkCommand(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
 		}
 		return 0 // offset and length are reserved; ignored
 	default:
-		return errnoInval // unknown command, or BLOCK_STATUS without metadata contexts
+		return errnoInval // unknown command
 	}
 	if h.CommandFlags&^allowed != 0 {
 		return errnoInval
@@ -248,8 +280,11 @@ func checkCommand(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
 		}
 		return errnoInval
 	}
+	// The length of a BLOCK_STATUS is a hint (clients ask for "the rest", rounded to
+	// nothing in particular), so only its offset must be aligned.
 	mb := uint64(e.MinBlock)
-	if h.Offset%mb != 0 || (uint64(h.Length)%mb != 0 && h.Offset+uint64(h.Length) != sess.size) {
+	if h.Offset%mb != 0 || (uint64(h.Length)%mb != 0 && h.Offset+uint64(h.Length) != sess.size &&
+		h.Type != cmdBlockStatus) {
 		return errnoInval
 	}
 	if h.Type == cmdRead && h.Length > e.MaxBlock {
@@ -470,6 +505,7 @@ func (c *conn) serveRequest(req *request) {
 	dev := c.sess.export.Device
 	off := int64(req.off)
 	fua := req.flags&cmdFlagFUA != 0
+	errOff := int64(-1) // where a failed READ failed, for NBD_REPLY_TYPE_ERROR_OFFSET
 	var err error
 	switch req.typ {
 	case cmdRead:
@@ -485,9 +521,10 @@ func (c *conn) serveRequest(req *request) {
 			err = io.ErrUnexpectedEOF
 		}
 		if err == nil {
-			c.reply(req, 0, p)
+			c.reply(req, 0, -1, p)
 			return
 		}
+		errOff = off + int64(min(max(n, 0), len(p)-1))
 	case cmdWrite:
 		if req.length == 0 {
 			break
@@ -525,23 +562,140 @@ func (c *conn) serveRequest(req *request) {
 		}
 	case cmdCache:
 		// A hint; the Device interface has nothing to pass it to.
+	case cmdBlockStatus:
+		var wire []byte
+		if wire, err = c.blockStatus(req); err == nil {
+			c.reply(req, 0, -1, wire)
+			return
+		}
 	}
 	if err != nil {
 		errno := errnoOf(err)
 		c.log.Warn("nbd: request failed", "cmd", cmdName(req.typ), "offset", req.off,
 			"length", req.length, "errno", errno, "err", err)
-		c.reply(req, errno, nil)
+		c.reply(req, errno, errOff, nil)
 		return
 	}
-	c.reply(req, 0, nil)
+	c.reply(req, 0, -1, nil)
 }
 
-// reply queues req's simple reply (the header and, when errno is 0, payload) and, unless
-// another worker is writing replies, writes the queue itself: each batch of queued replies in
-// one writev, until none is left. req is released after its reply is written (or dropped,
-// after a failed write); the caller must not touch it again.
-func (c *conn) reply(req *request, errno uint32, payload []byte) {
-	encodeReply(&req.hdr, errno, req.cookie)
+// blockStatus answers a BLOCK_STATUS for base:allocation: it asks the Device (a BlockStatuser;
+// any other device is all data) about at most maxBlockStatusLength bytes from req.off, keeps
+// the extents that are well-formed and within the range, merges neighbours with the same
+// flags, and returns the descriptors' wire form (at most maxBlockStatusExtents, or one with
+// NBD_CMD_FLAG_REQ_ONE; the protocol lets a reply cover less than asked). The result lives in
+// req until its reply is written.
+func (c *conn) blockStatus(req *request) ([]byte, error) {
+	length := min(int64(req.length), maxBlockStatusLength)
+	limit := maxBlockStatusExtents
+	if req.flags&cmdFlagReqOne != 0 {
+		limit = 1
+	}
+	if req.extents == nil {
+		req.extents = make([]Extent, 0, maxBlockStatusExtents)
+		req.bsWire = make([]byte, 0, 8*maxBlockStatusExtents)
+	}
+	// The device gets room for every extent even under REQ_ONE: it may describe the range in
+	// pieces finer than its runs (raid5d: chunk by chunk), merged below into the one sent.
+	ext := append(req.extents[:0], Extent{Length: length})
+	if bs, ok := c.sess.export.Device.(BlockStatuser); ok {
+		var err error
+		if ext, err = bs.BlockStatus(int64(req.off), length, req.extents[:0]); err != nil {
+			return nil, err
+		}
+	}
+	wire := req.bsWire[:0]
+	var cur Extent // the extent being merged; Length 0 before the first
+	covered := int64(0)
+	for _, x := range ext {
+		if x.Length <= 0 || x.Length > length-covered {
+			break // a device that breaks its contract: keep what was sound
+		}
+		covered += x.Length
+		x.Flags &= ExtentHole | ExtentZero
+		if cur.Length > 0 && x.Flags == cur.Flags {
+			cur.Length += x.Length
+			continue
+		}
+		if cur.Length > 0 {
+			if len(wire) == 8*limit {
+				break
+			}
+			wire = appendExtent(wire, cur)
+		}
+		cur = x
+	}
+	switch {
+	case cur.Length == 0:
+		cur = Extent{Length: length} // nothing usable came back: data, which is always true
+		fallthrough
+	case len(wire) < 8*limit:
+		wire = appendExtent(wire, cur)
+	}
+	return wire, nil
+}
+
+// appendExtent appends one block status descriptor: 32-bit length, 32-bit flags.
+func appendExtent(b []byte, x Extent) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(x.Length))
+	return binary.BigEndian.AppendUint32(b, uint32(x.Flags))
+}
+
+// encodeHeader encodes req's reply header into req.hdr: a simple reply without structured
+// replies, else one chunk with NBD_REPLY_FLAG_DONE — OFFSET_DATA for a READ's data,
+// BLOCK_STATUS for a BLOCK_STATUS, an error chunk (ERROR_OFFSET when errOff >= 0) for an
+// error, NONE for everything else.
+func (c *conn) encodeHeader(req *request, errno uint32, errOff int64, payload []byte) {
+	if !c.sess.structured {
+		encodeReply((*[replyHeaderSize]byte)(req.hdr[:]), errno, req.cookie)
+		req.hdrLen = replyHeaderSize
+		return
+	}
+	b := req.hdr[:]
+	switch {
+	case errno != 0:
+		req.hdrLen = encodeErrorChunk(b, req.typ, req.cookie, errno, errOff)
+	case req.typ == cmdRead && len(payload) > 0:
+		encodeChunk(b, replyFlagDone, replyTypeOffsetData, req.cookie, uint32(8+len(payload)))
+		binary.BigEndian.PutUint64(b[chunkHeaderSize:], req.off)
+		req.hdrLen = chunkHeaderSize + 8
+	case req.typ == cmdBlockStatus:
+		encodeChunk(b, replyFlagDone, replyTypeBlockStatus, req.cookie, uint32(4+len(payload)))
+		binary.BigEndian.PutUint32(b[chunkHeaderSize:], metaIDAllocation)
+		req.hdrLen = chunkHeaderSize + 4
+	default:
+		encodeChunk(b, replyFlagDone, replyTypeNone, req.cookie, 0)
+		req.hdrLen = chunkHeaderSize
+	}
+}
+
+// encodeErrorChunk encodes a final error chunk into b and returns its length: the error, a
+// message naming the command and the error, and the offset when errOff >= 0.
+func encodeErrorChunk(b []byte, typ uint16, cookie uint64, errno uint32, errOff int64) int {
+	msg := b[chunkHeaderSize+6 : chunkHeaderSize+6+maxErrorMessage]
+	n := copy(msg, cmdName(typ))
+	n += copy(msg[n:], ": ")
+	n += copy(msg[n:], errnoText(errno))
+	binary.BigEndian.PutUint32(b[chunkHeaderSize:], errno)
+	binary.BigEndian.PutUint16(b[chunkHeaderSize+4:], uint16(n))
+	payload := 6 + n
+	typeOf := replyTypeError
+	if errOff >= 0 {
+		typeOf = replyTypeErrorOffset
+		binary.BigEndian.PutUint64(b[chunkHeaderSize+payload:], uint64(errOff))
+		payload += 8
+	}
+	encodeChunk(b, replyFlagDone, typeOf, cookie, uint32(payload))
+	return chunkHeaderSize + payload
+}
+
+// reply queues req's reply (the header, and the payload of a successful READ or BLOCK_STATUS;
+// errOff for a failed READ, else -1) and, unless another worker is writing replies, writes the
+// queue itself: each batch of queued replies in one writev, until none is left. req is
+// released after its reply is written (or dropped, after a failed write); the caller must not
+// touch it again.
+func (c *conn) reply(req *request, errno uint32, errOff int64, payload []byte) {
+	c.encodeHeader(req, errno, errOff, payload)
 	req.payload = payload
 	c.qmu.Lock()
 	c.replyQ = append(c.replyQ, req)
@@ -573,7 +727,7 @@ func (c *conn) reply(req *request, errno uint32, payload []byte) {
 func (c *conn) writeBatch(batch []*request) {
 	v := c.iovs[:0]
 	for _, r := range batch {
-		v = append(v, r.hdr[:])
+		v = append(v, r.hdr[:r.hdrLen])
 		if len(r.payload) > 0 {
 			v = append(v, r.payload)
 		}
@@ -582,6 +736,7 @@ func (c *conn) writeBatch(batch []*request) {
 	c.wbufs = v
 	c.writeMu.Lock()
 	if c.writeErr == nil {
+		c.setWriteDeadline()
 		if _, err := c.wbufs.WriteTo(c.nc); err != nil {
 			c.failWrite(err)
 		}
@@ -591,16 +746,35 @@ func (c *conn) writeBatch(batch []*request) {
 	c.wbufs = nil
 }
 
-// replyFromReader writes an error reply for a request the reader refused.
-func (c *conn) replyFromReader(cookie uint64, errno uint32) {
+// replyFromReader writes an error reply for a request h the reader refused: a simple reply,
+// or an error chunk once structured replies are on (never a simple reply to a READ then).
+func (c *conn) replyFromReader(h *protocol.TransmissionRequestHeader, errno uint32) {
 	c.writeMu.Lock()
 	if c.writeErr == nil {
-		encodeReply(&c.errHdr, errno, cookie)
-		if _, err := c.nc.Write(c.errHdr[:]); err != nil {
+		n := replyHeaderSize
+		if c.sess.structured {
+			n = encodeErrorChunk(c.errHdr[:], h.Type, h.Handle, errno, -1)
+		} else {
+			encodeReply((*[replyHeaderSize]byte)(c.errHdr[:]), errno, h.Handle)
+		}
+		c.setWriteDeadline()
+		if _, err := c.nc.Write(c.errHdr[:n]); err != nil {
 			c.failWrite(err)
 		}
 	}
 	c.writeMu.Unlock()
+}
+
+// setWriteDeadline bounds the reply write about to start by Options.ReplyTimeout, or by the
+// deadline shutdown set if that is earlier: a client that stops reading cannot hold the
+// writer, and with it every reply and buffer of the connection, for ever. Called with writeMu
+// held.
+func (c *conn) setWriteDeadline() {
+	d := time.Now().Add(c.srv.replyTimeout)
+	if s := c.shutdownAt.Load(); s != 0 && s < d.UnixNano() {
+		d = time.Unix(0, s)
+	}
+	c.raw.SetWriteDeadline(d)
 }
 
 // failWrite records the first reply write error and stops the reader: a stream with a partial
@@ -608,6 +782,12 @@ func (c *conn) replyFromReader(cookie uint64, errno uint32) {
 func (c *conn) failWrite(err error) {
 	c.writeErr = err
 	c.nc.SetReadDeadline(aLongTimeAgo)
+}
+
+// isTimeout reports whether err is a deadline passing.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // isClosed reports whether err means the peer went away rather than misbehaved.

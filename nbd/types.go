@@ -17,8 +17,10 @@ const (
 	magicOptionReply  = protocol.NEGOTIATION_MAGIC_REPLY
 	magicRequest      = protocol.TRANSMISSION_MAGIC_REQUEST
 	magicSimpleReply  = protocol.TRANSMISSION_MAGIC_REPLY
-	requestHeaderSize = 28 // magic, flags, type, cookie, offset, length
-	replyHeaderSize   = 16 // magic, error, cookie
+	magicStructReply  = uint32(0x668e33ef) // NBD_STRUCTURED_REPLY_MAGIC
+	requestHeaderSize = 28                 // magic, flags, type, cookie, offset, length
+	replyHeaderSize   = 16                 // magic, error, cookie
+	chunkHeaderSize   = 20                 // magic, flags, type, cookie, length (structured reply chunk)
 )
 
 // Handshake flags (server) and client flags.
@@ -57,6 +59,7 @@ const (
 	repErrShutdown    = uint32(1<<31 | 7)
 	repErrBlockSzReqd = uint32(1<<31 | 8)
 	repErrTooBig      = uint32(1<<31 | 9)
+	repMetaContext    = uint32(4)
 )
 
 // Information types in NBD_REP_INFO replies and NBD_OPT_INFO/GO requests.
@@ -92,6 +95,25 @@ const (
 	cmdCache       = uint16(5)
 	cmdWriteZeroes = uint16(6)
 	cmdBlockStatus = uint16(7)
+)
+
+// Structured reply chunk flags and types.
+const (
+	replyFlagDone        = uint16(1 << 0)
+	replyTypeNone        = uint16(0)
+	replyTypeOffsetData  = uint16(1)
+	replyTypeBlockStatus = uint16(5)
+	replyTypeError       = uint16(1<<15 | 1)
+	replyTypeErrorOffset = uint16(1<<15 | 2)
+)
+
+// The base:allocation metadata context: its name, the id raid5d gives it (ids are per
+// connection; there is only one context), and its extent flags.
+const (
+	metaBaseAllocation = "base:allocation"
+	metaIDAllocation   = uint32(1)
+	stateHole          = uint32(1 << 0)
+	stateZero          = uint32(1 << 1)
 )
 
 // Command flags.
@@ -143,6 +165,18 @@ const (
 	DefaultMaxConnections        = 128
 	DefaultMaxTotalInFlightBytes = 1 << 30
 	DefaultHandshakeTimeout      = 10 * time.Second
+	// DefaultReplyTimeout bounds one reply write (Options.ReplyTimeout).
+	DefaultReplyTimeout = 30 * time.Second
+)
+
+// Bounds of one NBD_CMD_BLOCK_STATUS reply. The protocol asks for at most 2^20 extents; a
+// smaller bound keeps the per-request memory small (the extents and their wire form, about
+// 24 bytes an extent, kept with the request for reuse), and a client asks again from where a
+// short reply ended. The range handed to the Device is capped too, so that one request cannot
+// make a device walk terabytes of metadata.
+const (
+	maxBlockStatusExtents = 4096
+	maxBlockStatusLength  = 1 << 30
 )
 
 // decodeRequest decodes a request header. It checks nothing; see conn.check.
@@ -157,11 +191,44 @@ func decodeRequest(b *[requestHeaderSize]byte) protocol.TransmissionRequestHeade
 	}
 }
 
+// encodeChunk encodes a structured reply chunk header into b: flags, type, cookie and the
+// length of the payload that follows.
+func encodeChunk(b []byte, flags, typ uint16, cookie uint64, length uint32) {
+	binary.BigEndian.PutUint32(b[0:4], magicStructReply)
+	binary.BigEndian.PutUint16(b[4:6], flags)
+	binary.BigEndian.PutUint16(b[6:8], typ)
+	binary.BigEndian.PutUint64(b[8:16], cookie)
+	binary.BigEndian.PutUint32(b[16:20], length)
+}
+
 // encodeReply encodes a simple reply header into b.
 func encodeReply(b *[replyHeaderSize]byte, errno uint32, cookie uint64) {
 	binary.BigEndian.PutUint32(b[0:4], magicSimpleReply)
 	binary.BigEndian.PutUint32(b[4:8], errno)
 	binary.BigEndian.PutUint64(b[8:16], cookie)
+}
+
+// errnoText names an error value in structured error messages a human reads.
+func errnoText(errno uint32) string {
+	switch errno {
+	case errnoPerm:
+		return "operation not permitted"
+	case errnoIO:
+		return "input/output error"
+	case errnoNoMem:
+		return "out of memory"
+	case errnoInval:
+		return "invalid argument"
+	case errnoNoSpace:
+		return "no space left on device"
+	case errnoOverflow:
+		return "value too large"
+	case errnoNotSup:
+		return "operation not supported"
+	case errnoShutdown:
+		return "server shutting down"
+	}
+	return "error"
 }
 
 // cmdName names a command type for log lines.
