@@ -101,6 +101,7 @@ $WATCHDOG_USEC.
 	maxConns := fs.Int("max-connections", nbd.DefaultMaxConnections, "connections served at once; more are closed at once (`n`)")
 	handshakeTimeout := fs.Duration("handshake-timeout", nbd.DefaultHandshakeTimeout, "a client must finish the NBD handshake within this `duration`")
 	idleTimeout := fs.Duration("idle-timeout", 0, "close a connection with nothing in flight after this `duration` without a request (0: never)")
+	replyTimeout := fs.Duration("reply-timeout", nbd.DefaultReplyTimeout, "close a connection whose client stops reading: one reply write may block this long (`duration`)")
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
@@ -221,6 +222,7 @@ $WATCHDOG_USEC.
 		MaxConnections:   *maxConns,
 		HandshakeTimeout: *handshakeTimeout,
 		IdleTimeout:      *idleTimeout,
+		ReplyTimeout:     *replyTimeout,
 		Exports: []nbd.Export{{
 			StablePages:    *stablePages,
 			Name:           *export,
