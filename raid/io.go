@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/raid5d/raid5d/stripe"
+	"golang.org/x/sys/unix"
 )
 
 // memberOp is one member read or write of a stripe operation.
@@ -60,8 +62,11 @@ func (a *Array) unlockSpan(s0, n int64) { a.locks.UnlockSpan(s0, n) }
 
 // ReadAt reads len(p) bytes at array offset off into p (io.ReaderAt). Units up to date in the
 // stripe cache (including writes not yet written out) are copied from it; member reads go
-// straight into p, one goroutine per member touched. A missing member's chunks, and a chunk whose read
-// fails while the array is otherwise whole, are rebuilt from the rest of their stripe.
+// straight into p. A request that spans members reads each member's share on its own
+// goroutine (an idle read worker, else the calling one), and a member's ranges that are
+// contiguous on it and in stripes the cache does not hold are read in one preadv whose iovecs
+// point into p. A missing member's chunks, and a chunk whose read fails while the array is
+// otherwise whole, are rebuilt from the rest of their stripe.
 // On error n is the length of the prefix of p known to be good.
 func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	if err := a.check(off, int64(len(p))); err != nil {
@@ -80,76 +85,184 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	exts := a.layout.Extents((*ep)[:0], off, int64(len(p)))
 	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
 
-	if len(exts) == 1 { // one chunk: no goroutines
+	if len(exts) == 1 { // one chunk: no hand-off
 		if err := a.readPiece(p, exts[0]); err != nil {
 			return 0, err
 		}
 		return len(p), nil
 	}
+	st := readStates.Get().(*readState)
+	st.a, st.p, st.exts, st.failOff, st.failErr = a, p, exts, int64(len(p)), nil
+	st.s0 = exts[0].Stripe
+	ns := exts[len(exts)-1].Stripe - st.s0 + 1
+	if w := int((ns + 63) / 64); cap(st.cached) < w {
+		st.cached = make([]uint64, w)
+	} else {
+		st.cached = st.cached[:w]
+	}
+	if a.cache != nil {
+		a.cache.Heads(st.s0, ns, st.cached)
+	} else {
+		clear(st.cached)
+	}
 	var touched uint64 // bit r: member r holds part of the request
 	for _, e := range exts {
 		touched |= 1 << e.Member
 	}
-	st := readStates.Get().(*readState)
-	st.a, st.p, st.exts, st.failOff = a, p, exts, int64(len(p))
-	last := -1
+	// Every member but the first to a read worker; those no idle worker takes, and the first,
+	// are read here.
+	var here uint64
+	first := -1
 	for r := range a.roles {
 		if touched&(1<<r) == 0 {
 			continue
 		}
-		if last >= 0 {
-			st.wg.Add(1)
-			go st.readRoleDone(last)
+		if first < 0 {
+			first = r
+			continue
 		}
-		last = r
+		if !a.handOff(st, r) {
+			here |= 1 << r
+		}
 	}
-	st.readRole(last)
+	st.readRole(first)
+	for r := range a.roles {
+		if here&(1<<r) != 0 {
+			st.readRole(r)
+		}
+	}
 	st.wg.Wait()
 	n, err := len(p), st.failErr
 	if err != nil {
 		n = int(st.failOff)
 	}
-	*st = readState{}
+	st.a, st.p, st.exts, st.failErr = nil, nil, nil, nil
 	readStates.Put(st)
 	return n, err
 }
 
-// readState is the state of one ReadAt that touches several members, shared by its member
-// goroutines; pooled (readStates).
+// readState is the state of one ReadAt that touches several members, shared by the goroutines
+// that read its members' shares; pooled (readStates) with its scratch space.
 type readState struct {
 	a       *Array
 	p       []byte
 	exts    []stripe.Extent
+	s0      int64    // exts[0].Stripe
+	cached  []uint64 // bit i: stripe s0+i has a cache head (Cache.Heads)
 	wg      sync.WaitGroup
 	mu      sync.Mutex // guards failOff, failErr
 	failOff int64      // the lowest BufOff of a failed extent, else len(p)
 	failErr error
+	scr     [stripe.MaxMembers]readScratch // by role: only that role's reader uses it
+}
+
+// readScratch is one member reader's space for a vectored read.
+type readScratch struct {
+	bufs [][]byte
+	iov  []unix.Iovec
 }
 
 var readStates = sync.Pool{New: func() any { return new(readState) }}
 
+// fail records an error of the extent at BufOff off, if it is the lowest so far.
+func (st *readState) fail(off int64, err error) {
+	st.mu.Lock()
+	if off < st.failOff {
+		st.failOff, st.failErr = off, err
+	}
+	st.mu.Unlock()
+}
+
 // readRole reads the request's extents on member r into p, in order, stopping at the first
-// error (recorded if it is the lowest so far).
+// error. Runs of extents that are contiguous on the member, in stripes without a cache head,
+// on the same usable member, are read with one vectored read (readRun); the others one by one
+// through readPiece (the cache, or a rebuild for a member that is missing there).
 func (st *readState) readRole(r int) {
-	for _, e := range st.exts {
+	a, sc := st.a, &st.scr[r]
+	bufs := sc.bufs[:0]
+	defer func() { clear(bufs); sc.bufs = bufs[:0] }()
+	var (
+		i0     int     // index in exts of the run's first extent
+		runM   *member // the member the run reads
+		runOff int64   // member data-area offset of the run
+		runEnd int64   // and of its end
+	)
+	for i := range st.exts {
+		e := &st.exts[i]
 		if e.Member != r {
 			continue
 		}
-		if err := st.a.readPiece(st.p[e.BufOff:e.BufOff+e.Len], e); err != nil {
-			st.mu.Lock()
-			if e.BufOff < st.failOff {
-				st.failOff, st.failErr = e.BufOff, err
-			}
-			st.mu.Unlock()
-			return
+		var m *member
+		if b := e.Stripe - st.s0; st.cached[b/64]&(1<<(b%64)) == 0 {
+			m = a.usable(r, e.Stripe)
 		}
+		if len(bufs) > 0 && (m != runM || e.MemberOff != runEnd || len(bufs) == maxIov) {
+			if !st.readRun(r, runM, runOff, bufs, i0, i) {
+				return
+			}
+			clear(bufs)
+			bufs = bufs[:0]
+		}
+		dst := st.p[e.BufOff : e.BufOff+e.Len]
+		if m == nil {
+			if err := a.readPiece(dst, *e); err != nil {
+				st.fail(e.BufOff, err)
+				return
+			}
+			continue
+		}
+		if len(bufs) == 0 {
+			i0, runM, runOff = i, m, e.MemberOff
+		}
+		bufs = append(bufs, dst)
+		runEnd = e.MemberOff + e.Len
+	}
+	if len(bufs) > 0 {
+		st.readRun(r, runM, runOff, bufs, i0, len(st.exts))
 	}
 }
 
-// readRoleDone is readRole on its own goroutine.
-func (st *readState) readRoleDone(r int) {
-	st.readRole(r)
-	st.wg.Done()
+// readRun reads bufs, the buffers of role r's extents among exts[i0:i1], from m at data-area
+// offset off in one vectored read. If it fails, the extents are read again one by one through
+// readExtent, which counts the member's errors and rebuilds what cannot be read. It reports
+// whether every extent was read, recording the error otherwise.
+func (st *readState) readRun(r int, m *member, off int64, bufs [][]byte, i0, i1 int) bool {
+	a, sc := st.a, &st.scr[r]
+	if len(bufs) > 1 {
+		if cap(sc.iov) < len(bufs) {
+			sc.iov = make([]unix.Iovec, 0, max(len(bufs), 64))
+		}
+		n, err := a.readMemberv(m, bufs, a.dataOffset+off, sc.iov)
+		a.ctr.memberRead.Add(uint64(n))
+		if err == nil {
+			return true
+		}
+	}
+	for j := i0; j < i1; j++ {
+		e := st.exts[j]
+		if e.Member != r {
+			continue
+		}
+		if err := a.readExtent(st.p[e.BufOff:e.BufOff+e.Len], e); err != nil {
+			st.fail(e.BufOff, err)
+			return false
+		}
+	}
+	return true
+}
+
+// readMemberv is readMember for a vectored read: a read slower than the member timeout is
+// counted as a read error after it returns (its data is used).
+func (a *Array) readMemberv(m *member, bufs [][]byte, off int64, iov []unix.Iovec) (int, error) {
+	if a.timeout <= 0 {
+		return readv(m.Member, bufs, off, iov)
+	}
+	t0 := time.Now()
+	n, err := readv(m.Member, bufs, off, iov)
+	if d := time.Since(t0); err == nil && d > a.timeout {
+		a.slowRead(m, off, d)
+	}
+	return n, err
 }
 
 // readPiece reads one extent into dst: through the cache if there is one, else readExtent.

@@ -22,18 +22,36 @@ type ioBatch struct {
 	wg   sync.WaitGroup
 }
 
-// ioJob asks a member's I/O goroutine to run role's ops of a batch.
+// ioJob asks a member's I/O goroutine to run role's ops of a batch, or a read worker to read
+// role's share of a multi-member ReadAt (st).
 type ioJob struct {
 	b    *ioBatch
+	st   *readState
 	role int
 }
+
+// readWorkers is the number of read workers per role: goroutines that take the members of a
+// ReadAt other than the first (handOff), so that a read across members reaches them
+// concurrently without starting a goroutine per member per request.
+const readWorkers = 2
 
 var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
 
 // startIO starts the member I/O goroutines: ioWorkers per role (they serve whichever member
-// holds the role when the I/O runs).
+// holds the role when the I/O runs), on a.ioq[role], and readWorkers per role read workers,
+// on the one queue after them, a.ioq[len(a.roles)] (readQueue).
 func (a *Array) startIO() {
-	a.ioq = make([]chan ioJob, len(a.roles))
+	n := len(a.roles)
+	a.ioq = make([]chan ioJob, n+1)
+	a.ioq[n] = make(chan ioJob)
+	for range readWorkers * n {
+		a.ioWG.Go(func() {
+			for j := range a.ioq[n] {
+				j.st.readRole(j.role)
+				j.st.wg.Done()
+			}
+		})
+	}
 	for r := range a.roles {
 		a.ioq[r] = make(chan ioJob)
 		for range ioWorkers {
@@ -56,6 +74,30 @@ func (a *Array) stopIO() {
 	}
 	a.ioWG.Wait()
 	a.ioq = nil
+}
+
+// handOff gives role r's share of the read st to an idle read worker, or to a new goroutine
+// when the array has no read workers (no cache: startIO was not called). It reports false,
+// leaving the share to the caller, when every read worker is busy: the machine is then busy
+// enough that reading it in the calling goroutine costs little concurrency. A read worker
+// waits only for stripe locks, and no holder of a stripe lock waits for a read worker, so
+// they cannot deadlock with writes or write-outs.
+func (a *Array) handOff(st *readState, r int) bool {
+	st.wg.Add(1)
+	if len(a.ioq) <= len(a.roles) {
+		go func() {
+			st.readRole(r)
+			st.wg.Done()
+		}()
+		return true
+	}
+	select {
+	case a.ioq[len(a.roles)] <- ioJob{st: st, role: r}:
+		return true
+	default:
+		st.wg.Done()
+		return false
+	}
 }
 
 // runRole runs b's ops for role in order, stopping at the first error.
@@ -136,7 +178,7 @@ func (m memberIO) do(ops []stripe.MemberOp) error {
 			continue
 		}
 		b.wg.Add(1)
-		a.ioq[r] <- ioJob{b, r}
+		a.ioq[r] <- ioJob{b: b, role: r}
 	}
 	a.runRole(b, first)
 	b.wg.Wait()

@@ -862,6 +862,25 @@ func (c *Cache) putWork(ws *workspace) {
 	c.work.Put(ws)
 }
 
+// Heads sets bit i of bits (bit i%64 of bits[i/64]) for each stripe s0+i, i < n, that has a
+// head in the cache, and clears the others; bits must hold n bits. Under one lock, so that a
+// read spanning many stripes asks once: a stripe without a head has nothing newer than its
+// members, and ReadExtent would send all of it to miss — a reader may read such a stripe from
+// the members directly, merging it with its neighbours.
+func (c *Cache) Heads(s0, n int64, bits []uint64) {
+	clear(bits[:(n+63)/64])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.heads) == 0 {
+		return
+	}
+	for i := range n {
+		if c.heads[s0+i] != nil {
+			bits[i/64] |= 1 << (i % 64)
+		}
+	}
+}
+
 // ReadExtent reads extent e (of one data chunk) into dst: the units up to date in the cache
 // are copied from it, and each run of the others is read by miss (which reads the member, or
 // rebuilds the range from the rest of the stripe). miss is called without any lock held.

@@ -1,0 +1,230 @@
+package raid
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestVectorMember checks preadv/pwritev on a real file member against the same bytes written
+// and read one buffer at a time: buffers of odd sizes (empty ones included), a read that runs
+// past the end of a file shorter than the member (zeroes, then EOF), and too many buffers.
+func TestVectorMember(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.img")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const size = 1 << 20
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	mm, err := OpenMember(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mm.Close()
+	m := mm.(*fileMember)
+	rng := rand.New(rand.NewPCG(1, 2))
+	sizes := []int{4096, 0, 1, 16 << 10, 511, 0, 65536, 3}
+	var bufs [][]byte
+	total := 0
+	for _, n := range sizes {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		bufs = append(bufs, b)
+		total += n
+	}
+	want := bytes.Join(bufs, nil)
+	iov := make([]unix.Iovec, 0, len(bufs))
+	const off = 12345
+	if n, err := m.WritevAt(bufs, off, iov); err != nil || n != total {
+		t.Fatalf("WritevAt = %d, %v; want %d", n, err, total)
+	}
+	got := make([]byte, total)
+	if _, err := m.ReadAt(got, off); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("ReadAt after WritevAt: %v, equal %v", err, bytes.Equal(got, want))
+	}
+	// Read back into differently cut buffers.
+	cut := [][]byte{got[:7], got[7:7], got[7:40000], got[40000:]}
+	clear(got)
+	if n, err := m.ReadvAt(cut, off, iov); err != nil || n != total || !bytes.Equal(got, want) {
+		t.Fatalf("ReadvAt = %d, %v, equal %v", n, err, bytes.Equal(got, want))
+	}
+	// The generic paths (members without preadv) give the same bytes.
+	clear(got)
+	if n, err := readv(struct{ Member }{m}, cut, off, iov); err != nil || n != total || !bytes.Equal(got, want) {
+		t.Fatalf("readv without vectorMember = %d, %v, equal %v", n, err, bytes.Equal(got, want))
+	}
+
+	// A file shorter than the member (truncated behind its back): zeroes up to Size, then EOF.
+	if err := os.Truncate(path, size-100); err != nil {
+		t.Fatal(err)
+	}
+	tail := [][]byte{make([]byte, 50), make([]byte, 100), make([]byte, 50)}
+	for _, b := range tail {
+		for i := range b {
+			b[i] = 0xff
+		}
+	}
+	n, err := m.ReadvAt(tail, size-150, iov)
+	if n != 150 || !errors.Is(err, io.EOF) {
+		t.Fatalf("ReadvAt across the end = %d, %v; want 150, EOF", n, err)
+	}
+	if !bytes.Equal(tail[1], make([]byte, 100)) {
+		t.Fatal("the bytes between the file's end and the member's end must read as zeroes")
+	}
+	if _, err := m.WritevAt(tail, size-150, iov); err == nil {
+		t.Fatal("a write past the member's end must fail")
+	}
+	if _, err := m.ReadvAt(make([][]byte, maxIov+1), 0, iov); err == nil {
+		t.Fatal("more than maxIov buffers must be refused")
+	}
+}
+
+// countMember counts the calls reaching a member.
+type countMember struct {
+	*fileMember
+	reads, readvs, bufs atomic.Int64
+}
+
+func (c *countMember) ReadAt(p []byte, off int64) (int, error) {
+	c.reads.Add(1)
+	return c.fileMember.ReadAt(p, off)
+}
+
+func (c *countMember) ReadvAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error) {
+	c.readvs.Add(1)
+	c.bufs.Add(int64(len(bufs)))
+	return c.fileMember.ReadvAt(bufs, off, iov)
+}
+
+// TestReadMergesMemberRanges reads 1 MiB (64 chunks of 16 KiB over 4 members) and checks
+// that each member's ranges that are contiguous on it went out as one preadv — as many
+// calls as the layout has runs, no plain reads — and that every byte is right, with no cache,
+// with a cold cache, and with part of the range cached (those stripes read one by one).
+func TestReadMergesMemberRanges(t *testing.T) {
+	dir := t.TempDir()
+	const chunk, msize = 16 << 10, DataOffset + 4<<20
+	paths := make([]string, 4)
+	for i := range paths {
+		paths[i] = filepath.Join(dir, fmt.Sprintf("m%d.img", i))
+	}
+	a, err := Create(paths, CreateOptions{Chunk: chunk, MemberSize: msize, IOOptions: IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size, _ := a.Size()
+	model := make([]byte, size)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range model {
+		model[i] = byte(rng.Uint32())
+	}
+	if _, err := a.WriteAt(model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	const off, n = 3*chunk + 5*512, 1 << 20 // starts mid-stripe, not chunk-aligned
+	for _, mode := range []struct {
+		name   string
+		io     IOOptions
+		warmAt int64 // if > 0: write this array range first (its stripes get a cache head)
+	}{{"cacheless", IOOptions{StripeCache: -1}, 0}, {"cold-cache", IOOptions{}, 0}, {"partly-cached", IOOptions{}, off + 200<<10}} {
+		t.Run(mode.name, func(t *testing.T) {
+			cms := make([]*countMember, len(paths))
+			ms := make([]Member, len(paths))
+			for i, p := range paths {
+				m, err := OpenMember(p, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cms[i] = &countMember{fileMember: m.(*fileMember)}
+				ms[i] = cms[i]
+			}
+			a, err := AssembleMembers(ms, AssembleOptions{IOOptions: mode.io})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			cached := int64(0)
+			if mode.warmAt > 0 {
+				w := model[mode.warmAt : mode.warmAt+chunk]
+				if _, err := a.WriteAt(w, mode.warmAt); err != nil {
+					t.Fatal(err)
+				}
+				cached = 1
+			}
+			for _, c := range cms {
+				c.reads.Store(0)
+			}
+			got := make([]byte, n)
+			if k, err := a.ReadAt(got, off); err != nil || k != n {
+				t.Fatalf("ReadAt = %d, %v", k, err)
+			}
+			if i := firstDiff(got, model[off:]); i < n {
+				t.Fatalf("byte %d of the read differs from what was written", i)
+			}
+			exts := a.layout.Extents(nil, off, n)
+			// runs: member ranges contiguous on their member; single: runs of one extent (a
+			// plain pread); inRuns: extents in longer runs (preadv buffers).
+			runs, single, inRuns := 0, 0, 0
+			for r := range cms {
+				end, k := int64(-1), 0
+				for _, e := range exts {
+					if e.Member != r {
+						continue
+					}
+					if e.MemberOff != end {
+						runs++
+						if k == 1 {
+							single++
+						}
+						k = 0
+					}
+					k++
+					end = e.MemberOff + e.Len
+				}
+				if k == 1 {
+					single++
+				}
+			}
+			inRuns = len(exts) - single
+			var reads, readvs, bufs int64
+			for _, c := range cms {
+				reads += c.reads.Load()
+				readvs += c.readvs.Load()
+				bufs += c.bufs.Load()
+			}
+			t.Logf("%d extents, %d runs (%d of one extent): %d preadv of %d buffers, %d pread", len(exts), runs, single, readvs, bufs, reads)
+			if runs >= len(exts)/2 {
+				t.Fatalf("%d runs for %d extents: the test needs a request with long runs", runs, len(exts))
+			}
+			if cached == 0 && (reads != int64(single) || readvs != int64(runs-single) || bufs != int64(inRuns)) {
+				t.Fatalf("%d pread, %d preadv of %d buffers; want %d, %d, %d", reads, readvs, bufs, single, runs-single, inRuns)
+			}
+			if cached > 0 && (readvs > int64(runs)+3 || readvs+reads > int64(runs)+6 || reads == 0) {
+				t.Fatalf("partly cached: %d pread, %d preadv; want a few pread and at most %d+3 preadv", reads, readvs, runs)
+			}
+		})
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
