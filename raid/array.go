@@ -312,7 +312,12 @@ type Status struct {
 	// LastResync is the last finished or stopped resync after an unclean shutdown, nil if none.
 	LastResync *Progress
 	// Bitmap describes the write-intent bitmap; nil if the array has none.
-	Bitmap   *BitmapStatus
+	Bitmap *BitmapStatus
+	// Consistency is the crash-consistency policy the array was created with:
+	// ConsistencyBitmap, ConsistencyNone or ConsistencyJournal.
+	Consistency string
+	// Journal describes the write journal; nil unless the policy is ConsistencyJournal.
+	Journal  *JournalStatus
 	Counters Counters
 	// SyncSpeedMin and SyncSpeedMax bound rebuild and scrub speed, in bytes/s (SetSyncSpeed).
 	SyncSpeedMin, SyncSpeedMax int64
@@ -336,7 +341,9 @@ func (a *Array) Status() Status {
 			lost++
 		}
 	}
+	var features uint32
 	for _, m := range a.all() {
+		features |= m.sb.Features
 		ms := MemberStatus{Path: m.Name(), Role: m.sb.Role, Events: m.sb.Events, Device: m.sb.DeviceUUID,
 			ReadErrors: m.readErrs.Load(), WriteErrors: m.writeErrs.Load()}
 		switch {
@@ -352,6 +359,14 @@ func (a *Array) Status() Status {
 		st.Members = append(st.Members, ms)
 	}
 	a.sbMu.Unlock()
+	switch {
+	case features&featureJournal != 0:
+		st.Consistency = ConsistencyJournal
+	case features&featureBitmap != 0:
+		st.Consistency = ConsistencyBitmap
+	default:
+		st.Consistency = ConsistencyNone
+	}
 	switch {
 	case lost > 1:
 		st.State = StateFailed
@@ -389,6 +404,10 @@ func (a *Array) Status() Status {
 	if a.bm != nil {
 		b := a.bm.status()
 		st.Bitmap = &b
+	}
+	if a.jr != nil {
+		j := a.jr.status()
+		st.Journal = &j
 	}
 	return st
 }
@@ -498,8 +517,10 @@ func (a *Array) syncMembers() error {
 // Sync is Flush, under the name go-nbd's backend.Backend uses.
 func (a *Array) Sync() error { return a.Flush() }
 
-// Close waits for calls in flight, stops the cache's write-out, writes out every dirty stripe, flushes, marks the array clean in the superblocks (unless it
-// was assembled dirty, see Status.Unclean, or read-only) and closes the members.
+// Close waits for calls in flight, stops the cache's write-out, writes out every dirty stripe,
+// flushes, checkpoints the write journal (if any: it is empty afterwards), marks the array
+// clean in the superblocks (unless it was assembled dirty, see Status.Unclean, or read-only)
+// and closes the members and the journal.
 func (a *Array) Close() error {
 	a.opMu.Lock()
 	defer a.opMu.Unlock()
@@ -507,6 +528,9 @@ func (a *Array) Close() error {
 		return ErrClosed
 	}
 	a.closed = true
+	if a.jr != nil {
+		a.jr.stopRun() // writers that find the ring full checkpoint by themselves meanwhile
+	}
 	a.stopAllSync()
 	var errs []error
 	if !a.readOnly {
@@ -516,6 +540,10 @@ func (a *Array) Close() error {
 			a.stopIO()
 		}
 		err = errors.Join(err, a.syncMembers())
+		if err == nil && a.jr != nil && a.jr.m != nil && !a.failed() {
+			// Everything is written and synced: nothing is left to replay.
+			err = a.jr.checkpoint()
+		}
 		errs = append(errs, err)
 		a.sbMu.Lock()
 		if err == nil && a.bm != nil && !a.failed() {
@@ -535,5 +563,10 @@ func (a *Array) Close() error {
 		errs = append(errs, memberErr(m, m.sb.Role, "close", -1, m.Close()))
 	}
 	a.sbMu.Unlock()
+	if a.jr != nil && a.jr.m != nil {
+		if err := a.jr.m.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("raid: closing the journal %s: %w", a.jr.path, err))
+		}
+	}
 	return errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -16,12 +17,13 @@ import (
 
 // Consistency policies (CreateOptions.Consistency).
 const (
-	ConsistencyBitmap = "bitmap"
-	ConsistencyNone   = "none"
+	ConsistencyBitmap  = "bitmap"
+	ConsistencyNone    = "none"
+	ConsistencyJournal = "journal"
 )
 
-// ErrConsistency is returned by Create for a consistency policy it does not implement ("ppl",
-// "journal") or does not know.
+// ErrConsistency is returned by Create for a consistency policy it does not implement ("ppl")
+// or does not know, and for the journal policy without a journal.
 var ErrConsistency = errors.New("raid: consistency policy not implemented")
 
 // ErrDuplicateMember is returned by Create and Assemble when one file or device is given twice.
@@ -43,10 +45,22 @@ type CreateOptions struct {
 	BitmapRegion int64
 	// Consistency is the policy for crash consistency: "" or ConsistencyBitmap (the default:
 	// the write-intent bitmap; after a crash only its regions are resynced), ConsistencyNone
-	// (no bitmap, as BitmapRegion < 0: a crash resyncs everything). Neither closes the write
-	// hole of a crash while degraded (doc.go # Crash consistency). "ppl" and "journal", which
-	// would, are not implemented: ErrConsistency.
+	// (no bitmap, as BitmapRegion < 0: a crash resyncs everything), ConsistencyJournal (a
+	// write journal on a separate device, Journal or JournalPath: every stripe write is
+	// logged first and replayed after a crash, which closes the write hole of a crash while
+	// degraded; no bitmap, no resync; it costs the journal write and a sync per group of
+	// writes). "ppl" is not implemented: ErrConsistency. See doc.go # Crash consistency.
 	Consistency string
+	// Journal is the journal device for ConsistencyJournal, already open (tests: raidtest
+	// members); the superblocks record its Name. On success the array owns it.
+	Journal Member
+	// JournalPath is the journal's file or block device for ConsistencyJournal when Journal is
+	// nil (with Journal: the name to record, default Journal.Name()). A file that does not exist is created with JournalSize bytes; an
+	// existing file or device is used whole. The superblocks record the absolute path.
+	JournalPath string
+	// JournalSize is the size of a journal file Create makes: 0 means DefaultJournalSize.
+	// Smaller than JournalMinSize of the layout: ErrJournal.
+	JournalSize int64
 	IOOptions   // stripe cache, stable pages, failure handling for the returned array
 }
 
@@ -59,8 +73,17 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 		return nil, err
 	}
 	// Refuse bad options before any file is created.
-	if _, err := opts.layout(len(paths)); err != nil {
+	l, err := opts.layout(len(paths))
+	if err != nil {
 		return nil, err
+	}
+	if opts.Consistency == ConsistencyJournal && opts.Journal == nil {
+		if opts.JournalSize == 0 {
+			opts.JournalSize = DefaultJournalSize
+		}
+		if _, serr := os.Stat(opts.JournalPath); errors.Is(serr, fs.ErrNotExist) && opts.JournalSize < JournalMinSize(l) {
+			return nil, fmt.Errorf("%w: journal size %d; this layout needs at least %d", ErrJournal, opts.JournalSize, JournalMinSize(l))
+		}
 	}
 	var created []string // member files made here: removed again if Create fails
 	defer func() {
@@ -70,6 +93,26 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 			}
 		}
 	}()
+	if opts.Consistency == ConsistencyJournal && opts.Journal == nil && opts.JournalPath != "" {
+		jm, made, err := openJournalFile(opts.JournalPath, opts.JournalSize)
+		if made {
+			created = append(created, opts.JournalPath)
+		}
+		if err != nil {
+			return nil, err
+		}
+		abs, err := filepath.Abs(opts.JournalPath)
+		if err != nil {
+			jm.Close()
+			return nil, err
+		}
+		opts.Journal, opts.JournalPath = jm, abs
+		defer func() {
+			if err != nil {
+				jm.Close()
+			}
+		}()
+	}
 	members := make([]Member, 0, len(paths))
 	for _, p := range append(paths[:len(paths):len(paths)], opts.Spares...) {
 		if opts.MemberSize > 0 {
@@ -109,6 +152,13 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 func (opts *CreateOptions) layout(n int) (stripe.Layout, error) {
 	switch opts.Consistency {
 	case "", ConsistencyBitmap, ConsistencyNone:
+	case ConsistencyJournal:
+		if opts.Journal == nil && opts.JournalPath == "" {
+			return stripe.Layout{}, fmt.Errorf("%w: the journal policy needs a journal (a file or device: JournalPath, --journal)", ErrConsistency)
+		}
+		if len(opts.JournalPath) > MaxJournalPath || opts.Journal != nil && len(opts.Journal.Name()) > MaxJournalPath {
+			return stripe.Layout{}, fmt.Errorf("%w: journal path longer than %d bytes", ErrJournal, MaxJournalPath)
+		}
 	default:
 		return stripe.Layout{}, fmt.Errorf("%w: %q", ErrConsistency, opts.Consistency)
 	}
@@ -134,8 +184,18 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.Consistency == ConsistencyNone {
-		opts.BitmapRegion = -1
+	if opts.Consistency == ConsistencyNone || opts.Consistency == ConsistencyJournal {
+		opts.BitmapRegion = -1 // the journal needs no bitmap: a crash replays, never resyncs
+	}
+	jm := opts.Journal
+	if opts.Consistency == ConsistencyJournal {
+		if need := JournalMinSize(layout); jm.Size() < need {
+			return nil, fmt.Errorf("%w: %s: %d bytes; this layout needs a journal of at least %d (two headers and four whole-stripe records)",
+				ErrJournal, jm.Name(), jm.Size(), need)
+		}
+		if owner, ok := journalOwner(jm); ok && !opts.Force {
+			return nil, fmt.Errorf("%w: %s is the journal of array %s (use Force to overwrite)", ErrInUse, jm.Name(), owner)
+		}
 	}
 	chunk := layout.ChunkSize()
 	need := int64(DataOffset + MinDataChunks*chunk)
@@ -185,17 +245,31 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 				bmRegion*layout.StripeSize(), bmSize, MaxBitmapBytes)
 		}
 	}
+	var jh *journalHeader
+	jpath := ""
+	if jm != nil && opts.Consistency == ConsistencyJournal {
+		if jh, err = initJournal(jm, arrayUUID); err != nil {
+			return nil, err
+		}
+		features |= featureJournal
+		if jpath = opts.JournalPath; jpath == "" {
+			jpath = jm.Name()
+		}
+	}
 	roles := make([]*member, len(members))
 	for r, m := range members {
 		roles[r] = &member{Member: m, sb: &superblock{
 			ArrayUUID: arrayUUID, DeviceUUID: newUUID(), Level: level5, Layout: layout.Algorithm(), Chunk: chunk,
 			Members: len(members), Role: r, DataOffset: DataOffset, DataSize: dataSize, Created: now,
-			Features: features, BitmapOff: bmOff, BitmapSize: bmSize, BitmapRegion: bmRegion,
+			Features: features, BitmapOff: bmOff, BitmapSize: bmSize, BitmapRegion: bmRegion, JournalPath: jpath,
 		}}
 	}
 	a, err := newArray(layout, roles, nil, false, nil, opts.IOOptions)
 	if err != nil {
 		return nil, err
+	}
+	if jh != nil {
+		a.jr = newJournal(a, jm, jpath, jh)
 	}
 	a.sbMu.Lock()
 	err = a.writeSuperblocks(func(*superblock) {})
@@ -203,8 +277,33 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.startJournal()
 	a.start()
 	return a, nil
+}
+
+// startJournal starts the journal's checkpointer (writable arrays with a journal); Close
+// stops it.
+func (a *Array) startJournal() {
+	if a.jr != nil && a.jr.m != nil && !a.readOnly {
+		a.bgWG.Go(a.jr.run)
+	}
+}
+
+// openJournalFile opens the journal at path, creating it with size bytes (0:
+// DefaultJournalSize; Create has checked it) if it does not exist; made says whether it did.
+func openJournalFile(path string, size int64) (m Member, made bool, err error) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		if err := createMemberFile(path, size); err != nil {
+			return nil, false, fmt.Errorf("%w: creating %s: %w", ErrJournal, path, err)
+		}
+		made = true
+	}
+	m, err = OpenMember(path, false)
+	if err != nil {
+		return nil, made, fmt.Errorf("%w: opening %s: %w", ErrJournal, path, err)
+	}
+	return m, made, nil
 }
 
 // AssembleOptions configure Assemble. The zero value is a valid default.
@@ -215,7 +314,13 @@ type AssembleOptions struct {
 	// writes) into a fresh spare, rebuilt from the others, instead of refusing it with
 	// ErrStaleMember. Either way the log names it and says which.
 	RebuildStale bool
-	IOOptions    // stripe cache, stable pages, failure handling (no cache when ReadOnly)
+	// JournalPath overrides where the write journal of an array with the journal policy is
+	// ("": the path its superblocks record). Ignored for other policies.
+	JournalPath string
+	// Journal is the write journal, already open (tests); it takes precedence over
+	// JournalPath. On success the array owns it; on error the caller does.
+	Journal   Member
+	IOOptions // stripe cache, stable pages, failure handling (no cache when ReadOnly)
 }
 
 // Assemble opens the members at paths, in any order, and puts them in their roles from their
@@ -223,7 +328,10 @@ type AssembleOptions struct {
 // no path names. With one member missing the array is assembled degraded; see the Err*
 // variables for what is refused. Assembling a dirty array (not shut down cleanly) logs a warning
 // and starts a background resync of the regions its write-intent bitmap marks (all of them
-// without a bitmap); assembled degraded, it cannot be resynced: see Status.WriteHole.
+// without a bitmap); assembled degraded, it cannot be resynced: see Status.WriteHole. With the
+// journal policy it replays the journal instead, whole or degraded, before it returns; without
+// its journal such an array is refused (ErrJournalMissing), or, if it was shut down cleanly,
+// assembled read-only.
 func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	log := opts.Logger
 	if log == nil {
@@ -261,7 +369,8 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 
 // AssembleMembers is Assemble on members already open, in any order. On success the array owns
 // the members; on error the caller still owns them.
-func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
+func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err error) {
+	assembled := false // the array owns the journal now
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -282,6 +391,35 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 		if sb.ArrayUUID != ref.ArrayUUID {
 			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
 				Err: fmt.Errorf("%w: it is in array %s, the other members in %s", ErrForeignMember, sb.ArrayUUID, ref.ArrayUUID)}
+		}
+	}
+	// The journal is found and checked before anything is written.
+	var jm Member
+	var jh *journalHeader
+	jpath := ""
+	if ref.Features&featureJournal != 0 {
+		var owned bool
+		var err error
+		jm, jpath, owned, err = openJournal(ref, opts)
+		if err != nil {
+			return nil, err
+		}
+		if jm == nil {
+			log.Warn("raid: the write journal is missing; the array was shut down cleanly, so nothing needs replaying: assembling it read-only (reassemble with the journal, or JournalPath, to write)",
+				"journal", jpath, "array", ref.ArrayUUID)
+			opts.ReadOnly = true
+		} else if jh, err = readJournalHeader(jm, ref.ArrayUUID); err != nil {
+			if owned {
+				jm.Close()
+			}
+			return nil, err
+		}
+		if owned {
+			defer func() {
+				if jm != nil && !assembled {
+					jm.Close()
+				}
+			}()
 		}
 	}
 	for i, sb := range sbs {
@@ -354,7 +492,24 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 			log.Info("raid: resuming the rebuild from its checkpoint", "member", m.Name(), "role", m.sb.Role, "position", ref.Recovery)
 		}
 	}
-	if ref.Dirty {
+	if ref.Features&featureJournal != 0 {
+		if jh == nil {
+			jh = &journalHeader{}
+		}
+		a.jr = newJournal(a, jm, jpath, jh)
+	}
+	switch {
+	case ref.Dirty && a.jr != nil && !opts.ReadOnly:
+		// Every stripe write since the last checkpoint is in the journal: replaying it
+		// completes each one, so parity matches data everywhere, degraded or not.
+		a.dirty.Store(true)
+		n, err := a.jr.replay()
+		if err != nil {
+			return nil, fmt.Errorf("raid: replaying the write journal %s: %w", jpath, err)
+		}
+		log.Warn("raid: array was not shut down cleanly; the write journal was replayed, parity is consistent",
+			"array", ref.ArrayUUID, "journal", jpath, "records", n)
+	case ref.Dirty:
 		a.unclean = true
 		a.dirty.Store(true)
 		a.resync = a.newResync()
@@ -382,8 +537,39 @@ func AssembleMembers(members []Member, opts AssembleOptions) (*Array, error) {
 			}
 		}
 	}
+	assembled = true
+	a.startJournal()
 	a.start()
 	return a, nil
+}
+
+// openJournal opens the journal of the array whose reference superblock is ref: opts.Journal,
+// or the file at opts.JournalPath, or at the path the superblocks record. owned says whether
+// it was opened here. A journal that does not exist is an ErrJournalMissing error if the array
+// is dirty; if it is clean, m is nil and err nil (nothing to replay).
+func openJournal(ref *superblock, opts AssembleOptions) (m Member, path string, owned bool, err error) {
+	if opts.Journal != nil {
+		return opts.Journal, opts.Journal.Name(), false, nil
+	}
+	path = opts.JournalPath
+	if path == "" {
+		path = ref.JournalPath
+	}
+	if path == "" {
+		err = errors.New("no journal path is recorded: give one")
+	} else {
+		m, err = OpenMember(path, opts.ReadOnly)
+	}
+	switch {
+	case err == nil:
+		return m, path, true, nil
+	case !errors.Is(err, fs.ErrNotExist) && path != "":
+		return nil, path, false, fmt.Errorf("%w: %s: %w", ErrJournal, path, err)
+	case ref.Dirty:
+		return nil, path, false, fmt.Errorf("%w: array %s was not shut down cleanly and its journal %q cannot be opened (%v); it holds the writes to replay: assemble with the journal (JournalPath, serve --journal)",
+			ErrJournalMissing, ref.ArrayUUID, path, err)
+	}
+	return nil, path, false, nil
 }
 
 // readSuperblock reads and decodes m's superblock.

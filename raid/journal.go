@@ -1,11 +1,823 @@
 package raid
 
-// journal is the write journal of the journal consistency policy. Placeholder: the policy
-// lands with its own change; until then no array has one.
-type journal struct{}
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// Write journal sizes (doc.go # Layout, # Crash consistency).
+const (
+	// DefaultJournalSize is the size of a journal file Create makes when none is given.
+	DefaultJournalSize = 64 << 20
+	// MinJournalSize is the smallest journal accepted; a layout with large stripes needs
+	// more (JournalMinSize).
+	MinJournalSize = 1 << 20
+	// MaxJournalPath is the longest journal path the superblock records, in bytes.
+	MaxJournalPath = 1024
+
+	journalHeaderSize = 4096
+	journalRingOffset = 2 * journalHeaderSize // two header slots, then the ring
+	journalVersion    = 1
+	journalPage       = 4096 // records start and end on these boundaries
+
+	jrecFixed = 80 // fixed part of a record header; descriptors follow
+	jdescSize = 24 // one op descriptor
+	jrecOps   = 1  // record types
+	jrecPad   = 2
+	jopTrim   = 1 // descriptor flag: a trim, no payload
+)
+
+var (
+	journalMagic = [8]byte{'r', 'a', 'i', 'd', '5', 'd', 'J', 'H'}
+	recordMagic  = [8]byte{'r', 'a', 'i', 'd', '5', 'd', 'J', 'R'}
+)
+
+// ErrJournal is returned when a write journal is unusable: its header is corrupt, it belongs
+// to another array, it is too small, or writing it failed.
+var ErrJournal = errors.New("raid: write journal unusable")
+
+// ErrJournalMissing is returned by Assemble for an array with the journal policy that was
+// not shut down cleanly when its journal cannot be found: the journal holds what a replay
+// needs, and assembling without it would leave stripes being written at the crash
+// inconsistent, with no resync to fix them.
+var ErrJournalMissing = errors.New("raid: write journal missing")
+
+// JournalMinSize returns the smallest journal an array of layout l accepts: room for the two
+// headers and four of its largest records (a whole stripe written with one descriptor per
+// 4 KiB unit), and at least MinJournalSize.
+func JournalMinSize(l stripe.Layout) int64 {
+	return max(MinJournalSize, journalRingOffset+4*maxRecordSize(l))
+}
+
+func maxRecordSize(l stripe.Layout) int64 {
+	ops := int64(l.Members()) * (l.ChunkSize() / journalPage)
+	return pageUp(jrecFixed+jdescSize*ops) + int64(l.Members())*l.ChunkSize()
+}
+
+func pageUp(n int64) int64 { return (n + journalPage - 1) / journalPage * journalPage }
+
+// journalHeader is one of the two header slots at the start of the journal. The valid slot
+// with the higher generation is current; a checkpoint writes the other one, so a torn header
+// write leaves the previous one readable.
+type journalHeader struct {
+	ArrayUUID UUID
+	Size      int64  // journal bytes used (header slots and ring)
+	RingSize  int64  // ring bytes, from journalRingOffset
+	Tail      uint64 // logical position (bytes since creation) of the oldest record to replay
+	TailSeq   uint64 // the sequence number the record at Tail must carry
+	Gen       uint64 // checkpoint generation: slot Gen%2
+	Created   time.Time
+}
+
+// Header field offsets.
+const (
+	jhMagic    = 0
+	jhVersion  = 8
+	jhHdrSize  = 12
+	jhUUID     = 16
+	jhSize     = 32
+	jhRingOff  = 40
+	jhRingSize = 48
+	jhTail     = 56
+	jhTailSeq  = 64
+	jhGen      = 72
+	jhCreated  = 80
+	jhCRC      = journalHeaderSize - 4
+)
+
+func (h *journalHeader) encode(b []byte) {
+	b = b[:journalHeaderSize]
+	clear(b)
+	le := binary.LittleEndian
+	copy(b[jhMagic:], journalMagic[:])
+	le.PutUint32(b[jhVersion:], journalVersion)
+	le.PutUint32(b[jhHdrSize:], journalHeaderSize)
+	copy(b[jhUUID:], h.ArrayUUID[:])
+	le.PutUint64(b[jhSize:], uint64(h.Size))
+	le.PutUint64(b[jhRingOff:], journalRingOffset)
+	le.PutUint64(b[jhRingSize:], uint64(h.RingSize))
+	le.PutUint64(b[jhTail:], h.Tail)
+	le.PutUint64(b[jhTailSeq:], h.TailSeq)
+	le.PutUint64(b[jhGen:], h.Gen)
+	le.PutUint64(b[jhCreated:], uint64(h.Created.UnixNano()))
+	le.PutUint32(b[jhCRC:], crc32.Checksum(b[:jhCRC], crc32c))
+}
+
+// decodeJournalHeader parses one header slot; it never panics.
+func decodeJournalHeader(b []byte) (*journalHeader, error) {
+	if len(b) < journalHeaderSize || [8]byte(b[:8]) != journalMagic {
+		return nil, fmt.Errorf("%w: no journal header (magic)", ErrJournal)
+	}
+	le := binary.LittleEndian
+	if got, want := le.Uint32(b[jhCRC:]), crc32.Checksum(b[:jhCRC], crc32c); got != want {
+		return nil, fmt.Errorf("%w: header checksum %#08x, computed %#08x", ErrJournal, got, want)
+	}
+	if v := le.Uint32(b[jhVersion:]); v != journalVersion || le.Uint32(b[jhHdrSize:]) != journalHeaderSize {
+		return nil, fmt.Errorf("%w: header version %d (this build reads %d)", ErrJournal, v, journalVersion)
+	}
+	h := &journalHeader{
+		Size:     int64(le.Uint64(b[jhSize:])),
+		RingSize: int64(le.Uint64(b[jhRingSize:])),
+		Tail:     le.Uint64(b[jhTail:]),
+		TailSeq:  le.Uint64(b[jhTailSeq:]),
+		Gen:      le.Uint64(b[jhGen:]),
+		Created:  time.Unix(0, int64(le.Uint64(b[jhCreated:]))),
+	}
+	copy(h.ArrayUUID[:], b[jhUUID:])
+	if le.Uint64(b[jhRingOff:]) != journalRingOffset || h.RingSize <= 0 || h.RingSize%journalPage != 0 ||
+		h.Size != journalRingOffset+h.RingSize || h.Tail%journalPage != 0 {
+		return nil, fmt.Errorf("%w: header geometry: size %d, ring %d, tail %d", ErrJournal, h.Size, h.RingSize, h.Tail)
+	}
+	return h, nil
+}
+
+// journalOwner reports whether m holds a valid journal header, and whose.
+func journalOwner(m Member) (UUID, bool) {
+	buf := make([]byte, journalRingOffset)
+	if m.Size() < journalRingOffset {
+		return UUID{}, false
+	}
+	if _, err := m.ReadAt(buf, 0); err != nil {
+		return UUID{}, false
+	}
+	for slot := range 2 {
+		if h, err := decodeJournalHeader(buf[slot*journalHeaderSize:]); err == nil {
+			return h.ArrayUUID, true
+		}
+	}
+	return UUID{}, false
+}
+
+// readJournalHeader returns the current header of the journal on m: the valid slot with the
+// higher generation. It fails if neither slot is valid, or if the journal is another array's
+// (uuid) or larger than m.
+func readJournalHeader(m Member, uuid UUID) (*journalHeader, error) {
+	if m.Size() < journalRingOffset {
+		return nil, fmt.Errorf("%w: %s: %d bytes, too small to hold a journal", ErrJournal, m.Name(), m.Size())
+	}
+	buf := make([]byte, journalRingOffset)
+	if _, err := m.ReadAt(buf, 0); err != nil {
+		return nil, fmt.Errorf("%w: %s: reading the header: %w", ErrJournal, m.Name(), err)
+	}
+	var best *journalHeader
+	var errs []error
+	for slot := range 2 {
+		h, err := decodeJournalHeader(buf[slot*journalHeaderSize:])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if h.Gen%2 != uint64(slot) {
+			errs = append(errs, fmt.Errorf("%w: generation %d in slot %d", ErrJournal, h.Gen, slot))
+			continue
+		}
+		if best == nil || h.Gen > best.Gen {
+			best = h
+		}
+	}
+	if best == nil {
+		return nil, fmt.Errorf("%s: %w", m.Name(), errors.Join(errs...))
+	}
+	if best.ArrayUUID != uuid {
+		return nil, fmt.Errorf("%w: %s is the journal of array %s, not of %s", ErrJournal, m.Name(), best.ArrayUUID, uuid)
+	}
+	if best.Size > m.Size() {
+		return nil, fmt.Errorf("%w: %s: the header says %d bytes, the device has %d", ErrJournal, m.Name(), best.Size, m.Size())
+	}
+	return best, nil
+}
+
+// Record header field offsets. A record is a header block — the fixed part, then one
+// descriptor per op, zero-padded to whole pages — followed by the payload: the bytes of the
+// write ops, one after another, zero-padded to whole pages. bodyCRC covers everything after
+// the fixed part (descriptors and payload; for a pad record, just its header block);
+// hdrCRC covers the fixed part before it, bodyCRC included.
+const (
+	jrMagic   = 0
+	jrType    = 8
+	jrNops    = 12
+	jrSeq     = 16
+	jrLSN     = 24
+	jrLen     = 32
+	jrUUID    = 40
+	jrS0      = 56
+	jrN       = 64
+	jrBodyCRC = 72
+	jrHdrCRC  = 76
+)
+
+// jrecord is a decoded record header.
+type jrecord struct {
+	typ     uint32
+	seq     uint64
+	lsn     uint64 // logical position: bytes since the journal was created
+	length  int64  // whole record, pages
+	hdrLen  int64  // header block, pages
+	uuid    UUID
+	s0, n   int64 // stripes [s0, s0+n)
+	ops     []jop
+	bodyCRC uint32
+}
+
+// jop is one decoded descriptor: n bytes of payload written at member offset off of role, or
+// with trim set n bytes trimmed there.
+type jop struct {
+	role int
+	trim bool
+	off  int64
+	n    int64
+}
+
+// encodeRecord returns the record of stripes [s0, s0+n) and ops in a buffer of its own
+// (payload copied), sealed except for its sequence number and position (sealRecord).
+func encodeRecord(dst []byte, uuid UUID, s0, n int64, ops []intentOp) []byte {
+	hdrLen := pageUp(jrecFixed + jdescSize*int64(len(ops)))
+	payload := int64(0)
+	for _, op := range ops {
+		if op.buf != nil {
+			payload += int64(len(op.buf))
+		}
+	}
+	length := hdrLen + pageUp(payload)
+	b := dst[:0]
+	if int64(cap(b)) < length {
+		b = make([]byte, length)
+	} else {
+		b = b[:length]
+		clear(b)
+	}
+	le := binary.LittleEndian
+	copy(b[jrMagic:], recordMagic[:])
+	le.PutUint32(b[jrType:], jrecOps)
+	le.PutUint32(b[jrNops:], uint32(len(ops)))
+	le.PutUint64(b[jrLen:], uint64(length))
+	copy(b[jrUUID:], uuid[:])
+	le.PutUint64(b[jrS0:], uint64(s0))
+	le.PutUint64(b[jrN:], uint64(n))
+	p := hdrLen
+	for i, op := range ops {
+		d := b[jrecFixed+jdescSize*i:]
+		le.PutUint32(d[0:], uint32(op.role))
+		if op.buf == nil {
+			le.PutUint32(d[4:], jopTrim)
+			le.PutUint64(d[16:], uint64(op.trim))
+		} else {
+			le.PutUint64(d[16:], uint64(len(op.buf)))
+			p += int64(copy(b[p:], op.buf))
+		}
+		le.PutUint64(d[8:], uint64(op.off))
+	}
+	le.PutUint32(b[jrBodyCRC:], crc32.Checksum(b[jrecFixed:], crc32c))
+	return b
+}
+
+// encodePad returns a pad record: one header block that says the next length bytes (to the
+// end of the ring) hold no record.
+func encodePad(uuid UUID, length int64) []byte {
+	b := make([]byte, journalPage)
+	le := binary.LittleEndian
+	copy(b[jrMagic:], recordMagic[:])
+	le.PutUint32(b[jrType:], jrecPad)
+	le.PutUint64(b[jrLen:], uint64(length))
+	copy(b[jrUUID:], uuid[:])
+	le.PutUint32(b[jrBodyCRC:], crc32.Checksum(b[jrecFixed:], crc32c))
+	return b
+}
+
+// sealRecord sets the record's sequence number and position and its header checksum.
+func sealRecord(b []byte, seq, lsn uint64) {
+	le := binary.LittleEndian
+	le.PutUint64(b[jrSeq:], seq)
+	le.PutUint64(b[jrLSN:], lsn)
+	le.PutUint32(b[jrHdrCRC:], crc32.Checksum(b[:jrHdrCRC], crc32c))
+}
+
+// errBadRecord marks the end of the journal's valid records during a replay.
+var errBadRecord = errors.New("raid: not a valid journal record")
+
+// decodeRecordHeader parses a record's header block from b, which must hold at least its
+// first page, and checks the fixed part's checksum and every field's range (maxLen bounds
+// the record's length). If b is shorter than the header block it returns the record with
+// ops nil: read hdrLen bytes and call again. It never panics.
+func decodeRecordHeader(b []byte, maxLen int64) (*jrecord, error) {
+	if len(b) < journalPage || [8]byte(b[:8]) != recordMagic {
+		return nil, fmt.Errorf("%w: magic", errBadRecord)
+	}
+	le := binary.LittleEndian
+	if got, want := le.Uint32(b[jrHdrCRC:]), crc32.Checksum(b[:jrHdrCRC], crc32c); got != want {
+		return nil, fmt.Errorf("%w: header checksum", errBadRecord)
+	}
+	r := &jrecord{
+		typ: le.Uint32(b[jrType:]), seq: le.Uint64(b[jrSeq:]), lsn: le.Uint64(b[jrLSN:]),
+		length: int64(le.Uint64(b[jrLen:])), s0: int64(le.Uint64(b[jrS0:])), n: int64(le.Uint64(b[jrN:])),
+		bodyCRC: le.Uint32(b[jrBodyCRC:]),
+	}
+	copy(r.uuid[:], b[jrUUID:])
+	nops := int64(le.Uint32(b[jrNops:]))
+	if r.length <= 0 || r.length%journalPage != 0 || r.length > maxLen || r.lsn%journalPage != 0 {
+		return nil, fmt.Errorf("%w: length %d at %d", errBadRecord, r.length, r.lsn)
+	}
+	switch r.typ {
+	case jrecPad:
+		if nops != 0 {
+			return nil, fmt.Errorf("%w: pad with ops", errBadRecord)
+		}
+		r.hdrLen = journalPage
+		return r, nil
+	case jrecOps:
+	default:
+		return nil, fmt.Errorf("%w: type %d", errBadRecord, r.typ)
+	}
+	r.hdrLen = pageUp(jrecFixed + jdescSize*nops)
+	if nops == 0 || r.hdrLen > r.length || r.s0 < 0 || r.n <= 0 || r.s0 > 1<<62-r.n {
+		return nil, fmt.Errorf("%w: %d ops, header %d of %d bytes, stripes %d+%d", errBadRecord, nops, r.hdrLen, r.length, r.s0, r.n)
+	}
+	if int64(len(b)) < r.hdrLen {
+		return r, nil
+	}
+	r.ops = make([]jop, nops)
+	payload := int64(0)
+	for i := range r.ops {
+		d := b[jrecFixed+jdescSize*int64(i):]
+		flags := le.Uint32(d[4:])
+		op := jop{role: int(le.Uint32(d[0:])), trim: flags == jopTrim, off: int64(le.Uint64(d[8:])), n: int64(le.Uint64(d[16:]))}
+		if op.role >= stripe.MaxMembers || flags&^jopTrim != 0 || op.off < 0 || op.n <= 0 || op.n > 1<<40 || op.off > 1<<62-op.n {
+			return nil, fmt.Errorf("%w: op %d: role %d, flags %#x, %d bytes at %d", errBadRecord, i, op.role, flags, op.n, op.off)
+		}
+		if !op.trim {
+			payload += op.n
+		}
+		r.ops[i] = op
+	}
+	if r.hdrLen+pageUp(payload) != r.length {
+		return nil, fmt.Errorf("%w: %d payload bytes in a record of %d", errBadRecord, payload, r.length)
+	}
+	return r, nil
+}
+
+// checkBody checks the record's body checksum; b holds the whole record (its header block
+// for a pad record).
+func (r *jrecord) checkBody(b []byte) error {
+	n := r.length
+	if r.typ == jrecPad {
+		n = journalPage
+	}
+	if int64(len(b)) < n {
+		return fmt.Errorf("%w: %d of %d bytes", errBadRecord, len(b), n)
+	}
+	if crc32.Checksum(b[jrecFixed:n], crc32c) != r.bodyCRC {
+		return fmt.Errorf("%w: body checksum", errBadRecord)
+	}
+	return nil
+}
+
+// decodeRecord decodes a whole record from b and checks both checksums. It never panics.
+func decodeRecord(b []byte) (*jrecord, error) {
+	r, err := decodeRecordHeader(b, int64(len(b)))
+	if err != nil {
+		return nil, err
+	}
+	if r.typ == jrecOps && r.ops == nil {
+		return nil, fmt.Errorf("%w: truncated header", errBadRecord)
+	}
+	if err := r.checkBody(b); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// JournalStatus describes the write journal (Status.Journal).
+type JournalStatus struct {
+	Path        string // where the superblocks (or AssembleOptions) say it is
+	Size        int64  // ring bytes
+	Used        int64  // ring bytes holding records not yet reclaimed by a checkpoint
+	Records     uint64 // records logged since assembly
+	Commits     uint64 // journal writes (each one pwrite and fdatasync, shared by the records of a group)
+	Checkpoints uint64 // checkpoints: members synced, the journal's tail moved past everything written
+	FullWaits   uint64 // writes that found the ring full and waited for a checkpoint
+	Replayed    int    // records replayed at assembly
+	// Missing: the journal was not found, the array was shut down cleanly, and it was
+	// assembled read-only (nothing to replay; writes would not be journaled).
+	Missing bool
+}
+
+// journal is the write journal of the journal consistency policy: before a stripe operation
+// issues any member write, log appends one record with every byte it will write (and every
+// trim) to a ring on a separate member and waits until the record is durable. Concurrent
+// callers share one write and fdatasync (a group commit). A record's space is reclaimed by a
+// checkpoint once its member writes are done and the members synced. After a crash the
+// records since the tail are replayed (replay), which completes every stripe operation that
+// was logged, atomically: parity matches data again without a resync, whole or degraded.
+type journal struct {
+	a        *Array
+	m        Member // nil: missing (status only)
+	path     string
+	uuid     UUID
+	ringSize int64
+	created  time.Time
+
+	// mu guards everything below; cond is signalled (broadcast) whenever durable, err,
+	// tail or inflight changes.
+	mu                                       sync.Mutex
+	cond                                     sync.Cond
+	head                                     uint64 // logical position of the next record
+	tail                                     uint64 // logical position of the oldest record not reclaimed
+	seq                                      uint64 // sequence number of the next record
+	tailSeq                                  uint64
+	gen                                      uint64 // generation of the current header
+	pending                                  []pendingRec
+	flushing                                 bool   // a leader is writing a group
+	durable                                  uint64 // every record with seq < durable is durable
+	err                                      error  // sticky: the journal could not be written
+	epoch                                    uint64
+	inflight                                 map[uint64]int // per epoch: records logged whose member writes have not completed
+	records, commits, checkpoints, fullWaits uint64
+	replayed                                 int
+
+	cpMu     sync.Mutex    // serialises checkpoints
+	kick     chan struct{} // asks the checkpointer for a checkpoint
+	stop     chan struct{} // closed by stopRun
+	stopOnce sync.Once
+	bufs     sync.Pool // *[]byte record buffers
+}
+
+type pendingRec struct {
+	lsn, seq uint64
+	b        []byte
+}
+
+func newJournal(a *Array, m Member, path string, h *journalHeader) *journal {
+	j := &journal{
+		a: a, m: m, path: path, uuid: h.ArrayUUID, ringSize: h.RingSize, created: h.Created,
+		head: h.Tail, tail: h.Tail, seq: h.TailSeq, tailSeq: h.TailSeq, gen: h.Gen, durable: h.TailSeq,
+		inflight: map[uint64]int{}, kick: make(chan struct{}, 1), stop: make(chan struct{}),
+	}
+	j.cond.L = &j.mu
+	return j
+}
+
+// initJournal writes a fresh journal for array uuid on m (every byte of m used) and returns
+// its header. The ring is not cleared: records carry the array's UUID and a sequence number,
+// so nothing left there can pass for one.
+func initJournal(m Member, uuid UUID) (*journalHeader, error) {
+	ring := (m.Size() - journalRingOffset) / journalPage * journalPage
+	h := &journalHeader{ArrayUUID: uuid, Size: journalRingOffset + ring, RingSize: ring, Tail: 0, TailSeq: 1, Gen: 1,
+		Created: time.Now()}
+	buf := make([]byte, journalRingOffset)
+	h.encode(buf[journalHeaderSize:]) // slot 1 (Gen 1); slot 0 stays zero, invalid
+	if _, err := m.WriteAt(buf, 0); err != nil {
+		return nil, fmt.Errorf("%w: %s: writing the header: %w", ErrJournal, m.Name(), err)
+	}
+	if err := m.Sync(); err != nil {
+		return nil, fmt.Errorf("%w: %s: syncing the header: %w", ErrJournal, m.Name(), err)
+	}
+	return h, nil
+}
 
 // log makes ops (the member writes of stripes [s0, s0+n)) durable in the journal before they
-// are issued; done is called once they have been issued.
+// are issued; the caller calls done once they have completed. A writer that finds the ring
+// full runs (or waits for) a checkpoint itself: that needs only the member writes of records
+// already logged to complete, never a stripe lock, so a caller may hold its stripes' locks.
 func (j *journal) log(s0, n int64, ops []intentOp) (done func(), err error) {
-	return func() {}, nil
+	bp, _ := j.bufs.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	rec := encodeRecord(*bp, j.uuid, s0, n, ops)
+	*bp = rec
+	defer j.bufs.Put(bp)
+	L := uint64(len(rec))
+	if int64(L) > j.ringSize/2 {
+		return nil, fmt.Errorf("%w: a record of %d bytes does not fit a ring of %d", ErrJournal, L, j.ringSize)
+	}
+	ring := uint64(j.ringSize)
+	j.mu.Lock()
+	var pad uint64
+	for {
+		if j.err != nil {
+			err := j.err
+			j.mu.Unlock()
+			return nil, err
+		}
+		pad = 0
+		if phys := j.head % ring; phys+L > ring {
+			pad = ring - phys
+		}
+		if j.head+pad+L-j.tail <= ring {
+			break
+		}
+		j.fullWaits++
+		j.mu.Unlock()
+		if err := j.checkpoint(); err != nil {
+			return nil, err
+		}
+		j.mu.Lock()
+	}
+	if pad > 0 {
+		pb := encodePad(j.uuid, int64(pad))
+		sealRecord(pb, j.seq, j.head)
+		j.pending = append(j.pending, pendingRec{j.head, j.seq, pb})
+		j.seq++
+		j.head += pad
+	}
+	my := j.seq
+	sealRecord(rec, my, j.head)
+	j.pending = append(j.pending, pendingRec{j.head, my, rec})
+	j.seq++
+	j.head += L
+	j.records++
+	ep := j.epoch
+	j.inflight[ep]++
+	if j.head-j.tail > ring/2 {
+		select {
+		case j.kick <- struct{}{}:
+		default:
+		}
+	}
+	for j.durable <= my && j.err == nil {
+		if j.flushing {
+			j.cond.Wait()
+			continue
+		}
+		// Lead a group: write every record pending now with one write and one sync.
+		j.flushing = true
+		batch := j.pending
+		j.pending = nil
+		j.mu.Unlock()
+		werr := j.write(batch)
+		j.mu.Lock()
+		j.flushing = false
+		if werr != nil {
+			j.err = fmt.Errorf("%w: %s: %w", ErrJournal, j.m.Name(), werr)
+			j.pending = nil // never written: their writers see err
+			j.a.log.Error("raid: writing the journal failed; writes fail until the array is reassembled", "journal", j.m.Name(), "err", werr)
+		} else {
+			j.durable = max(j.durable, batch[len(batch)-1].seq+1)
+			j.commits++
+		}
+		j.cond.Broadcast()
+	}
+	if j.durable <= my {
+		err := j.err
+		j.inflight[ep]--
+		j.cond.Broadcast()
+		j.mu.Unlock()
+		return nil, err
+	}
+	j.mu.Unlock()
+	return func() {
+		j.mu.Lock()
+		if j.inflight[ep]--; j.inflight[ep] == 0 {
+			j.cond.Broadcast()
+		}
+		j.mu.Unlock()
+	}, nil
+}
+
+// write writes a group of records (consecutive in the ring, wrapping at most once) and
+// makes them durable.
+func (j *journal) write(batch []pendingRec) error {
+	ring := uint64(j.ringSize)
+	for i := 0; i < len(batch); {
+		k := i + 1
+		for k < len(batch) && batch[k].lsn%ring != 0 {
+			k++
+		}
+		if err := j.writeRun(batch[i:k], journalRingOffset+int64(batch[i].lsn%ring)); err != nil {
+			return err
+		}
+		i = k
+	}
+	return j.m.Sync()
+}
+
+// writeRun writes records that follow each other at off: one pwritev on a file or device.
+func (j *journal) writeRun(recs []pendingRec, off int64) error {
+	if fm, ok := j.m.(*fileMember); ok {
+		iov := make([][]byte, 0, len(recs))
+		for _, r := range recs {
+			iov = append(iov, r.b)
+		}
+		for len(iov) > 0 {
+			k := min(len(iov), 1024) // IOV_MAX
+			n, err := unix.Pwritev(fm.fd, iov[:k], off)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			off += int64(n)
+			for n > 0 { // drop what was written, partly written vectors included
+				if n >= len(iov[0]) {
+					n -= len(iov[0])
+					iov = iov[1:]
+				} else {
+					iov[0] = iov[0][n:]
+					n = 0
+				}
+			}
+		}
+		return nil
+	}
+	for _, r := range recs {
+		if _, err := j.m.WriteAt(r.b, off); err != nil {
+			return err
+		}
+		off += int64(len(r.b))
+	}
+	return nil
+}
+
+// checkpoint reclaims every record logged so far: it waits until their member writes have
+// completed, syncs the members, and moves the journal's tail past them, durably.
+func (j *journal) checkpoint() error {
+	j.cpMu.Lock()
+	defer j.cpMu.Unlock()
+	j.mu.Lock()
+	if j.err != nil {
+		err := j.err
+		j.mu.Unlock()
+		return err
+	}
+	cp, cpSeq := j.head, j.seq
+	if cp == j.tail {
+		j.mu.Unlock()
+		return nil
+	}
+	old := j.epoch
+	j.epoch++
+	for j.inflight[old] > 0 {
+		j.cond.Wait()
+	}
+	delete(j.inflight, old)
+	j.mu.Unlock()
+	if err := j.a.syncMembers(); err != nil {
+		return err
+	}
+	if err := j.writeHeader(cp, cpSeq); err != nil {
+		j.mu.Lock()
+		j.err = err
+		j.cond.Broadcast()
+		j.mu.Unlock()
+		return err
+	}
+	j.mu.Lock()
+	j.tail, j.tailSeq = cp, cpSeq
+	j.checkpoints++
+	j.cond.Broadcast()
+	j.mu.Unlock()
+	return nil
+}
+
+// writeHeader writes the next header generation, with the tail at lsn (sequence seq), into
+// its slot and syncs it. The caller holds cpMu.
+func (j *journal) writeHeader(lsn, seq uint64) error {
+	h := &journalHeader{ArrayUUID: j.uuid, Size: journalRingOffset + j.ringSize, RingSize: j.ringSize,
+		Tail: lsn, TailSeq: seq, Gen: j.gen + 1, Created: j.created}
+	buf := make([]byte, journalHeaderSize)
+	h.encode(buf)
+	off := int64(h.Gen%2) * journalHeaderSize
+	if _, err := j.m.WriteAt(buf, off); err != nil {
+		return fmt.Errorf("%w: %s: writing the header: %w", ErrJournal, j.m.Name(), err)
+	}
+	if err := j.m.Sync(); err != nil {
+		return fmt.Errorf("%w: %s: syncing the header: %w", ErrJournal, j.m.Name(), err)
+	}
+	j.gen = h.Gen
+	return nil
+}
+
+// run is the checkpointer: it checkpoints whenever log finds the ring more than half full,
+// so that writers rarely wait for one, until stopRun.
+func (j *journal) run() {
+	for {
+		select {
+		case <-j.stop:
+			return
+		case <-j.kick:
+			if err := j.checkpoint(); err != nil {
+				j.a.log.Error("raid: journal checkpoint failed", "journal", j.path, "err", err)
+			}
+		}
+	}
+}
+
+func (j *journal) stopRun() { j.stopOnce.Do(func() { close(j.stop) }) }
+
+// replay rewrites, in order, every op of every valid record from the tail on — a record is
+// valid if its checksums, array UUID, position and sequence number are right; the first that
+// is not ends the journal — to the member holding its role (a missing or faulty role is
+// skipped: the record's parity already accounts for it), syncs the members and empties the
+// journal. It runs at assembly, before the array serves. It returns the records replayed.
+func (j *journal) replay() (int, error) {
+	a := j.a
+	ring := uint64(j.ringSize)
+	pos, seq := j.tail, j.tailSeq
+	buf := make([]byte, journalPage)
+	n := 0
+	for pos-j.tail < ring {
+		phys := int64(pos % ring)
+		maxLen := min(j.ringSize-phys, j.ringSize/2)
+		if _, err := j.m.ReadAt(buf[:journalPage], journalRingOffset+phys); err != nil {
+			return n, fmt.Errorf("%w: %s: reading a record at %d: %w", ErrJournal, j.m.Name(), phys, err)
+		}
+		r, err := decodeRecordHeader(buf[:journalPage], maxLen)
+		if err == nil && (r.uuid != j.uuid || r.seq != seq || r.lsn != pos) {
+			err = fmt.Errorf("%w: sequence %d at %d, want %d at %d", errBadRecord, r.seq, r.lsn, seq, pos)
+		}
+		if err != nil {
+			a.log.Debug("raid: journal ends", "position", pos, "why", err)
+			break
+		}
+		if r.typ == jrecOps {
+			if int64(cap(buf)) < r.length {
+				buf = append(buf[:journalPage], make([]byte, r.length-journalPage)...)
+			}
+			buf = buf[:r.length]
+			if _, err := j.m.ReadAt(buf[journalPage:], journalRingOffset+phys+journalPage); err != nil {
+				return n, fmt.Errorf("%w: %s: reading a record at %d: %w", ErrJournal, j.m.Name(), phys, err)
+			}
+			if r, err = decodeRecordHeader(buf, maxLen); err == nil {
+				err = r.checkBody(buf)
+			}
+			if err != nil {
+				a.log.Debug("raid: journal ends", "position", pos, "why", err)
+				break
+			}
+			if err := j.apply(r, buf); err != nil {
+				return n, err
+			}
+			n++
+		} else if err := r.checkBody(buf[:journalPage]); err != nil {
+			break
+		}
+		pos += uint64(r.length)
+		seq++
+	}
+	if err := a.syncMembers(); err != nil {
+		return n, err
+	}
+	// Records past the end may still be whole (a group that was being written, torn at
+	// another record), numbered from seq on. Skip more numbers than the ring can hold, so
+	// that none of them can ever pass for a record written after this replay.
+	seq += uint64(j.ringSize/journalPage) + 1
+	j.cpMu.Lock()
+	err := j.writeHeader(pos, seq)
+	j.cpMu.Unlock()
+	if err != nil {
+		return n, err
+	}
+	j.head, j.tail, j.seq, j.tailSeq, j.durable = pos, pos, seq, seq, seq
+	j.replayed = n
+	return n, nil
+}
+
+// apply rewrites one record's ops to the members.
+func (j *journal) apply(r *jrecord, b []byte) error {
+	a := j.a
+	p := r.hdrLen
+	for _, op := range r.ops {
+		if op.role >= len(a.roles) || op.off < a.dataOffset || op.off+op.n > a.dataOffset+a.memberData {
+			return fmt.Errorf("%w: record %d: %d bytes at member offset %d of role %d: outside the data area",
+				ErrJournal, r.seq, op.n, op.off, op.role)
+		}
+		var data []byte
+		if !op.trim {
+			data = b[p : p+op.n]
+			p += op.n
+		}
+		m := a.roles[op.role].Load()
+		if m == nil || m.faulty.Load() {
+			continue
+		}
+		var err error
+		if op.trim {
+			err = m.Trim(op.off, op.n)
+		} else {
+			_, err = m.WriteAt(data, op.off)
+		}
+		if err != nil {
+			return memberErr(m, op.role, "replay journal", op.off, err)
+		}
+	}
+	return nil
+}
+
+func (j *journal) status() JournalStatus {
+	st := JournalStatus{Path: j.path, Size: j.ringSize, Missing: j.m == nil}
+	j.mu.Lock()
+	st.Used = int64(j.head - j.tail)
+	st.Records, st.Commits, st.Checkpoints, st.FullWaits = j.records, j.commits, j.checkpoints, j.fullWaits
+	st.Replayed = j.replayed
+	j.mu.Unlock()
+	return st
 }

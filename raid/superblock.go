@@ -84,6 +84,9 @@ type superblock struct {
 	// States is the array's per-role state table (roleActive, roleFaulty, roleRebuilding);
 	// all zero (active) in superblocks written before it existed.
 	States [stripe.MaxMembers]uint8
+	// JournalPath is where the write journal is (featureJournal): the path Create was
+	// given, made absolute, or the Member's name. "" without a journal.
+	JournalPath string
 }
 
 // Per-role states in the superblock's table, and the role of a spare.
@@ -120,12 +123,18 @@ const (
 	sbRecovery   = 152
 	sbStates     = 160 // stripe.MaxMembers bytes
 	sbBitmapReg  = 192
-	sbEnd        = 200 // [sbEnd, crcOff) is reserved and written as zeroes
+	sbJournalLen = 200                        // uint32: length of the journal path
+	sbJournal    = 204                        // the journal path, MaxJournalPath bytes at most
+	sbEnd        = sbJournal + MaxJournalPath // [sbEnd, crcOff) is reserved and written as zeroes
 
 	// featureBitmap: the member carries a write-intent bitmap (BitmapOff, BitmapSize,
 	// BitmapRegion are set).
 	featureBitmap = 1 << 0
-	knownFeatures = featureBitmap
+	// featureJournal: the array's consistency policy is the write journal, on the device at
+	// JournalPath. A build from before the journal refuses the array (unknown feature), as it
+	// must: it would assemble it without replaying the journal.
+	featureJournal = 1 << 1
+	knownFeatures  = featureBitmap | featureJournal
 
 	stateClean = 0
 	stateDirty = 1
@@ -164,6 +173,7 @@ func (sb *superblock) encode(b []byte) {
 	le.PutUint64(b[sbRecovery:], uint64(sb.Recovery))
 	copy(b[sbStates:sbBitmapReg], sb.States[:])
 	le.PutUint64(b[sbBitmapReg:], uint64(sb.BitmapRegion))
+	le.PutUint32(b[sbJournalLen:], uint32(copy(b[sbJournal:sbEnd], sb.JournalPath)))
 	le.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32c))
 }
 
@@ -255,5 +265,10 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 	} else if sb.BitmapOff != 0 || sb.BitmapSize != 0 || sb.BitmapRegion != 0 {
 		return bad("bitmap fields set without the bitmap feature")
 	}
+	jlen := le.Uint32(b[sbJournalLen:])
+	if jlen > MaxJournalPath || jlen > 0 && sb.Features&featureJournal == 0 {
+		return bad("journal path of %d bytes, features %#x", jlen, sb.Features)
+	}
+	sb.JournalPath = string(b[sbJournal : sbJournal+jlen])
 	return sb, nil
 }

@@ -1,0 +1,547 @@
+package raid_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/raidtest"
+)
+
+// TestJournalRecordRoundTrip: a record decodes to what was encoded (writes of any length,
+// trims without payload), and changing any byte it covers — fixed header, descriptors,
+// payload, padding — makes it invalid.
+func TestJournalRecordRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	uuid := raid.UUID{1, 2, 3}
+	ops := []raid.JournalOp{
+		{Role: 0, Off: raid.DataOffset + 8192, Data: make([]byte, 4096)},
+		{Role: 2, Off: raid.DataOffset + 512, Data: make([]byte, 512)},
+		{Role: 1, Off: raid.DataOffset, Trim: 1 << 20},
+		{Role: 31, Off: raid.DataOffset + 3<<20, Data: make([]byte, 12345)},
+	}
+	for _, op := range ops {
+		fill(rng, op.Data)
+	}
+	rec := raid.EncodeJournalRecord(uuid, 7, 3, ops, 42, 1<<30)
+	if len(rec)%4096 != 0 || len(rec) != 4096+4096+512+12288+4096-4096 {
+		t.Logf("record of %d bytes", len(rec))
+	}
+	gotUUID, seq, lsn, s0, n, got, err := raid.DecodeJournalRecord(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotUUID != uuid || seq != 42 || lsn != 1<<30 || s0 != 7 || n != 3 || len(got) != len(ops) {
+		t.Fatalf("decoded %v seq %d lsn %d stripes %d+%d, %d ops", gotUUID, seq, lsn, s0, n, len(got))
+	}
+	for i := range ops {
+		if got[i].Role != ops[i].Role || got[i].Off != ops[i].Off || got[i].Trim != ops[i].Trim || !bytes.Equal(got[i].Data, ops[i].Data) {
+			t.Fatalf("op %d: %+v, want %+v", i, got[i], ops[i])
+		}
+	}
+	// Every byte matters: header, descriptors, their padding, payload, payload padding.
+	for _, at := range []int{0, 9, 16, 24, 40, 60, 75, 79, 80, 100, 4000, 4096, 8191, 8192 + 600, len(rec) - 1} {
+		bad := bytes.Clone(rec)
+		bad[at] ^= 0x10
+		if _, _, _, _, _, _, err := raid.DecodeJournalRecord(bad); err == nil {
+			t.Errorf("byte %d changed: the record still decodes", at)
+		}
+	}
+	// Truncated: invalid, no panic.
+	for _, n := range []int{0, 100, 4096, len(rec) - 4096} {
+		if _, _, _, _, _, _, err := raid.DecodeJournalRecord(rec[:n]); err == nil {
+			t.Errorf("truncated to %d bytes: decodes", n)
+		}
+	}
+}
+
+// FuzzJournalRecord: the record decoder never panics, and whatever it accepts re-encodes to
+// the same bytes (so nothing it accepts is ambiguous).
+func FuzzJournalRecord(f *testing.F) {
+	f.Add(raid.EncodeJournalRecord(raid.UUID{9}, 1, 1, []raid.JournalOp{
+		{Role: 1, Off: raid.DataOffset, Data: bytes.Repeat([]byte{0xab}, 4096)},
+		{Role: 2, Off: raid.DataOffset, Trim: 8192}}, 5, 4096))
+	f.Add(raid.EncodeJournalRecord(raid.UUID{}, 0, 4, []raid.JournalOp{{Role: 0, Off: 0, Trim: 1}}, 0, 0))
+	f.Add([]byte("raid5dJR"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		uuid, seq, lsn, s0, n, ops, err := raid.DecodeJournalRecord(b)
+		if err != nil {
+			return
+		}
+		re := raid.EncodeJournalRecord(uuid, s0, n, ops, seq, lsn)
+		if !bytes.Equal(re, b[:len(re)]) {
+			t.Fatalf("accepted record does not re-encode to itself")
+		}
+	})
+}
+
+// journaled makes n Volatile members and a Volatile journal of jsize bytes and creates an
+// array with the journal policy on them.
+func journaled(t *testing.T, prefix string, n int, memberBytes, jsize int64, io raid.IOOptions) (*raid.Array, []*raidtest.Volatile, *raidtest.Volatile) {
+	t.Helper()
+	vs := make([]*raidtest.Volatile, n)
+	for i := range vs {
+		vs[i] = raidtest.NewVolatile(fmt.Sprintf("%s%d", prefix, i), memberBytes)
+	}
+	jv := raidtest.NewVolatile("/nonexistent/"+prefix+"-journal", jsize)
+	a, err := raid.CreateMembers(asMembers(vs), raid.CreateOptions{Chunk: 4 << 10, Consistency: raid.ConsistencyJournal,
+		Journal: jv, IOOptions: io})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil { // Create's zeroing is volatile too
+		t.Fatal(err)
+	}
+	return a, vs, jv
+}
+
+// recordAt decodes the record at logical position lsn of the journal on jv (stable contents).
+func recordAt(jv *raidtest.Volatile, ring int64, lsn uint64) (seq uint64, err error) {
+	b := make([]byte, 64<<10)
+	jv.Stable(b, raid.JournalRingOffset+int64(lsn%uint64(ring)))
+	_, seq, _, _, _, _, err = raid.DecodeJournalRecord(b)
+	if err != nil {
+		// The decoder wants exactly the record: retry with the length it states.
+		for n := 4096; n <= len(b); n += 4096 {
+			if _, seq, _, _, _, _, err = raid.DecodeJournalRecord(b[:n]); err == nil {
+				break
+			}
+		}
+	}
+	return seq, err
+}
+
+// TestJournalTornRecord: the replay stops at the first record whose checksum is wrong. Three
+// writes are logged (the journal is synced, the members are not), the power goes, and the
+// second record's payload is damaged: reassembled, the first write is there (replayed), the
+// second and third are not — though the third's record is intact.
+func TestJournalTornRecord(t *testing.T) {
+	a, vs, jv := journaled(t, "t", 3, raid.DataOffset+64*4096, raid.MinJournalSize, raid.IOOptions{StripeCache: -1})
+	ss := a.Layout().StripeSize()
+	blocks := []int64{2 * ss, 9 * ss, 20 * ss} // three stripes: three records
+	buf := make([]byte, blk)
+	for i, off := range blocks {
+		makeBlock(buf, off, uint64(i+1))
+		if _, err := a.WriteAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, _, ring, _ := raid.JournalPosition(a)
+	raidtest.PowerCut(0, nil, append(vs, jv)...)
+	a.Close()
+	for _, v := range append(vs, jv) {
+		v.Reopen()
+	}
+	// The records are at 0, 12K and 24K: header page, data and parity.
+	for i, lsn := range []uint64{0, 12 << 10, 24 << 10} {
+		if seq, err := recordAt(jv, ring, lsn); err != nil || seq != uint64(i+1) {
+			t.Fatalf("record %d: seq %d, %v", i, seq, err)
+		}
+	}
+	b := []byte{0}
+	jv.ReadAt(b, raid.JournalRingOffset+12<<10+4096+100)
+	b[0] ^= 1
+	jv.WriteAt(b, raid.JournalRingOffset+12<<10+4096+100)
+	jv.Sync()
+	c, err := raid.AssembleMembers(asMembers(vs), raid.AssembleOptions{Journal: jv, IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if st := c.Status(); st.Journal == nil || st.Journal.Replayed != 1 || st.Unclean || st.Sync != nil {
+		t.Fatalf("after the replay: %+v, unclean %v, sync %+v", st.Journal, st.Unclean, st.Sync)
+	}
+	for i, off := range blocks {
+		if _, err := c.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(0)
+		if i == 0 {
+			want = 1
+		}
+		if g := blockGen(buf, off); g != want {
+			t.Fatalf("write %d: generation %d after the replay, want %d", i, g, want)
+		}
+	}
+}
+
+// TestJournalWrap: many concurrent writers (cache on) through a small journal: the ring wraps
+// many times, checkpoints reclaim it, nobody deadlocks. Then the power goes: the records since
+// the last checkpoint are replayed and the one after them — a whole record from the previous
+// lap, checksums right — is not. Every block holds the last generation written to it (each
+// write was flushed), and every stripe's parity matches.
+func TestJournalWrap(t *testing.T) {
+	const members, chunks, writers = 4, 256, 4
+	// A ring of 255 pages holds exactly 85 records of three pages (a 4 KiB write: header,
+	// data, parity), so every lap starts at the same place: the stale records line up.
+	a, vs, jv := journaled(t, "w", members, raid.DataOffset+chunks*4096, 2*4096+255*4096,
+		raid.IOOptions{StripeCache: -1})
+	nblk := mustSize(a) / blk
+	last := make([]int64, nblk)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 5))
+			buf := make([]byte, blk)
+			for i := range 400 {
+				b := int64(rng.IntN(int(nblk/writers)))*writers + int64(g)
+				gen := int64(i + 1)
+				makeBlock(buf, b*blk, uint64(gen))
+				if _, err := a.WriteAt(buf, b*blk); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				last[b] = gen
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	st := a.Status()
+	head, tail, seq, ring, _ := raid.JournalPosition(a)
+	t.Logf("journal: %+v; head %d tail %d", *st.Journal, head, tail)
+	if st.Journal.Checkpoints < 5 || head < 10*uint64(ring) {
+		t.Fatalf("the ring did not wrap many times: %+v, head %d, ring %d", *st.Journal, head, ring)
+	}
+	raidtest.PowerCut(0, nil, append(vs, jv)...)
+	a.Close()
+	for _, v := range append(vs, jv) {
+		v.Reopen()
+	}
+	// At the head lies a whole record of the previous lap, 85 numbers behind.
+	if s, err := recordAt(jv, ring, head); err != nil || s+85 != seq {
+		t.Fatalf("at the head: record %d (%v); want a stale record %d", s, err, seq-85)
+	}
+	b, err := raid.AssembleMembers(asMembers(vs), raid.AssembleOptions{Journal: jv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int((head - tail) / (3 * 4096))
+	if st := b.Status(); st.Journal.Replayed != want || st.Unclean || st.Sync != nil {
+		t.Fatalf("replayed %d records, want %d (unclean %v, sync %+v)", st.Journal.Replayed, want, st.Unclean, st.Sync)
+	}
+	buf := make([]byte, nblk*blk)
+	if _, err := b.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range nblk {
+		if g := blockGen(buf[i*blk:(i+1)*blk], i*blk); g != last[i] {
+			t.Fatalf("block %d holds generation %d, last written %d", i, g, last[i])
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vs {
+		v.Reopen()
+	}
+	if bad := inconsistent(t, asMembers(vs), b.Layout()); len(bad) != 0 {
+		t.Fatalf("inconsistent stripes: %v", bad)
+	}
+}
+
+// TestJournalDegradedPowerCut is TestWriteHole with the journal, under load: a degraded array
+// whose chunks all hold known blocks is written (some chunks only) by concurrent writers with
+// flushes, and the power goes mid-write (unsynced pages lost or kept at random). Reassembled
+// degraded, every chunk that was not being written — the missing member's included, read
+// through parity — holds exactly what it held; every written block its flushed generation or
+// a later one written; and no resync is needed or run.
+func TestJournalDegradedPowerCut(t *testing.T) {
+	const members, chunks, writers, C = 4, 64, 4, 4 << 10
+	for _, tc := range []struct {
+		name  string
+		keep  float64
+		cache int
+	}{{"cached/reorder", 0.5, 0}, {"cacheless/lose-all", 0, -1}, {"cacheless/reorder", 0.5, -1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			io := raid.IOOptions{StripeCache: tc.cache, WriteBackDelay: time.Millisecond}
+			a, vs, jv := journaled(t, "d", members, raid.DataOffset+chunks*C, 4<<20, io)
+			size := mustSize(a)
+			nblk := size / blk
+			buf := make([]byte, size)
+			for i := range nblk {
+				makeBlock(buf[i*blk:(i+1)*blk], i*blk, 1)
+			}
+			if _, err := a.WriteAt(buf, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range append(vs, jv) {
+				v.Reopen()
+			}
+			deg := asMembers(vs[1:]) // role 0 is gone
+			b, err := raid.AssembleMembers(deg, raid.AssembleOptions{Journal: jv, IOOptions: io})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Array chunk k is written only if k%3 == 0; a chunk is one block here.
+			written := func(blkIdx int64) bool { return blkIdx%3 == 0 }
+			var wblocks []int64
+			for i := range nblk {
+				if written(i) {
+					wblocks = append(wblocks, i)
+				}
+			}
+			durable := make([]int64, nblk)
+			issued := make([]int64, nblk)
+			for i := range durable {
+				durable[i], issued[i] = 1, 1
+			}
+			var cut atomic.Bool
+			var flushes atomic.Int64
+			var wg sync.WaitGroup
+			for g := range writers {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(g), 17))
+					p := make([]byte, blk)
+					acked := map[int64]int64{}
+					for i := 0; !cut.Load() && i < 5000; i++ {
+						k := rng.IntN(len(wblocks)/writers)*writers + g
+						bi := wblocks[k]
+						issued[bi]++
+						makeBlock(p, bi*blk, uint64(issued[bi]))
+						if _, err := b.WriteAt(p, bi*blk); err != nil {
+							return
+						}
+						acked[bi] = issued[bi]
+						if i%8 == 7 {
+							if b.Flush() != nil {
+								return
+							}
+							for x, gen := range acked {
+								durable[x] = gen
+							}
+							clear(acked)
+							flushes.Add(1)
+						}
+					}
+				})
+			}
+			for deadline := time.Now().Add(10 * time.Second); flushes.Load() < 2*writers && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(time.Duration(rand.IntN(50)) * time.Millisecond)
+			rng := rand.New(rand.NewPCG(11, uint64(len(tc.name))))
+			kept, lost := raidtest.PowerCut(tc.keep, rng, append(vs, jv)...)
+			cut.Store(true)
+			wg.Wait()
+			b.Close()
+			t.Logf("power cut: %d unsynced pages kept, %d lost", kept, lost)
+			for _, v := range append(vs, jv) {
+				v.Reopen()
+			}
+			var logs recorder
+			c, err := raid.AssembleMembers(deg, raid.AssembleOptions{Journal: jv, Logger: slog.New(&logs), IOOptions: io})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			st := c.Status()
+			if st.WriteHole || st.Unclean || st.Sync != nil || st.Journal == nil || logs.count(slog.LevelError) != 0 {
+				t.Fatalf("after the replay: write hole %v, unclean %v, sync %+v, journal %+v, %d errors logged",
+					st.WriteHole, st.Unclean, st.Sync, st.Journal, logs.count(slog.LevelError))
+			}
+			t.Logf("replayed %d records", st.Journal.Replayed)
+			got := make([]byte, size)
+			if _, err := c.ReadAt(got, 0); err != nil {
+				t.Fatal(err)
+			}
+			for i := range nblk {
+				blkBytes := got[i*blk : (i+1)*blk]
+				if !written(i) {
+					if !bytes.Equal(blkBytes, buf[i*blk:(i+1)*blk]) {
+						t.Fatalf("chunk %d (member %d), never written, changed: generation %d", i,
+							c.Layout().DataMember(i*blk/c.Layout().StripeSize(), int(i%3)), blockGen(blkBytes, i*blk))
+					}
+					continue
+				}
+				if g := blockGen(blkBytes, i*blk); g < durable[i] || g > issued[i] {
+					t.Fatalf("block %d holds generation %d; flushed %d, last written %d", i, g, durable[i], issued[i])
+				}
+			}
+		})
+	}
+}
+
+// TestJournalRefusals: an array with the journal policy that was not shut down cleanly is
+// not assembled without its journal (ErrJournalMissing, naming it), nor with another array's
+// journal or a journal whose header is corrupt (ErrJournal); nothing is written to any member
+// or journal meanwhile. Shut down cleanly, it assembles without the journal, read-only.
+func TestJournalRefusals(t *testing.T) {
+	mk := func(prefix string) ([]*raidtest.Mem, *raidtest.Mem, *raid.Array) {
+		ms := newMems(prefix, 3, memberSize)
+		jm := raidtest.NewMem("/nonexistent/"+prefix+"-journal", raid.MinJournalSize)
+		a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: testChunk, Consistency: raid.ConsistencyJournal, Journal: jm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ms, jm, a
+	}
+	ms, jm, a := mk("r")
+	if _, err := a.WriteAt(bytes.Repeat([]byte{7}, 6000), 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	crashed := make([]*raidtest.Mem, len(ms))
+	for i, m := range ms {
+		crashed[i] = clone(m, fmt.Sprintf("rx%d", i))
+	}
+	cj := clone(jm, jm.Name())
+	a.Close()
+	_, other, b := mk("o")
+	b.Close()
+	other.Reopen()
+	snapshot := func() [][]byte {
+		var s [][]byte
+		for _, m := range append(crashed, cj) {
+			s = append(s, bytes.Clone(m.Bytes()))
+		}
+		return s
+	}
+	before := snapshot()
+	corrupt := clone(cj, "corrupt")
+	corrupt.Bytes()[100] ^= 1
+	corrupt.Bytes()[4096+100] ^= 1
+	for _, tc := range []struct {
+		name string
+		opts raid.AssembleOptions
+		want error
+		say  string
+	}{
+		{"missing", raid.AssembleOptions{}, raid.ErrJournalMissing, "/nonexistent/r-journal"},
+		{"missing path", raid.AssembleOptions{JournalPath: filepath.Join(t.TempDir(), "gone")}, raid.ErrJournalMissing, "gone"},
+		{"foreign", raid.AssembleOptions{Journal: other}, raid.ErrJournal, "journal of array"},
+		{"corrupt", raid.AssembleOptions{Journal: corrupt}, raid.ErrJournal, "checksum"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := raid.AssembleMembers(asMembers(crashed), tc.opts)
+			if !errors.Is(err, tc.want) || err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.say)) {
+				if c != nil {
+					c.Close()
+				}
+				t.Fatalf("Assemble: %v, want %v saying %q", err, tc.want, tc.say)
+			}
+			for i, s := range snapshot() {
+				if !bytes.Equal(s, before[i]) {
+					t.Fatalf("a refused assembly wrote to member %d", i)
+				}
+			}
+		})
+	}
+	// The right journal: replayed, then Close leaves it clean; without it now: read-only.
+	c, err := raid.AssembleMembers(asMembers(crashed), raid.AssembleOptions{Journal: cj})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 6000)
+	if _, err := c.ReadAt(got, 1000); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{7}, 6000)) {
+		t.Fatalf("after the replay: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range crashed {
+		m.Reopen()
+	}
+	d, err := raid.AssembleMembers(asMembers(crashed), raid.AssembleOptions{})
+	if err != nil {
+		t.Fatalf("clean, journal missing: %v", err)
+	}
+	defer d.Close()
+	if st := d.Status(); st.Consistency != raid.ConsistencyJournal || st.Journal == nil || !st.Journal.Missing {
+		t.Fatalf("status %q %+v", st.Consistency, st.Journal)
+	}
+	if _, err := d.WriteAt([]byte{1}, 0); err == nil {
+		t.Fatal("wrote to an array assembled without its journal")
+	}
+}
+
+// TestJournalFiles: the journal policy on real files, as the command line uses it: Create
+// makes the journal file (relative path), the superblocks record its absolute path, Assemble
+// finds it there or where JournalPath says, Status reports it; a journal too small, or
+// another array's, is refused before any file is made.
+func TestJournalFiles(t *testing.T) {
+	dir := t.TempDir()
+	wd, _ := os.Getwd()
+	t.Chdir(dir)
+	paths := memberPaths(dir, 3)
+	opts := raid.CreateOptions{Chunk: testChunk, MemberSize: memberSize, Consistency: raid.ConsistencyJournal,
+		JournalPath: "j.log", JournalSize: 2 << 20}
+	a, err := raid.Create(paths, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := bytes.Repeat([]byte("journal!"), 1000)
+	if _, err := a.WriteAt(p, 5000); err != nil {
+		t.Fatal(err)
+	}
+	st := a.Status()
+	if st.Consistency != raid.ConsistencyJournal || st.Journal == nil || st.Journal.Path != filepath.Join(dir, "j.log") ||
+		st.Journal.Size != 2<<20-8192 || st.Bitmap != nil {
+		t.Fatalf("status: %q %+v, bitmap %+v", st.Consistency, st.Journal, st.Bitmap)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat("j.log"); err != nil || fi.Size() != 2<<20 {
+		t.Fatalf("journal file: %v", err)
+	}
+	os.Chdir(wd)
+	b, err := raid.Assemble(paths, raid.AssembleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(p))
+	if _, err := b.ReadAt(got, 5000); err != nil || !bytes.Equal(got, p) {
+		t.Fatal("read back", err)
+	}
+	b.Close()
+	if err := os.Rename(filepath.Join(dir, "j.log"), filepath.Join(dir, "moved.log")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := raid.Assemble(paths, raid.AssembleOptions{JournalPath: filepath.Join(dir, "moved.log")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Status(); st.Journal.Path != filepath.Join(dir, "moved.log") || st.Journal.Records == 0 {
+		t.Fatalf("journal %+v", st.Journal)
+	}
+	c.Close()
+
+	// Refusals.
+	d2 := t.TempDir()
+	small := opts
+	small.JournalPath, small.JournalSize = filepath.Join(d2, "small"), 512<<10
+	if _, err := raid.Create(memberPaths(d2, 3), small); !errors.Is(err, raid.ErrJournal) {
+		t.Fatalf("journal too small: %v", err)
+	}
+	reuse := opts
+	reuse.JournalPath = filepath.Join(dir, "moved.log")
+	if _, err := raid.Create(memberPaths(d2, 3), reuse); !errors.Is(err, raid.ErrInUse) {
+		t.Fatalf("another array's journal: %v", err)
+	}
+	if ents, _ := os.ReadDir(d2); len(ents) != 0 {
+		t.Fatalf("refused Creates left %d files behind", len(ents))
+	}
+}
