@@ -40,7 +40,7 @@ test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbd
 	$(GO) test -count=1 -v -timeout 20m ./test/...
 
 # package:target pairs for `make fuzz`
-FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock \
+FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock raid:FuzzJournalRecord \
                 cmd/raid5d/internal/loadgen:FuzzDecodeHeader
 
 fuzz: ## run each fuzz target for FUZZTIME (default 20s)

@@ -438,19 +438,26 @@ func blockGen(b []byte, off int64) int64 {
 // of them, or a random subset as a reordering disk would). Reassembled, every block flushed
 // before the cut holds its flushed generation or a later one written, every other block one
 // of the generations written to it (never a mix, never garbage); the resync runs (only over
-// the regions written, with the bitmap) and leaves every stripe's parity consistent.
+// the regions written, with the bitmap) and leaves every stripe's parity consistent. With the
+// journal (its device cut at the same instant) the journal is replayed instead: no resync, and
+// every stripe's parity is consistent right after assembly.
 func TestPowerCut(t *testing.T) {
 	const C, chunks, members, writers = 4 << 10, 256, 4, 4
 	for _, tc := range []struct {
-		name   string
-		region int64
-		keep   float64
-		cache  int
+		name    string
+		region  int64
+		keep    float64
+		cache   int
+		journal bool
 	}{
-		{"bitmap/lose-all", 0, 0, 0},
-		{"bitmap/reorder", 0, 0.5, 0},
-		{"bitmap/cacheless/reorder", 0, 0.5, -1},
-		{"no-bitmap/reorder", -1, 0.5, 0},
+		{"bitmap/lose-all", 0, 0, 0, false},
+		{"bitmap/reorder", 0, 0.5, 0, false},
+		{"bitmap/cacheless/reorder", 0, 0.5, -1, false},
+		{"no-bitmap/reorder", -1, 0.5, 0, false},
+		{"journal/lose-all", 0, 0, 0, true},
+		{"journal/reorder", 0, 0.5, 0, true},
+		{"journal/cacheless/lose-all", 0, 0, -1, true},
+		{"journal/cacheless/reorder", 0, 0.5, -1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vs := make([]*raidtest.Volatile, members)
@@ -459,8 +466,16 @@ func TestPowerCut(t *testing.T) {
 				vs[i] = raidtest.NewVolatile(fmt.Sprintf("p%d", i), raid.DataOffset+chunks*C)
 				ms[i] = vs[i]
 			}
-			a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, BitmapRegion: tc.region,
-				IOOptions: raid.IOOptions{StripeCache: tc.cache, WriteBackDelay: time.Millisecond}})
+			opts := raid.CreateOptions{Chunk: C, BitmapRegion: tc.region,
+				IOOptions: raid.IOOptions{StripeCache: tc.cache, WriteBackDelay: time.Millisecond}}
+			all := vs // what the power cut cuts
+			var jv *raidtest.Volatile
+			if tc.journal {
+				jv = raidtest.NewVolatile("/nonexistent/p-journal", 2<<20) // small: it wraps
+				opts.Consistency, opts.Journal = raid.ConsistencyJournal, jv
+				all = append(vs[:len(vs):len(vs)], jv)
+			}
+			a, err := raid.CreateMembers(ms, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -506,20 +521,31 @@ func TestPowerCut(t *testing.T) {
 			}
 			time.Sleep(time.Duration(rand.IntN(100)) * time.Millisecond)
 			rng := rand.New(rand.NewPCG(7, uint64(len(tc.name))))
-			kept, lost := raidtest.PowerCut(tc.keep, rng, vs...)
+			kept, lost := raidtest.PowerCut(tc.keep, rng, all...)
 			t.Logf("power cut: %d unsynced pages kept, %d lost", kept, lost)
 			cut.Store(true)
 			wg.Wait()
 			a.Close() // fails: the members are off
-			for _, v := range vs {
+			for _, v := range all {
 				v.Reopen()
 			}
-			b, err := raid.AssembleMembers(ms, raid.AssembleOptions{IOOptions: fastSync})
+			b, err := raid.AssembleMembers(ms, raid.AssembleOptions{IOOptions: fastSync, Journal: jv})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st := b.Status(); !st.Unclean {
+			if st := b.Status(); !st.Unclean && !tc.journal {
 				t.Fatal("assembled after a power cut: not unclean")
+			}
+			if tc.journal {
+				// Replayed: consistent without a resync. Check the members before anything else.
+				st := b.Status()
+				if st.Unclean || st.Sync != nil || st.Journal == nil || st.Journal.Replayed == 0 {
+					t.Fatalf("journal: unclean %v, sync %+v, %+v", st.Unclean, st.Sync, st.Journal)
+				}
+				if bad := inconsistent(t, ms, b.Layout()); len(bad) != 0 {
+					t.Fatalf("stripes with inconsistent parity after the replay: %v", bad)
+				}
+				t.Logf("replayed %d records", st.Journal.Replayed)
 			}
 			check := func(when string) {
 				buf := make([]byte, nblk*blk)
@@ -541,6 +567,13 @@ func TestPowerCut(t *testing.T) {
 				}
 			}
 			check("during the resync")
+			if tc.journal {
+				check("after the replay")
+				if err := b.Close(); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
 			p := waitResync(t, b)
 			check("after the resync")
 			if p.Err != "" || p.Done != p.Total {
@@ -645,6 +678,84 @@ func TestWriteHole(t *testing.T) {
 
 }
 
+// TestWriteHoleJournal is TestWriteHole with the journal policy: the same crash — new D0 on
+// its disk, new parity lost — and the journal's replay rewrites both, so D1, which nobody
+// wrote, reads as it did; D0 holds its new contents (the write was logged); no write hole is
+// reported and no resync runs.
+func TestWriteHoleJournal(t *testing.T) {
+	const C, chunks = 4 << 10, 16
+	vs := make([]*raidtest.Volatile, 3)
+	ms := make([]raid.Member, 3)
+	for i := range vs {
+		vs[i] = raidtest.NewVolatile(fmt.Sprintf("hj%d", i), raid.DataOffset+chunks*C)
+		ms[i] = vs[i]
+	}
+	jv := raidtest.NewVolatile("/nonexistent/hj-journal", raid.MinJournalSize)
+	io := raid.IOOptions{StripeCache: -1}
+	a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, Consistency: raid.ConsistencyJournal, Journal: jv, IOOptions: io})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := a.Layout()
+	const s = 1
+	d0, pm := l.DataMember(s, 0), l.ParityMember(s)
+	orig := bytes.Repeat([]byte{0xd1}, C)
+	if _, err := a.WriteAt(bytes.Repeat([]byte{0xd0}, C), s*l.StripeSize()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteAt(orig, s*l.StripeSize()+C); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range append(vs, jv) {
+		v.Reopen()
+	}
+	deg := []raid.Member{ms[d0], ms[pm]}
+	b, err := raid.AssembleMembers(deg, raid.AssembleOptions{Journal: jv, IOOptions: io})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newD0 := bytes.Repeat([]byte{0xee}, C)
+	if _, err := b.WriteAt(newD0, s*l.StripeSize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := vs[d0].Sync(); err != nil {
+		t.Fatal(err)
+	}
+	raidtest.PowerCut(0, nil, append(vs, jv)...)
+	b.Close()
+	for _, v := range append(vs, jv) {
+		v.Reopen()
+	}
+	// The crash left the hole on the members: D0 new, P old.
+	P := make([]byte, C)
+	vs[pm].ReadAt(P, raid.DataOffset+s*C)
+	if !bytes.Equal(P, bytes.Repeat([]byte{0xd0 ^ 0xd1}, C)) {
+		t.Fatal("the new parity reached its member: the test did not make the hole")
+	}
+	var logs recorder
+	c, err := raid.AssembleMembers(deg, raid.AssembleOptions{Journal: jv, Logger: slog.New(&logs), IOOptions: io})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if st := c.Status(); st.WriteHole || st.Unclean || st.Sync != nil || logs.count(slog.LevelError) != 0 || st.Journal.Replayed != 1 {
+		t.Fatalf("write hole %v, unclean %v, sync %+v, %d errors, journal %+v", st.WriteHole, st.Unclean, st.Sync, logs.count(slog.LevelError), st.Journal)
+	}
+	got := make([]byte, 2*C)
+	if _, err := c.ReadAt(got, s*l.StripeSize()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[C:], orig) {
+		t.Fatalf("D1 reads %x..., want %x...: the journal did not close the hole", got[C:C+4], orig[:4])
+	}
+	if !bytes.Equal(got[:C], newD0) {
+		t.Fatalf("D0 reads %x..., want the logged write's %x...", got[:4], newD0[:4])
+	}
+}
+
 // TestScrubDuringResync: a scrub started while the resync runs waits for it (not ErrBusy) and
 // shows as the scrub; StopScrub stops the scrub at once and leaves the resync running; the
 // resync cannot be stopped as a scrub; Close stops both.
@@ -705,33 +816,50 @@ func TestScrubDuringResync(t *testing.T) {
 	}
 }
 
-// TestConsistencyOption: "bitmap" (and "") give a bitmap, "none" none; "ppl", "journal" and
-// unknown policies are refused before any member is touched.
+// TestConsistencyOption: "bitmap" (and "") give a bitmap, "none" none, "journal" with a
+// journal a journal and no bitmap; "ppl", "journal" without a journal, a journal too small
+// and unknown policies are refused before any member is touched.
 func TestConsistencyOption(t *testing.T) {
 	for _, tc := range []struct {
-		policy string
-		bitmap bool
-		err    error
+		name, policy string
+		journal      int64 // journal size, 0 none
+		bitmap       bool
+		err          error
 	}{
-		{"", true, nil}, {raid.ConsistencyBitmap, true, nil}, {raid.ConsistencyNone, false, nil},
-		{"ppl", false, raid.ErrConsistency}, {"journal", false, raid.ErrConsistency}, {"paranoid", false, raid.ErrConsistency},
+		{"default", "", 0, true, nil}, {"bitmap", raid.ConsistencyBitmap, 0, true, nil}, {"none", raid.ConsistencyNone, 0, false, nil},
+		{"journal", raid.ConsistencyJournal, raid.MinJournalSize, false, nil},
+		{"ppl", "ppl", 0, false, raid.ErrConsistency}, {"journal-without", "journal", 0, false, raid.ErrConsistency},
+		{"journal-small", "journal", raid.MinJournalSize - 4096, false, raid.ErrJournal},
+		{"paranoid", "paranoid", 0, false, raid.ErrConsistency},
 	} {
-		t.Run(tc.policy, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			ms := newMems("k", 3, memberSize)
-			a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: testChunk, Consistency: tc.policy})
+			opts := raid.CreateOptions{Chunk: testChunk, Consistency: tc.policy}
+			if tc.journal > 0 {
+				opts.Journal = raidtest.NewMem("/nonexistent/k-journal", tc.journal)
+			}
+			a, err := raid.CreateMembers(asMembers(ms), opts)
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("Create: %v, want %v", err, tc.err)
 			}
 			if err != nil {
 				ms[0].Bytes()[raid.DataOffset] = 1 // a Create that went ahead would zero it
-				if _, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: testChunk, Consistency: tc.policy}); !errors.Is(err, tc.err) || ms[0].Bytes()[raid.DataOffset] != 1 {
+				if _, err := raid.CreateMembers(asMembers(ms), opts); !errors.Is(err, tc.err) || ms[0].Bytes()[raid.DataOffset] != 1 {
 					t.Fatalf("a refused Create touched a member (or was not refused: %v)", err)
 				}
 				return
 			}
 			defer a.Close()
-			if got := a.Status().Bitmap != nil; got != tc.bitmap {
+			st := a.Status()
+			if got := st.Bitmap != nil; got != tc.bitmap {
 				t.Fatalf("bitmap %v, want %v", got, tc.bitmap)
+			}
+			want := tc.policy
+			if want == "" {
+				want = raid.ConsistencyBitmap
+			}
+			if st.Consistency != want || (st.Journal != nil) != (tc.journal > 0) {
+				t.Fatalf("policy %q, journal %+v", st.Consistency, st.Journal)
 			}
 		})
 	}

@@ -178,3 +178,38 @@ func TestSuperblockBitmap(t *testing.T) {
 		t.Fatalf("5 stripes' worth rounds to %d stripes, want 8", r)
 	}
 }
+
+// TestSuperblockJournal: the journal feature and path round-trip; a path without the feature,
+// or longer than the room for it, is refused; superblocks without a journal read as before.
+func TestSuperblockJournal(t *testing.T) {
+	want := testSuperblock()
+	want.Features, want.JournalPath = featureJournal, "/var/lib/raid5d/journal.img"
+	b := encoded(want)
+	got, err := decodeSuperblock(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Features != featureJournal || got.JournalPath != want.JournalPath {
+		t.Fatalf("journal fields: features %#x, path %q", got.Features, got.JournalPath)
+	}
+	if got, err := decodeSuperblock(encoded(testSuperblock())); err != nil || got.JournalPath != "" || got.Features != 0 {
+		t.Fatalf("without a journal: %+v, %v", got, err)
+	}
+	le := binary.LittleEndian
+	for _, tc := range []struct {
+		name string
+		edit func(b []byte)
+	}{
+		{"path without the feature", func(b []byte) { le.PutUint32(b[sbFeatures:], 0) }},
+		{"path too long", func(b []byte) { le.PutUint32(b[sbJournalLen:], MaxJournalPath+1) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := encoded(want)
+			tc.edit(c)
+			reseal(c)
+			if _, err := decodeSuperblock(c); !errors.Is(err, ErrBadSuperblock) {
+				t.Fatalf("decode: %v, want ErrBadSuperblock", err)
+			}
+		})
+	}
+}
