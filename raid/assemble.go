@@ -647,6 +647,10 @@ type Report struct {
 	Members    []ExaminedMember // one per path, in the order given
 	Missing    []int            // roles with no usable (present, current) member
 	Stale      []string         // paths of members whose events counter is behind
+	// Consistency is the crash-consistency policy (ConsistencyBitmap, ConsistencyNone or
+	// ConsistencyJournal); JournalPath where the superblocks say the journal is.
+	Consistency string
+	JournalPath string
 }
 
 // Degraded reports whether exactly one role has no usable member.
@@ -701,6 +705,14 @@ func Examine(paths []string) (*Report, error) {
 	rep.Created, rep.Updated, rep.Events, rep.Dirty = ref.Created, ref.Updated, ref.Events, ref.Dirty
 	rep.Layout, _ = stripe.NewLayout(ref.Members, ref.Chunk, ref.Layout) // checked by decode
 	rep.Size = ref.DataSize / ref.Chunk * rep.Layout.StripeSize()
+	switch {
+	case ref.Features&featureJournal != 0:
+		rep.Consistency, rep.JournalPath = ConsistencyJournal, ref.JournalPath
+	case ref.Features&featureBitmap != 0:
+		rep.Consistency = ConsistencyBitmap
+	default:
+		rep.Consistency = ConsistencyNone
+	}
 	present := make([]bool, ref.Members)
 	for i, sb := range byPath {
 		em := &rep.Members[i]

@@ -27,7 +27,13 @@ superblock, so give them to serve with the members.`, stdout)
 	var spares stringsFlag
 	fs.Var(&spares, "spare", "also make `path` a spare (repeatable): it takes over a failed member's role by itself")
 	consistency := fs.String("consistency", raid.ConsistencyBitmap, "crash-consistency `policy`: bitmap (a write-intent bitmap: after a crash only the regions\n"+
-		"being written are resynced) or none (a full resync after every crash). See README, \"Crashes\"")
+		"being written are resynced), none (a full resync after every crash) or journal (every write is\n"+
+		"logged to --journal first and replayed after a crash: closes the write hole of a crash while\n"+
+		"degraded, at the cost of writing every byte twice and a sync per group of writes). See README, \"Crashes\"")
+	journal := fs.String("journal", "", "journal `file` or block device for --consistency journal, on another disk than the members;\n"+
+		"a file that does not exist is created with --journal-size; serve finds it by the path recorded")
+	journalSize := sizeFlag{n: raid.DefaultJournalSize}
+	fs.Var(&journalSize, "journal-size", "`size` of a journal file created by --journal (at least 1M, more for large stripes)")
 	var bitmapRegion sizeFlag
 	fs.Var(&bitmapRegion, "bitmap-region", "array bytes each bitmap bit covers (`size`, rounded up to a power-of-two number of stripes);\n"+
 		"default: the smallest giving at most 4096 bits")
@@ -38,6 +44,9 @@ superblock, so give them to serve with the members.`, stdout)
 	}
 	if len(members) < stripe.MinMembers {
 		return fmt.Errorf("%w: need at least %d members, got %d", errUsage, stripe.MinMembers, len(members))
+	}
+	if *journal != "" && *consistency != raid.ConsistencyJournal {
+		return fmt.Errorf("%w: --journal needs --consistency journal", errUsage)
 	}
 	alg, err := stripe.ParseAlgorithm(*layout)
 	if err != nil {
@@ -51,6 +60,8 @@ superblock, so give them to serve with the members.`, stdout)
 		Spares:       spares,
 		Consistency:  *consistency,
 		BitmapRegion: bitmapRegion.n,
+		JournalPath:  *journal,
+		JournalSize:  journalSize.n,
 	})
 	if err != nil {
 		return err
@@ -68,6 +79,9 @@ superblock, so give them to serve with the members.`, stdout)
 	}
 	for _, m := range spares {
 		fmt.Fprintf(stdout, "  spare:  %s\n", m)
+	}
+	if j := st.Journal; j != nil {
+		fmt.Fprintf(stdout, "  journal: %s (%s ring)\n", j.Path, formatSize(j.Size))
 	}
 	return nil
 }

@@ -156,6 +156,11 @@ func printReport(w io.Writer, rep *raid.Report) {
 		fmt.Fprintf(w, "  size:    %s (%d bytes); %s of data per member at offset %s\n",
 			formatSize(rep.Size), rep.Size, formatSize(rep.MemberData), formatSize(rep.DataOffset))
 		fmt.Fprintf(w, "  events:  %d\n", rep.Events)
+		if rep.Consistency == raid.ConsistencyJournal {
+			fmt.Fprintf(w, "  policy:  journal, at %s\n", rep.JournalPath)
+		} else {
+			fmt.Fprintf(w, "  policy:  %s\n", rep.Consistency)
+		}
 		fmt.Fprintf(w, "  created: %s, updated %s\n", rep.Created.Format(time.RFC3339), rep.Updated.Format(time.RFC3339))
 	}
 	fmt.Fprintln(w, "members:")
