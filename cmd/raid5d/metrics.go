@@ -28,9 +28,10 @@ const (
 	cmdFlush       = "flush"
 	cmdTrim        = "trim"
 	cmdWriteZeroes = "write_zeroes"
+	cmdBlockStatus = "block_status"
 )
 
-var requestCmds = []string{cmdRead, cmdWrite, cmdFlush, cmdTrim, cmdWriteZeroes}
+var requestCmds = []string{cmdRead, cmdWrite, cmdFlush, cmdTrim, cmdWriteZeroes, cmdBlockStatus}
 
 // requestDurationBuckets span a page-cache hit (tens of µs) to a member timeout (seconds).
 var requestDurationBuckets = prometheus.ExponentialBuckets(50e-6, 4, 10)
@@ -57,7 +58,7 @@ func newRequestMetrics() *requestMetrics {
 		}, []string{"cmd"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raid5d_request_bytes_total",
-			Help: "Bytes of NBD requests by command: transferred for read and write, the range length for trim and write_zeroes.",
+			Help: "Bytes of NBD requests by command: transferred for read and write, the range length for trim and write_zeroes, the range described for block_status.",
 		}, []string{"cmd"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "raid5d_request_errors_total", Help: "NBD requests the array answered with an error, by command.",
@@ -101,35 +102,72 @@ type metricsDevice struct {
 	m *requestMetrics
 }
 
-// The wrappers that add FUAWriter and PinnedWriter when the wrapped device has them: the server
-// finds them by type assertion, so a wrapper without them would silently turn FUA writes into
-// write+flush and stable pages into copies.
+// The optional interfaces the wrapper passes through when the wrapped device has them: the
+// server finds them by type assertion, so a wrapper without them would silently turn FUA
+// writes into write+flush, stable pages into copies, and holes into data. Each part adds one;
+// instrumentDevice combines the parts the device has with the base wrapper, whose methods win
+// over the parts' (they are shallower).
 type (
-	metricsDeviceFUA       struct{ *metricsDevice }
-	metricsDevicePinned    struct{ *metricsDevice }
-	metricsDeviceFUAPinned struct{ *metricsDevice }
+	fuaPart         struct{ *metricsDevice }
+	pinnedPart      struct{ *metricsDevice }
+	blockStatusPart struct{ *metricsDevice }
 )
 
 var (
-	_ nbd.FUAWriter    = metricsDeviceFUA{}
-	_ nbd.PinnedWriter = metricsDevicePinned{}
-	_ nbd.FUAWriter    = metricsDeviceFUAPinned{}
-	_ nbd.PinnedWriter = metricsDeviceFUAPinned{}
+	_ nbd.FUAWriter     = fuaPart{}
+	_ nbd.PinnedWriter  = pinnedPart{}
+	_ nbd.BlockStatuser = blockStatusPart{}
 )
 
 // instrumentDevice returns d wrapped to record its requests in m. The result implements
-// nbd.FUAWriter and nbd.PinnedWriter exactly when d does.
+// nbd.FUAWriter, nbd.PinnedWriter and nbd.BlockStatuser exactly when d does.
 func instrumentDevice(d nbd.Device, m *requestMetrics) nbd.Device {
 	md := &metricsDevice{d: d, m: m}
+	f, p, b := fuaPart{md}, pinnedPart{md}, blockStatusPart{md}
 	_, fua := d.(nbd.FUAWriter)
 	_, pinned := d.(nbd.PinnedWriter)
+	_, bs := d.(nbd.BlockStatuser)
 	switch {
+	case fua && pinned && bs:
+		return struct {
+			*metricsDevice
+			fuaPart
+			pinnedPart
+			blockStatusPart
+		}{md, f, p, b}
 	case fua && pinned:
-		return metricsDeviceFUAPinned{md}
+		return struct {
+			*metricsDevice
+			fuaPart
+			pinnedPart
+		}{md, f, p}
+	case fua && bs:
+		return struct {
+			*metricsDevice
+			fuaPart
+			blockStatusPart
+		}{md, f, b}
+	case pinned && bs:
+		return struct {
+			*metricsDevice
+			pinnedPart
+			blockStatusPart
+		}{md, p, b}
 	case fua:
-		return metricsDeviceFUA{md}
+		return struct {
+			*metricsDevice
+			fuaPart
+		}{md, f}
 	case pinned:
-		return metricsDevicePinned{md}
+		return struct {
+			*metricsDevice
+			pinnedPart
+		}{md, p}
+	case bs:
+		return struct {
+			*metricsDevice
+			blockStatusPart
+		}{md, b}
 	}
 	return md
 }
@@ -171,35 +209,33 @@ func (d *metricsDevice) WriteZeroes(off, length int64, noHole bool) error {
 	return err
 }
 
-func (d *metricsDevice) writeAtFUA(p []byte, off int64) (int, error) {
+func (d fuaPart) WriteAtFUA(p []byte, off int64) (int, error) {
 	start := time.Now()
 	n, err := d.d.(nbd.FUAWriter).WriteAtFUA(p, off)
 	d.m.done(cmdWrite, start, int64(n), err)
 	return n, err
 }
 
-// writePinned passes p and release through untouched: the device keeps p until it calls
+// WritePinned passes p and release through untouched: the device keeps p until it calls
 // release, as nbd.PinnedWriter says; the time recorded is until WritePinned returns, when the
 // server replies.
-func (d *metricsDevice) writePinned(p []byte, off int64, release func()) (int, error) {
+func (d pinnedPart) WritePinned(p []byte, off int64, release func()) (int, error) {
 	start := time.Now()
 	n, err := d.d.(nbd.PinnedWriter).WritePinned(p, off, release)
 	d.m.done(cmdWrite, start, int64(n), err)
 	return n, err
 }
 
-func (d metricsDeviceFUA) WriteAtFUA(p []byte, off int64) (int, error) { return d.writeAtFUA(p, off) }
-
-func (d metricsDevicePinned) WritePinned(p []byte, off int64, release func()) (int, error) {
-	return d.writePinned(p, off, release)
-}
-
-func (d metricsDeviceFUAPinned) WriteAtFUA(p []byte, off int64) (int, error) {
-	return d.writeAtFUA(p, off)
-}
-
-func (d metricsDeviceFUAPinned) WritePinned(p []byte, off int64, release func()) (int, error) {
-	return d.writePinned(p, off, release)
+// BlockStatus counts an NBD_CMD_BLOCK_STATUS with the length of the range it describes.
+func (d blockStatusPart) BlockStatus(off, length int64, dst []nbd.Extent) ([]nbd.Extent, error) {
+	start := time.Now()
+	ext, err := d.d.(nbd.BlockStatuser).BlockStatus(off, length, dst)
+	var n int64
+	for _, e := range ext {
+		n += e.Length
+	}
+	d.m.done(cmdBlockStatus, start, n, err)
+	return ext, err
 }
 
 // The array states and member states, the values of the state labels; every one is exported

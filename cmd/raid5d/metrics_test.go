@@ -385,3 +385,78 @@ func TestMetricsLoopbackOnly(t *testing.T) {
 		})
 	}
 }
+
+// fakeBS answers BlockStatus with one hole of the asked length.
+type fakeBS struct{ *fakeDevice }
+
+func (d fakeBS) BlockStatus(off, length int64, dst []nbd.Extent) ([]nbd.Extent, error) {
+	return append(dst[:0], nbd.Extent{Length: length, Flags: nbd.ExtentHole | nbd.ExtentZero}), nil
+}
+
+// fakeAll has every optional interface.
+type fakeAll struct {
+	fakeFUAPinned
+	fakeBS
+}
+
+func (d fakeAll) ReadAt(p []byte, off int64) (int, error)  { return d.fakeBS.ReadAt(p, off) }
+func (d fakeAll) WriteAt(p []byte, off int64) (int, error) { return d.fakeBS.WriteAt(p, off) }
+func (d fakeAll) Size() (int64, error)                     { return d.fakeBS.Size() }
+func (d fakeAll) Flush() error                             { return d.fakeBS.Flush() }
+func (d fakeAll) Trim(off, length int64) error             { return d.fakeBS.Trim(off, length) }
+func (d fakeAll) WriteZeroes(off, length int64, noHole bool) error {
+	return d.fakeBS.WriteZeroes(off, length, noHole)
+}
+
+// TestInstrumentDeviceBlockStatus: the wrapper is a BlockStatuser exactly when the device is,
+// alone or with the other optional interfaces, passes the device's answer through, and counts
+// each call as a block_status request of the length described; the array itself gets all three.
+func TestInstrumentDeviceBlockStatus(t *testing.T) {
+	var got []byte
+	base := &fakeDevice{failAt: -1}
+	all := fakeAll{fakeFUAPinned{fakeFUA{base}, fakePinned{base, &got}}, fakeBS{base}}
+	for _, tc := range []struct {
+		name             string
+		dev              nbd.Device
+		fua, pinned, bsw bool
+	}{
+		{"plain", base, false, false, false},
+		{"fua+pinned", fakeFUAPinned{fakeFUA{base}, fakePinned{base, &got}}, true, true, false},
+		{"block status", fakeBS{base}, false, false, true},
+		{"all", all, true, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newRequestMetrics()
+			d := instrumentDevice(tc.dev, m)
+			_, fua := d.(nbd.FUAWriter)
+			_, pinned := d.(nbd.PinnedWriter)
+			bs, bsw := d.(nbd.BlockStatuser)
+			if fua != tc.fua || pinned != tc.pinned || bsw != tc.bsw {
+				t.Fatalf("wrapped: FUAWriter %v PinnedWriter %v BlockStatuser %v, want %v %v %v",
+					fua, pinned, bsw, tc.fua, tc.pinned, tc.bsw)
+			}
+			if !bsw {
+				return
+			}
+			ext, err := bs.BlockStatus(4096, 1<<16, make([]nbd.Extent, 0, 8))
+			if err != nil || len(ext) != 1 || ext[0].Length != 1<<16 || ext[0].Flags != nbd.ExtentHole|nbd.ExtentZero {
+				t.Fatalf("BlockStatus = %+v, %v", ext, err)
+			}
+			if c := counterValue(t, m.byCmd[cmdBlockStatus].requests); c != 1 {
+				t.Errorf("block_status requests %v, want 1", c)
+			}
+			if c := counterValue(t, m.byCmd[cmdBlockStatus].bytes); c != 1<<16 {
+				t.Errorf("block_status bytes %v, want %d", c, 1<<16)
+			}
+			if n, err := d.ReadAt(make([]byte, 512), 0); n != 512 || err != nil {
+				t.Errorf("ReadAt through the combined wrapper: %d, %v", n, err)
+			}
+			if c := counterValue(t, m.byCmd[cmdRead].requests); c != 1 {
+				t.Errorf("read requests %v, want 1", c)
+			}
+		})
+	}
+	if _, ok := instrumentDevice((*raid.Array)(nil), newRequestMetrics()).(nbd.BlockStatuser); !ok {
+		t.Error("the wrapped array is no BlockStatuser")
+	}
+}
