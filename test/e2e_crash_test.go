@@ -181,7 +181,15 @@ func (c crashLoop) run(t *testing.T) {
 		})
 		time.Sleep(time.Duration(rng.IntN(600)) * time.Millisecond)
 		s.crash()
-		if _, err := bench.stop(syscall.SIGTERM, 20*time.Second); err == nil {
+		// bench must notice on its own: a SIGTERM would end its run politely (exit 0) if it
+		// came before bench saw the connection close, as it did once under a loaded soak.
+		select {
+		case <-bench.exited:
+		case <-time.After(20 * time.Second):
+			bench.stop(syscall.SIGKILL, stopGrace)
+			t.Fatalf("round %d: bench still running 20 s after the server was killed under it", i)
+		}
+		if bench.err == nil {
 			t.Fatalf("round %d: bench exited 0 although the server was killed under it:\n%s", i, bench.out.String())
 		}
 
