@@ -57,8 +57,8 @@ func (d *asyncPinned) WritePinned(p []byte, off int64, release func()) (int, err
 }
 
 // benchConn serves an in-memory device on network ("unix" or "tcp", loopback) and returns a
-// client connection past the handshake.
-func benchConn(b *testing.B, network string, size int, mode benchMode) (net.Conn, *bufio.Reader) {
+// client connection past the handshake, with structured replies negotiated if structured.
+func benchConn(b *testing.B, network string, size int, mode benchMode, structured bool) (net.Conn, *bufio.Reader) {
 	b.Helper()
 	var dev Device = nbdtest.NewMemDevice(size)
 	if mode != copyMode {
@@ -90,15 +90,27 @@ func benchConn(b *testing.B, network string, size int, mode benchMode) (net.Conn
 	}
 	b.Cleanup(func() { nc.Close() })
 	c := &rawClient{t: b, nc: nc, r: bufio.NewReaderSize(nc, 1<<20)}
-	c.handshakeGo("")
+	if structured {
+		c.structuredGo("", false)
+	} else {
+		c.handshakeGo("")
+	}
 	return nc, c.r
 }
 
 // benchIO runs b.N requests of typ and bs bytes with depth requests in flight, spread over a
-// 64 MiB device. The client allocates nothing per request either, so allocs/op is the server's.
-func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode benchMode) {
+// 64 MiB device, with simple or structured replies. The client allocates nothing per request
+// either, so allocs/op is the server's.
+func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode benchMode, structured bool) {
 	const size = 64 << 20
-	nc, r := benchConn(b, network, size, mode)
+	nc, r := benchConn(b, network, size, mode, structured)
+	hs := replyHeaderSize
+	if structured {
+		hs = chunkHeaderSize
+		if typ == cmdRead {
+			hs += 8 // the OFFSET_DATA chunk's offset
+		}
+	}
 	req := make([]byte, requestHeaderSize+bs)
 	binary.BigEndian.PutUint32(req[0:], magicRequest)
 	binary.BigEndian.PutUint16(req[6:], typ)
@@ -109,14 +121,22 @@ func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode bench
 	slots := make(chan struct{}, depth)
 	errs := make(chan error, 1)
 	go func() {
-		hdr := make([]byte, replyHeaderSize)
+		hdr := make([]byte, hs)
 		payload := make([]byte, bs)
 		for i := 0; i < b.N; i++ {
 			if _, err := io.ReadFull(r, hdr); err != nil {
 				errs <- err
 				return
 			}
-			if binary.BigEndian.Uint32(hdr[4:]) != 0 {
+			ok := binary.BigEndian.Uint32(hdr[4:]) == 0 // simple: error 0
+			if structured {
+				want := replyTypeNone
+				if typ == cmdRead {
+					want = replyTypeOffsetData
+				}
+				ok = binary.BigEndian.Uint16(hdr[6:]) == want
+			}
+			if !ok {
 				errs <- io.ErrUnexpectedEOF
 				return
 			}
@@ -150,14 +170,20 @@ func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode bench
 var benchNetworks = []string{"unix", "tcp"}
 
 // benchReads runs the read benchmark for bs at each depth over each transport, named
-// <network>/QD<depth>.
+// <network>/QD<depth>, and with structured replies over a unix socket,
+// unix/QD<depth>/structured.
 func benchReads(b *testing.B, bs int, depths ...int) {
 	for _, network := range benchNetworks {
 		for _, qd := range depths {
 			b.Run(fmt.Sprintf("%s/QD%d", network, qd), func(b *testing.B) {
-				benchIO(b, network, cmdRead, bs, qd, copyMode)
+				benchIO(b, network, cmdRead, bs, qd, copyMode, false)
 			})
 		}
+	}
+	for _, qd := range depths {
+		b.Run(fmt.Sprintf("unix/QD%d/structured", qd), func(b *testing.B) {
+			benchIO(b, "unix", cmdRead, bs, qd, copyMode, true)
+		})
 	}
 }
 
@@ -167,7 +193,7 @@ func benchReads(b *testing.B, bs int, depths ...int) {
 func benchWrites(b *testing.B, bs int, depths ...int) {
 	run := func(network string, qd int, mode benchMode) {
 		b.Run(fmt.Sprintf("%s/QD%d/%v", network, qd, mode), func(b *testing.B) {
-			benchIO(b, network, cmdWrite, bs, qd, mode)
+			benchIO(b, network, cmdWrite, bs, qd, mode, false)
 		})
 	}
 	for _, network := range benchNetworks {
@@ -178,6 +204,10 @@ func benchWrites(b *testing.B, bs int, depths ...int) {
 	for _, mode := range []benchMode{stableMode, immutableMode} {
 		run("unix", depths[len(depths)-1], mode)
 	}
+	qd := depths[len(depths)-1]
+	b.Run(fmt.Sprintf("unix/QD%d/%v/structured", qd, copyMode), func(b *testing.B) {
+		benchIO(b, "unix", cmdWrite, bs, qd, copyMode, true)
+	})
 }
 
 func BenchmarkRead4K(b *testing.B)  { benchReads(b, 4096, 1, 8, 32) }
