@@ -363,10 +363,11 @@
 //
 // # Caveats
 //
-//   - No partial parity log or journal: a crash while degraded can corrupt chunks that were
-//     not being written (the write hole, Status.WriteHole; see # Crash consistency). Writes
-//     not yet flushed may be lost in a crash, as NBD allows: they may still be in the stripe
-//     cache.
+//   - Without the journal policy (the bitmap, the default, or none) a crash while degraded can
+//     corrupt chunks that were not being written (the write hole, Status.WriteHole; see
+//     # Crash consistency); the journal closes it at the cost of writing every byte twice. No
+//     partial parity log (md's PPL). Writes not yet flushed may be lost in a crash, as NBD
+//     allows: they may still be in the stripe cache.
 //   - A full resync (no bitmap) is not checkpointed; the bitmap is not added to arrays created
 //     without it. A spare that takes a role gets the bitmap at the next bitmap write.
 //   - The bitmap's fdatasync fallback (members without RWF_DSYNC, such as faulty: specs)

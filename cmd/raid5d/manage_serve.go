@@ -50,7 +50,7 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 		Events: s.Events, Size: s.Size, Level: 5, Disks: s.Layout.Members(), Chunk: s.Layout.ChunkSize(),
 		Layout: s.Layout.Algorithm().String(), Missing: s.Missing, Members: []control.MemberStatus{},
 		Sync: progressOf(s.Sync), LastScrub: progressOf(s.LastScrub), LastResync: progressOf(s.LastResync),
-		WriteHole:    s.WriteHole,
+		WriteHole: s.WriteHole, Consistency: s.Consistency,
 		SyncSpeedMin: s.SyncSpeedMin, SyncSpeedMax: s.SyncSpeedMax,
 		Counters: control.Counters{
 			FullStripeWrites: c.FullStripeWrites, RMWWrites: c.RMWWrites, RCWWrites: c.RCWWrites,
@@ -61,6 +61,10 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 	}
 	if b := s.Bitmap; b != nil {
 		st.Bitmap = &control.Bitmap{RegionBytes: b.RegionBytes, Regions: b.Regions, Set: b.Set, Flushes: b.Flushes, Waits: b.Waits}
+	}
+	if j := s.Journal; j != nil {
+		st.Journal = &control.Journal{Path: j.Path, Size: j.Size, Used: j.Used, Records: j.Records, Commits: j.Commits,
+			Checkpoints: j.Checkpoints, FullWaits: j.FullWaits, Replayed: j.Replayed, Missing: j.Missing}
 	}
 	for _, m := range s.Members {
 		st.Members = append(st.Members, control.MemberStatus{

@@ -153,6 +153,16 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 	if b := st.Bitmap; b != nil {
 		fmt.Fprintf(w, "  bitmap:   %d regions of %s, %d set, %d bitmap writes\n", b.Regions, formatSize(b.RegionBytes), b.Set, b.Flushes)
 	}
+	if j := st.Journal; j != nil {
+		if j.Missing {
+			fmt.Fprintf(w, "  journal:  MISSING at %s: read-only until it is back (raid5d serve --journal PATH)\n", j.Path)
+		} else {
+			fmt.Fprintf(w, "  journal:  %s, %s of %s in use, %d records in %d writes, %d checkpoints, %d replayed at start\n",
+				j.Path, formatSize(j.Used), formatSize(j.Size), j.Records, j.Commits, j.Checkpoints, j.Replayed)
+		}
+	} else if st.Consistency != "" && st.Bitmap == nil {
+		fmt.Fprintf(w, "  policy:   %s\n", st.Consistency)
+	}
 	if p := st.LastScrub; p != nil {
 		fmt.Fprintf(w, "  last scrub: %s %s, %s", p.Kind, finishedOrStopped(p), mismatchText(p))
 		if p.Err != "" {

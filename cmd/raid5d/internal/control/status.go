@@ -40,6 +40,9 @@ type Status struct {
 	// at the crash cannot be made consistent and the missing member's chunks there may be wrong.
 	WriteHole bool    `json:"write_hole"`
 	Bitmap    *Bitmap `json:"bitmap,omitempty"` // the write-intent bitmap, if the array has one
+	// Consistency is the crash-consistency policy: bitmap, none or journal.
+	Consistency string   `json:"consistency"`
+	Journal     *Journal `json:"journal,omitempty"` // the write journal, with the journal policy
 
 	SyncSpeedMin int64 `json:"sync_speed_min"` // bytes/s
 	SyncSpeedMax int64 `json:"sync_speed_max"` // bytes/s
@@ -54,6 +57,19 @@ type Bitmap struct {
 	Set         int    `json:"set"`          // bits set now
 	Flushes     uint64 `json:"flushes"`      // bitmap writes
 	Waits       uint64 `json:"waits"`        // stripe writes that waited for one
+}
+
+// Journal is the write journal's state.
+type Journal struct {
+	Path        string `json:"path"`
+	Size        int64  `json:"size"`        // ring bytes
+	Used        int64  `json:"used"`        // ring bytes not yet reclaimed by a checkpoint
+	Records     uint64 `json:"records"`     // records logged since assembly
+	Commits     uint64 `json:"commits"`     // journal writes (one write and sync per group of records)
+	Checkpoints uint64 `json:"checkpoints"` // members synced and the journal's tail moved
+	FullWaits   uint64 `json:"full_waits"`  // writes that waited for a checkpoint because the ring was full
+	Replayed    int    `json:"replayed"`    // records replayed at assembly
+	Missing     bool   `json:"missing"`     // journal not found: assembled read-only
 }
 
 // Daemon says which daemon answered.
