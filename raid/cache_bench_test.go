@@ -2,6 +2,8 @@ package raid_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/raid5d/raid5d/raid"
@@ -109,5 +111,83 @@ func BenchmarkSeq4K(b *testing.B) {
 			b.ReportMetric(float64(c.MemberBytesRead-before.MemberBytesRead)/w, "read/B")
 			b.ReportMetric(float64(c.FullStripeWrites-before.FullStripeWrites), "full-stripes")
 		})
+	}
+}
+
+// BenchmarkFiles drives the array over real member files the way test/bench/peers.sh does
+// (4 members, 16 KiB chunks, on /dev/shm where it exists), one request at a time, so that
+// the system calls are real: sequential 1 MiB and 48 KiB (one full stripe) writes, 1 MiB
+// sequential and 4 KiB random reads, 4 KiB random writes (flushed at the end, timed). With
+// the cache copying (default) and with stable pages.
+func BenchmarkFiles(b *testing.B) {
+	dir := "/dev/shm"
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		dir = ""
+	}
+	for _, m := range []struct {
+		name string
+		io   raid.IOOptions
+	}{{"copy", raid.IOOptions{}}, {"stable", raid.IOOptions{StablePages: true}}} {
+		d, err := os.MkdirTemp(dir, "raid5d-bench-")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { os.RemoveAll(d) })
+		paths := make([]string, 4)
+		for i := range paths {
+			paths[i] = filepath.Join(d, fmt.Sprintf("m%d.img", i))
+		}
+		const chunk = 16 << 10
+		a, err := raid.Create(paths, raid.CreateOptions{Chunk: chunk, MemberSize: raid.DataOffset + 32<<20, IOOptions: m.io})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { a.Close() })
+		size := mustSize(a)
+		buf := make([]byte, 1<<20)
+		fill(newRand(1), buf)
+		for off := int64(0); off+int64(len(buf)) <= size; off += int64(len(buf)) {
+			if _, err := a.WriteAt(buf, off); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := a.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range []struct {
+			name   string
+			size   int64
+			write  bool
+			random bool
+		}{{"seqwrite-1M", 1 << 20, true, false}, {"seqwrite-48k", 48 << 10, true, false},
+			{"seqread-1M", 1 << 20, false, false}, {"randread-4k", 4 << 10, false, true}, {"randwrite-4k", 4 << 10, true, true}} {
+			b.Run(m.name+"-"+c.name, func(b *testing.B) {
+				p := buf[:c.size]
+				rng := newRand(2)
+				n := size / c.size
+				b.SetBytes(c.size)
+				b.ReportAllocs()
+				i := int64(0)
+				for b.Loop() {
+					off := (i % n) * c.size
+					if c.random {
+						off = rng.Int64N(n) * c.size
+					}
+					var err error
+					if c.write {
+						_, err = a.WriteAt(p, off)
+					} else {
+						_, err = a.ReadAt(p, off)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				if err := a.Flush(); err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
 	}
 }
