@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/raid5d/raid5d/stripe"
+	"golang.org/x/sys/unix"
 )
 
 // ioWorkers is the number of goroutines per member that run the cache's member I/O, so that
@@ -18,7 +19,8 @@ type memberIO struct{ a *Array }
 // ioBatch is the state of one Do call.
 type ioBatch struct {
 	ops  []stripe.MemberOp
-	errs [stripe.MaxMembers]error // by role
+	errs [stripe.MaxMembers]error        // by role
+	iov  [stripe.MaxMembers][]unix.Iovec // by role: scratch for vectored writes
 	wg   sync.WaitGroup
 }
 
@@ -107,11 +109,58 @@ func (a *Array) runRole(b *ioBatch, role int) {
 		if op.Role != role {
 			continue
 		}
-		if err := a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write, true); err != nil {
+		var err error
+		if op.Vec != nil {
+			if cap(b.iov[role]) < len(op.Vec) {
+				b.iov[role] = make([]unix.Iovec, 0, max(len(op.Vec), 64))
+			}
+			err = a.memberWritev(role, op.Vec, a.dataOffset+op.Off, b.iov[role])
+		} else {
+			err = a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write, true)
+		}
+		if err != nil {
 			b.errs[role] = err
 			return
 		}
 	}
+}
+
+// memberWritev writes bufs, each within one chunk, one after another from member offset off of
+// role: one pwritev on the member that serves role in all their stripes. Where no one member
+// does (missing or not yet rebuilt in some of them), or bufs are more than one call takes, it
+// writes them one by one (memberIO). A failed write fails the member, and is an error only
+// for a stripe that has lost another role too (skipWrite). The caller holds the stripes' locks.
+func (a *Array) memberWritev(role int, bufs [][]byte, off int64, iov []unix.Iovec) error {
+	C := a.layout.ChunkSize()
+	total := int64(0)
+	for _, b := range bufs {
+		total += int64(len(b))
+	}
+	s0, s1 := (off-a.dataOffset)/C, (off+total-1-a.dataOffset)/C
+	m := a.usable(role, s0)
+	if m == nil || a.usable(role, s1) != m || len(bufs) > maxIov {
+		for _, b := range bufs {
+			if err := a.memberIO(role, b, off, true, true); err != nil {
+				return err
+			}
+			off += int64(len(b))
+		}
+		return nil
+	}
+	n, err := writev(m.Member, bufs, off, iov)
+	a.ctr.memberWrit.Add(uint64(n))
+	if err == nil {
+		return nil
+	}
+	m.writeErrs.Add(1)
+	merr := memberErr(m, role, "write", off, err)
+	a.fail(m, merr)
+	for s := s0; s <= s1; s++ {
+		if err := a.skipWrite(role, s, merr); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Missing returns the role with no usable member in stripe s, or -1.
@@ -131,7 +180,11 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 				if s0 < 0 || s < s0 {
 					s0 = s
 				}
-				s1 = max(s1, s)
+				end := ops[i].Off + int64(len(ops[i].Buf))
+				for _, b := range ops[i].Vec {
+					end += int64(len(b))
+				}
+				s1 = max(s1, s, (end-1)/C)
 			}
 		}
 		if s0 >= 0 {
@@ -140,8 +193,17 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 				jp := intentOps.Get().(*[]intentOp)
 				defer func() { clear(*jp); *jp = (*jp)[:0]; intentOps.Put(jp) }()
 				for _, op := range ops {
-					if op.Write {
+					if !op.Write {
+						continue
+					}
+					if op.Vec == nil {
 						*jp = append(*jp, intentOp{role: op.Role, off: a.dataOffset + op.Off, buf: op.Buf})
+						continue
+					}
+					off := a.dataOffset + op.Off // a vectored write: one intent op per buffer
+					for _, b := range op.Vec {
+						*jp = append(*jp, intentOp{role: op.Role, off: off, buf: b})
+						off += int64(len(b))
 					}
 				}
 				jops = *jp
@@ -155,10 +217,10 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 // do is Do without the write-intent bitmap.
 func (m memberIO) do(ops []stripe.MemberOp) error {
 	a := m.a
-	switch len(ops) {
-	case 0:
+	switch {
+	case len(ops) == 0:
 		return nil
-	case 1:
+	case len(ops) == 1 && ops[0].Vec == nil:
 		op := &ops[0]
 		return a.memberIO(op.Role, op.Buf, a.dataOffset+op.Off, op.Write, true)
 	}

@@ -15,10 +15,11 @@ import (
 
 // memMembers is an in-memory Members: each role's data area as a slice.
 type memMembers struct {
-	mu      sync.Mutex // guards data, reads
-	data    [][]byte   // by role; nil for the missing role
-	missing int
-	reads   int64 // bytes read
+	mu        sync.Mutex // guards data, reads
+	data      [][]byte   // by role; nil for the missing role
+	missing   int
+	reads     int64 // bytes read
+	vecWrites int   // vectored write ops
 }
 
 func (m *memMembers) Missing(int64) int { return m.missing }
@@ -29,6 +30,18 @@ func (m *memMembers) Do(ops []MemberOp) error {
 	for _, op := range ops {
 		if op.Role == m.missing {
 			panic(fmt.Sprintf("I/O to the missing member %d", op.Role))
+		}
+		if op.Vec != nil {
+			if !op.Write {
+				panic("a vectored read")
+			}
+			off := op.Off
+			for _, b := range op.Vec {
+				copy(m.data[op.Role][off:off+int64(len(b))], b)
+				off += int64(len(b))
+			}
+			m.vecWrites++
+			continue
 		}
 		d := m.data[op.Role][op.Off : op.Off+int64(len(op.Buf))]
 		if op.Write {
@@ -136,9 +149,15 @@ func TestCacheRandom(t *testing.T) {
 				var outstanding atomic.Int64
 				for range 400 {
 					var off, ln int64
-					switch rng.IntN(4) {
+					switch rng.IntN(5) {
 					case 0: // a whole stripe
 						off, ln = rng.Int64N(stripes)*l.StripeSize(), l.StripeSize()
+					case 4: // several stripes, aligned or not: a batch of whole stripes (writeFulls) and the ends
+						off = rng.Int64N(stripes-2) * l.StripeSize()
+						if rng.IntN(2) == 0 {
+							off += rng.Int64N(l.StripeSize())
+						}
+						ln = min(size-off, (2+rng.Int64N(3))*l.StripeSize())
 					case 1, 2: // whole units
 						off = rng.Int64N(size/UnitSize) * UnitSize
 						ln = min(size-off, (1+rng.Int64N(3))*UnitSize)
@@ -192,6 +211,9 @@ func TestCacheRandom(t *testing.T) {
 				ct := c.Counters()
 				if ct.FullStripeWrites == 0 || ct.RCWWrites+ct.RMWWrites == 0 || ct.Evictions == 0 {
 					t.Errorf("want every kind of write-out and evictions: %+v", ct)
+				}
+				if mm.vecWrites == 0 {
+					t.Error("no batch of whole stripes was written with vectored member writes")
 				}
 			})
 		}
