@@ -180,7 +180,7 @@ func exercise(t *testing.T, a *raid.Array, model []byte, seed uint64, ops int, p
 	}
 	const workers = 4
 	ss := a.Layout().StripeSize()
-	slot := 2*ss + 1536 + 7
+	slot := 3*ss + 1536 + 7 // room for a write of two or three whole stripes
 	size := int64(len(model))
 	var wg sync.WaitGroup
 	for g := range workers {
@@ -199,6 +199,10 @@ func exercise(t *testing.T, a *raid.Array, model []byte, seed uint64, ops int, p
 				off, n := randRange(rng, start, end, a.Layout().ChunkSize())
 				switch k := rng.IntN(20); {
 				case k < 9:
+					if k == 0 { // whole stripes from the slot's first stripe boundary: written as one batch
+						off = (start + ss - 1) / ss * ss
+						n = (end - off) / ss * ss
+					}
 					p := buf[:n]
 					fill(rng, p)
 					if m, err := write(p, off); err != nil || m != int(n) {
