@@ -356,6 +356,11 @@
 //	delay=DUR      every read and write first sleeps DUR (Go duration: 10ms)
 //	ctl=FILE       faults fire only while FILE exists: create or remove it to switch a
 //	               running daemon's member between failing and working
+//	volatile       writes and trims stay in the process's memory, in 4 KiB pages, until the
+//	               member is synced; the sync writes them to PATH in a random order, then
+//	               fdatasyncs. Killing the daemon (SIGKILL) then loses what a power cut would:
+//	               everything unsynced, and any subset of a sync in progress
+//	               (test/e2e_powercut_test.go)
 //
 // For example faulty:/dev/shm/m1.img?wfail=all&ctl=/tmp/fail-m1 behaves until
 // /tmp/fail-m1 is created, then fails every data write (and the array marks it faulty).
