@@ -56,7 +56,7 @@ there, and removes a stale socket left by one that died.
 
 Configuration file (--config FILE): TOML, one flat table whose keys are the names of these flags
 (listen = "127.0.0.1:10809", stable-pages = true, max-connections = 64, allow-client = ["alice"])
-plus members = ["m0.img", ...]. Relative paths in it (members, socket, control, tls-*) are
+plus members = ["m0.img", ...]. Relative paths in it (members, socket, control, journal, tls-*) are
 relative to the file's directory. Flags on the command line win over the file, and MEMBERs on
 the command line replace its members. An unknown key is an error naming the key and its line.
 --print-config prints the effective settings in the same format and exits.
@@ -102,6 +102,8 @@ $WATCHDOG_USEC.
 	handshakeTimeout := fs.Duration("handshake-timeout", nbd.DefaultHandshakeTimeout, "a client must finish the NBD handshake within this `duration`")
 	idleTimeout := fs.Duration("idle-timeout", 0, "close a connection with nothing in flight after this `duration` without a request (0: never)")
 	replyTimeout := fs.Duration("reply-timeout", nbd.DefaultReplyTimeout, "close a connection whose client stops reading: one reply write may block this long (`duration`)")
+	journal := fs.String("journal", "", "write journal `file` or device of an array made with create --consistency journal, when it\n"+
+		"is no longer where the superblocks say (default: the path they record)")
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
@@ -152,6 +154,12 @@ $WATCHDOG_USEC.
 	if *debugImmutable && !*stablePages {
 		return fmt.Errorf("%w: --debug-immutable needs --stable-pages", errUsage)
 	}
+	journalPath := *journal
+	if journalPath != "" {
+		if journalPath, err = filepath.Abs(journalPath); err != nil {
+			return fmt.Errorf("--journal: %w", err)
+		}
+	}
 	// With a service manager (systemd Type=notify) watching, say what is going on until READY.
 	sd, err := newNotifier(os.Getenv, os.Getpid())
 	if err != nil {
@@ -173,6 +181,7 @@ $WATCHDOG_USEC.
 		ReadOnly:     *readOnly,
 		Logger:       log,
 		RebuildStale: *rebuildStale,
+		JournalPath:  journalPath,
 		IOOptions: raid.IOOptions{
 			StablePages:    *stablePages,
 			StripeCache:    cacheFlag.stripesFor(members),
