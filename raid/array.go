@@ -295,6 +295,9 @@ type Status struct {
 	State   State
 	Dirty   bool // the superblocks say dirty (writes since assembly, or an unclean shutdown)
 	Unclean bool // assembled after an unclean shutdown: parity may be inconsistent until the resync ends
+	// ReadOnly: assembled read-only (AssembleOptions.ReadOnly, or a journaled array whose
+	// journal is missing): every write fails.
+	ReadOnly bool
 	// WriteHole: assembled after an unclean shutdown while degraded. Parity of the stripes
 	// being written at the crash cannot be resynced without the missing member, so chunks
 	// rebuilt from it (degraded reads, a rebuild) may be wrong. Logged as an error too.
@@ -326,7 +329,7 @@ type Status struct {
 // Status returns a snapshot of the array's state. It may be called concurrently with I/O.
 func (a *Array) Status() Status {
 	a.sbMu.Lock()
-	st := Status{Events: a.events, Layout: a.layout, Size: a.size, Unclean: a.unclean, UUID: a.uuid,
+	st := Status{Events: a.events, Layout: a.layout, Size: a.size, Unclean: a.unclean, ReadOnly: a.readOnly, UUID: a.uuid,
 		WriteHole: a.writeHole.Load()}
 	st.Dirty = a.dirty.Load() || a.unclean
 	for r := range a.roles {

@@ -73,6 +73,9 @@ Quick start:
   raid5d serve data/m0.img data/m1.img data/m2.img data/m3.img
   raid5d bench --rw randwrite --verify --time 10s nbd://127.0.0.1:10809/raid5d
 
+As a service: raid5d serve --config /etc/raid5d/EXPORT.toml (dist/raid5d@.service,
+dist/raid5d.example.toml; see raid5d serve --help).
+
 Managing a running array (through its control socket, see raid5d serve --help):
   raid5d status                      raid5d fail 2            raid5d add data/spare.img
   raid5d scrub check --wait          raid5d remove 2          raid5d rebuild --speed-max 50M

@@ -65,6 +65,11 @@ Service manager: with $NOTIFY_SOCKET set (systemd Type=notify) the daemon sends 
 array is assembled and the listener accepts, STATUS= lines (export, address, array state,
 rebuild or resync progress), STOPPING=1 on SIGTERM or SIGINT, and WATCHDOG=1 every half
 $WATCHDOG_USEC.
+
+Testing aids, never for real data: a MEMBER may be faulty:PATH?key=value&... (fault injection:
+failing or dropped reads and writes, delays; keys in raid/doc.go), and with the key volatile
+the member keeps its writes in the daemon's memory until it is synced, so killing the daemon
+is a power cut.
 `+controlHelp, stdout)
 	listen := fs.String("listen", defaultListen, "TCP `address` to listen on (host:port)")
 	socket := fs.String("socket", "", "listen on this unix socket `path` instead of TCP")
@@ -197,6 +202,9 @@ $WATCHDOG_USEC.
 	}
 	size, _ := a.Size()
 	st := a.Status()
+	if st.ReadOnly && !*readOnly { // the array decided (a journaled array without its journal)
+		*readOnly = true
+	}
 	log.Info("array assembled", "uuid", st.UUID, "state", st.State, "size", size,
 		"members", a.Layout().Members(), "chunk", a.Layout().ChunkSize(), "layout", a.Layout().Algorithm().String())
 
