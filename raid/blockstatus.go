@@ -6,7 +6,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/stripe"
 )
 
@@ -73,11 +72,18 @@ func seek(fd int, off int64, whence int) (int64, error) {
 	}
 }
 
+// Extent is a run of the array as BlockStatus describes it: Length bytes that are all a hole
+// (unallocated on the members, reading as zeroes) or all data.
+type Extent struct {
+	Length int64
+	Hole   bool
+}
+
 // BlockStatus describes [off, off+length) of the array for NBD's base:allocation context
-// (nbd.BlockStatuser): it appends extents to dst[:0], in order from off, covering at least one
-// byte and at most length bytes (fewer once the result reaches cap(dst)), and returns them.
-// A 4 KiB block of the array is a hole (nbd.ExtentHole|nbd.ExtentZero) only when it certainly
-// reads as zeroes:
+// (cmd/raid5d serves it as nbd.BlockStatuser): it appends extents to dst[:0], in order from
+// off, covering at least one byte and at most length bytes (fewer once the result reaches
+// cap(dst)), and returns them. A 4 KiB block of the array is a hole (Extent.Hole) only when
+// it certainly reads as zeroes:
 //
 //   - its stripe is whole (no member missing, faulty or still rebuilding there): a degraded
 //     stripe is reported as data, although it may read as zeroes, since its data chunks may be
@@ -92,7 +98,7 @@ func seek(fd int, off int64, whence int) (int64, error) {
 // BlockStatus started is either dirty in the cache or on the members by then, so a range is
 // never called a hole after a write to it has returned. A trim of whole stripes punches holes
 // in every member, so trimmed stripes are holes again.
-func (a *Array) BlockStatus(off, length int64, dst []nbd.Extent) ([]nbd.Extent, error) {
+func (a *Array) BlockStatus(off, length int64, dst []Extent) ([]Extent, error) {
 	dst = dst[:0]
 	if err := a.check(off, length); err != nil {
 		return dst, err
@@ -107,18 +113,14 @@ func (a *Array) BlockStatus(off, length int64, dst []nbd.Extent) ([]nbd.Extent, 
 	}
 	limit := max(cap(dst), 1)
 	add := func(n int64, hole bool) bool { // false once dst is full
-		f := nbd.ExtentFlags(0)
-		if hole {
-			f = nbd.ExtentHole | nbd.ExtentZero
-		}
-		if k := len(dst); k > 0 && dst[k-1].Flags == f {
+		if k := len(dst); k > 0 && dst[k-1].Hole == hole {
 			dst[k-1].Length += n
 			return true
 		}
 		if len(dst) == limit {
 			return false
 		}
-		dst = append(dst, nbd.Extent{Length: n, Flags: f})
+		dst = append(dst, Extent{Length: n, Hole: hole})
 		return true
 	}
 	S := a.layout.StripeSize()

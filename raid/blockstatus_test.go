@@ -6,39 +6,38 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/raid"
 )
-
-var _ nbd.BlockStatuser = (*raid.Array)(nil)
-
-const hz = nbd.ExtentHole | nbd.ExtentZero
 
 // status returns a's extents over [off, off+n) as "length:flags" strings, checking that they
 // tile the range exactly and that every hole reads as zeroes in model.
 func status(t *testing.T, a *raid.Array, model []byte, off, n int64) string {
 	t.Helper()
-	ext, err := a.BlockStatus(off, n, make([]nbd.Extent, 0, 1<<16))
+	ext, err := a.BlockStatus(off, n, make([]raid.Extent, 0, 1<<16))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	pos := off
 	for i, e := range ext {
-		if e.Length <= 0 || (e.Flags != 0 && e.Flags != hz) {
+		if e.Length <= 0 {
 			t.Fatalf("extent %d: %+v", i, e)
 		}
-		if i > 0 && ext[i-1].Flags == e.Flags {
+		if i > 0 && ext[i-1].Hole == e.Hole {
 			t.Fatalf("extents %d and %d not merged: %+v", i-1, i, ext)
 		}
-		if e.Flags == hz {
+		if e.Hole {
 			for j := pos; j < pos+e.Length; j++ {
 				if model[j] != 0 {
 					t.Fatalf("hole [%d, %d) holds data at %d", pos, pos+e.Length, j)
 				}
 			}
 		}
-		out = append(out, fmt.Sprintf("%d:%d", e.Length, e.Flags))
+		flags := 0 // as NBD says it: HOLE|ZERO = 3
+		if e.Hole {
+			flags = 3
+		}
+		out = append(out, fmt.Sprintf("%d:%d", e.Length, flags))
 		pos += e.Length
 	}
 	if pos != off+n {
@@ -110,8 +109,8 @@ func blockStatus(t *testing.T, cache int) {
 	want(9*S, 4*S, fmt.Sprintf("%d:3", 4*S))
 
 	// Room for two extents: a prefix.
-	ext, err := a.BlockStatus(0, size, make([]nbd.Extent, 0, 2))
-	if err != nil || len(ext) != 2 || ext[0] != (nbd.Extent{Length: off, Flags: hz}) || ext[1] != (nbd.Extent{Length: 4096}) {
+	ext, err := a.BlockStatus(0, size, make([]raid.Extent, 0, 2))
+	if err != nil || len(ext) != 2 || ext[0] != (raid.Extent{Length: off, Hole: true}) || ext[1] != (raid.Extent{Length: 4096}) {
 		t.Errorf("BlockStatus with room for 2: %+v, %v", ext, err)
 	}
 	if _, err := a.BlockStatus(size-4096, 8192, nil); !errors.Is(err, raid.ErrOutOfRange) {

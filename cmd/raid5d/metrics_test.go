@@ -131,7 +131,7 @@ func TestInstrumentDeviceKeepsInterfaces(t *testing.T) {
 			}
 		})
 	}
-	d := instrumentDevice((*raid.Array)(nil), newRequestMetrics())
+	d := instrumentDevice(arrayDevice{}, newRequestMetrics())
 	if _, ok := d.(nbd.FUAWriter); !ok {
 		t.Error("the wrapped array is no FUAWriter")
 	}
@@ -456,7 +456,7 @@ func TestInstrumentDeviceBlockStatus(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := instrumentDevice((*raid.Array)(nil), newRequestMetrics()).(nbd.BlockStatuser); !ok {
+	if _, ok := instrumentDevice(arrayDevice{}, newRequestMetrics()).(nbd.BlockStatuser); !ok {
 		t.Error("the wrapped array is no BlockStatuser")
 	}
 }

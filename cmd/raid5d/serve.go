@@ -23,13 +23,6 @@ import (
 	"github.com/raid5d/raid5d/raid"
 )
 
-// The wiring: the array is what the NBD server exports.
-var (
-	_ nbd.Device       = (*raid.Array)(nil)
-	_ nbd.FUAWriter    = (*raid.Array)(nil)
-	_ nbd.PinnedWriter = (*raid.Array)(nil)
-)
-
 const defaultListen = "127.0.0.1:10809"
 
 func runServe(args []string, stdout, stderr io.Writer) error {
@@ -226,10 +219,10 @@ is a power cut.
 		a.Close()
 		return err
 	}
-	var dev nbd.Device = a
+	var dev nbd.Device = arrayDevice{a}
 	reqMetrics := newRequestMetrics()
 	if metricsLn != nil {
-		dev = instrumentDevice(a, reqMetrics)
+		dev = instrumentDevice(dev, reqMetrics)
 	}
 	srv, err := nbd.NewServer(nbd.Options{
 		MlockBuffers:     *mlock,
