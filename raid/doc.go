@@ -2,13 +2,15 @@
 // creating and assembling arrays, and RAID-5 I/O — reads, writes with parity, flush, trim —
 // including degraded operation with one member missing, member failure, spares, rebuild,
 // scrub, and crash consistency (a write-intent bitmap and the resync after an unclean
-// shutdown).
+// shutdown, or a write journal replayed at assembly).
 //
 // Create makes an array and Assemble puts one together from its members' superblocks; Examine
 // reads the superblocks without assembling. Members that fail are marked faulty and the array
 // runs degraded; spares take over by themselves, rebuilt in the background; StartScrub checks
-// or repairs parity; Fail, Remove, AddSpare, Replace and SetSyncSpeed manage a live array. *Array satisfies go-nbd's backend.Backend and the
-// nbd package's Device, FUAWriter and PinnedWriter.
+// or repairs parity; Fail, Remove, AddSpare, Replace and SetSyncSpeed manage a live array.
+// *Array satisfies go-nbd's backend.Backend and the nbd package's Device, FUAWriter and
+// PinnedWriter; BlockStatus describes holes (for NBD's base:allocation) in raid's own Extent
+// type, since raid does not import nbd (cmd/raid5d translates).
 //
 // # Layout
 //
