@@ -180,13 +180,16 @@
 // Reads take a stripe's lock only while they copy from its cache head. Like io.ReaderAt on a
 // file, a read that overlaps a concurrent write may see old or new bytes, but never
 // parity-related garbage, since the bytes read are the member's own data. The member reads of
-// one request run concurrently, one goroutine per member; the member reads and writes within
-// one stripe run concurrently too (with a cache, on per-member I/O goroutines).
+// one request run concurrently, each member's share on an idle read worker or the calling
+// goroutine, its ranges that are contiguous on the member in one preadv; the member reads and
+// writes within one stripe run concurrently too (with a cache, on per-member I/O goroutines),
+// and a run of whole stripes in one write is written with one pwritev per member.
 //
-// Background goroutines — the cache's write-out goroutines and ioWorkers per role for its
-// member I/O (not for read-only arrays or without a cache), and the rebuild or scrub — are
-// started by Create and Assemble (a rebuild also by a failure or AddSpare) and stopped, and
-// waited for, by Close. Member reads run in the goroutine that needs them (a request touching
+// Background goroutines — the cache's write-out goroutines, ioWorkers per role for its
+// member I/O and readWorkers per role for reads across members (not for read-only arrays or
+// without a cache), and the rebuild or scrub — are started by Create and Assemble (a rebuild
+// also by a failure or AddSpare) and stopped, and waited for, by Close. Member reads run in
+// the goroutine that needs them, or a read worker (without read workers, a request touching
 // several members starts one goroutine per extra member). Marking a member faulty takes sbMu under a stripe lock; so
 // nothing holding sbMu (or syncMu) ever waits for a stripe lock, and a failure only cancels a
 // running rebuild or scrub, never waits for it. Close waits for the calls in flight and makes
