@@ -11,7 +11,9 @@
 # Environment: RUNTIME (seconds per job, 8), MEMBER (member size, 512M), CHUNK (16K, so 48k is
 # a full stripe), PORT (10911), JOBS (job names to run, default all), RAID5D (a raid5d binary
 # to use instead of building one), RAID5D_FLAGS (extra serve flags), PEERS (default
-# "nbdkit-file nbdkit-null nbd-server gonbd").
+# "nbdkit-file nbdkit-null nbd-server gonbd"), ROUNDS (1: each server runs every job once;
+# more: that many rounds, the servers taking turns in each, and the table shows medians — on
+# a shared machine, load drifts over the minutes a round takes).
 #
 # Prints one table: per job and server MB/s, IOPS, p99 completion latency (µs), the server's
 # CPU time per I/O (µs, user+system from /proc/PID/stat over the job, all threads and ended
@@ -25,6 +27,7 @@ MEMBER=${MEMBER:-512M}
 CHUNK=${CHUNK:-16K}
 PORT=${PORT:-10911}
 PEERS=${PEERS:-nbdkit-file nbdkit-null nbd-server gonbd}
+ROUNDS=${ROUNDS:-1}
 for t in fio nbdkit nbdinfo python3; do command -v $t >/dev/null || { echo "need $t (make deps)"; exit 1; }; done
 
 if [[ -z ${JOBS:-} ]]; then
@@ -119,22 +122,26 @@ for p in $PEERS; do
   esac
   servers+=("$p")
 done
-for s in "${servers[@]}"; do
-  start "$s"
-  # Fill the range the jobs touch, so reads are of written data, not holes.
-  [[ $s == nbdkit-null ]] || timeout 60 fio --name=fill \
-    --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
-  for j in $JOBS; do runjob "$s" "$j"; done
-  stop
+for round in $(seq "$ROUNDS"); do
+  for s in "${servers[@]}"; do
+    start "$s"
+    # Fill the range the jobs touch, so reads are of written data, not holes.
+    [[ $s == nbdkit-null || $round -gt 1 ]] || timeout 60 fio --name=fill \
+      --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
+    for j in $JOBS; do runjob "$s" "$j"; done
+    stop
+  done
 done
 
+[[ $ROUNDS == 1 ]] || echo "# medians of $ROUNDS rounds (servers alternating within each round)"
 python3 - "$results" "${servers[@]}" <<'EOF'
-import sys
+import statistics, sys
 path, servers = sys.argv[1], sys.argv[2:]
-rows = {}
+runs = {}
 for line in open(path):
     job, server, mbs, iops, p99, cpu = line.split()
-    rows.setdefault(job, {})[server] = (float(mbs), float(iops), float(p99), float(cpu))
+    runs.setdefault(job, {}).setdefault(server, []).append((float(mbs), float(iops), float(p99), float(cpu)))
+rows = {job: {s: tuple(statistics.median(col) for col in zip(*r)) for s, r in by.items()} for job, by in runs.items()}
 peers = servers[1:]
 head = "%-18s %-12s %9s %9s %9s %10s" % ("job", "server", "MB/s", "IOPS", "p99-us", "cpu-us/io")
 head += "".join(" %15s" % ("vs-" + p) for p in peers)
