@@ -419,6 +419,13 @@ func (a *Array) Status() Status {
 // date (role, per-role state table, rebuild checkpoint), applies set (if not nil) and writes
 // and syncs them all. Faulty members are not written. The caller holds sbMu.
 func (a *Array) writeSuperblocks(set func(*superblock)) error {
+	_, err := a.superblockWrite(set)
+	return err
+}
+
+// superblockWrite is writeSuperblocks, also returning the members whose superblock could not
+// be written or synced.
+func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error) {
 	a.events++
 	now := time.Now()
 	var states [stripe.MaxMembers]uint8
@@ -447,13 +454,15 @@ func (a *Array) writeSuperblocks(set func(*superblock)) error {
 		sb.encode(buf)
 		if _, err := m.WriteAt(buf, SuperblockOffset); err != nil {
 			errs = append(errs, memberErr(m, sb.Role, "write superblock", SuperblockOffset, err))
+			bad = append(bad, m)
 			continue
 		}
 		if err := m.Sync(); err != nil {
 			errs = append(errs, memberErr(m, sb.Role, "sync superblock", -1, err))
+			bad = append(bad, m)
 		}
 	}
-	return errors.Join(errs...)
+	return bad, errors.Join(errs...)
 }
 
 // markDirty records in the superblocks, durably, that writes are in flight. Every writing
@@ -514,7 +523,16 @@ func (a *Array) syncMembers() error {
 		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// A failed array has nothing left to sync for its lost roles: a Flush (or FUA write)
+	// must not succeed then, even when every member was already marked faulty before it
+	// began and so nothing above failed.
+	if a.failed() {
+		return fmt.Errorf("%w: nothing can be made durable", ErrArrayFailed)
+	}
+	return nil
 }
 
 // Sync is Flush, under the name go-nbd's backend.Backend uses.

@@ -194,8 +194,23 @@ func (a *Array) fail(m *member, why error) {
 	a.recount()
 	wasRebuilding := m.rebuilding.Load()
 	a.log.Error("raid: member marked faulty", "member", m.Name(), "role", role, "why", why)
-	if err := a.writeSuperblocks(nil); err != nil {
+	// A member whose superblock cannot record this failure has failed too (md does the same):
+	// if it stayed working, a write acknowledged without m — which awaitRecord lets return once
+	// this is done — could be undone at the next assembly by that superblock, which still
+	// calls m working, and m's stale chunks would be trusted. Each round marks at least one
+	// more member faulty, so this ends.
+	for bad, err := a.superblockWrite(nil); len(bad) > 0; bad, err = a.superblockWrite(nil) {
 		a.log.Error("raid: recording a faulty member in the superblocks failed", "err", err)
+		for _, b := range bad {
+			if !b.faulty.Swap(true) {
+				r := a.roleOf(b)
+				wasRebuilding = wasRebuilding || b.rebuilding.Load()
+				role = max(role, r)
+				a.log.Error("raid: member marked faulty", "member", b.Name(), "role", r,
+					"why", "its superblock could not record another member's failure")
+			}
+		}
+		a.recount()
 	}
 	failed := a.failed()
 	a.sbMu.Unlock()

@@ -747,3 +747,33 @@ func TestManage(t *testing.T) {
 	}
 	compareArray(t, a, model)
 }
+
+// TestUnrecordedFailure: a member failure that the other members' superblocks cannot record
+// fails those members too (as md does), and a failed array acknowledges no Flush — not even
+// one that finds every member already faulty and so has nothing left to sync. Before, the
+// failure stayed unrecorded and such a Flush returned nil: a power cut in the middle of a
+// flush (TestPowerCut) then lost writes that had been reported durable.
+func TestUnrecordedFailure(t *testing.T) {
+	a, fs, _, _ := faultyArray(t, 3, 8, raid.AssembleOptions{})
+	for _, f := range fs[1:] { // members 1 and 2 can no longer take a superblock
+		f.Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.SuperblockOffset, Len: raid.SuperblockSize})
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatalf("Flush before any failure: %v", err)
+	}
+	if err := a.Fail("f0"); err != nil {
+		t.Fatalf("Fail(f0): %v", err)
+	}
+	st := a.Status()
+	if st.State != raid.StateFailed {
+		t.Fatalf("after a failure the others could not record: state %v, members %+v", st.State, st.Members)
+	}
+	for i := range 2 {
+		if err := a.Flush(); !errors.Is(err, raid.ErrArrayFailed) {
+			t.Fatalf("Flush %d of a failed array: %v, want ErrArrayFailed", i, err)
+		}
+	}
+	if _, err := a.WriteAtFUA(make([]byte, 4096), 0); err == nil {
+		t.Fatal("a FUA write to a failed array succeeded")
+	}
+}
