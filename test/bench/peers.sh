@@ -12,8 +12,9 @@
 # a full stripe), PORT (10911), JOBS (job names to run, default all), RAID5D (a raid5d binary
 # to use instead of building one), RAID5D_FLAGS (extra serve flags), PEERS (default
 # "nbdkit-file nbdkit-null nbd-server gonbd"), ROUNDS (1: each server runs every job once;
-# more: that many rounds, the servers taking turns in each, and the table shows medians — on
-# a shared machine, load drifts over the minutes a round takes).
+# more: that many rounds, the servers taking turns in each, each round starting with the next
+# server, and the table shows medians — on a shared machine, load drifts over the minutes a
+# round takes).
 #
 # Prints one table: per job and server MB/s, IOPS, p99 completion latency (µs), the server's
 # CPU time per I/O (µs, user+system from /proc/PID/stat over the job, all threads and ended
@@ -123,7 +124,9 @@ for p in $PEERS; do
   servers+=("$p")
 done
 for round in $(seq "$ROUNDS"); do
-  for s in "${servers[@]}"; do
+  # Each round starts with the next server, so that none always runs first or last.
+  k=$(( (round - 1) % ${#servers[@]} ))
+  for s in "${servers[@]:k}" "${servers[@]:0:k}"; do
     start "$s"
     # Fill the range the jobs touch, so reads are of written data, not holes.
     [[ $s == nbdkit-null || $round -gt 1 ]] || timeout 60 fio --name=fill \
