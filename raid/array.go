@@ -503,8 +503,24 @@ func (a *Array) Flush() error {
 }
 
 // syncMembers fdatasyncs every working member, concurrently. A member whose sync fails is
-// marked faulty; the error is returned only if that leaves the array failed.
+// marked faulty; the error is returned only if that leaves the array failed. A failed array
+// returns ErrArrayFailed even if every sync it tried succeeded.
 func (a *Array) syncMembers() error {
+	if err := a.syncWorking(); err != nil {
+		return err
+	}
+	// A failed array has nothing left to sync for its lost roles: a Flush (or FUA write)
+	// must not succeed then, even when every member was already marked faulty before it
+	// began and so nothing in syncWorking failed.
+	if a.failed() {
+		return fmt.Errorf("%w: nothing can be made durable", ErrArrayFailed)
+	}
+	return nil
+}
+
+// syncWorking is syncMembers without the verdict on a failed array: Close syncs what is left
+// of one (its failure was reported when it happened).
+func (a *Array) syncWorking() error {
 	errs := make([]error, len(a.roles))
 	var wg sync.WaitGroup
 	for r := range a.roles {
@@ -523,16 +539,7 @@ func (a *Array) syncMembers() error {
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	// A failed array has nothing left to sync for its lost roles: a Flush (or FUA write)
-	// must not succeed then, even when every member was already marked faulty before it
-	// began and so nothing above failed.
-	if a.failed() {
-		return fmt.Errorf("%w: nothing can be made durable", ErrArrayFailed)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Sync is Flush, under the name go-nbd's backend.Backend uses.
@@ -560,7 +567,7 @@ func (a *Array) Close() error {
 			err = a.cache.Close()
 			a.stopIO()
 		}
-		err = errors.Join(err, a.syncMembers())
+		err = errors.Join(err, a.syncWorking())
 		if err == nil && a.jr != nil && a.jr.m != nil && !a.failed() {
 			// Everything is written and synced: nothing is left to replay.
 			err = a.jr.checkpoint()
