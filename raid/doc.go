@@ -332,9 +332,11 @@
 // The journal is not the default: every byte written is written twice (plus a 4 KiB header
 // per record: a 4 KiB read-modify-write logs 12 KiB), and every group of writes waits for a
 // journal fdatasync. Measured on /dev/shm files (BenchmarkConsistency, 4 members, 64 KiB
-// chunks, cache on, 4 writers, a fresh array; medians of 6 runs alternating the policies on a
-// busy 2-core machine, so only roughly), random 4 KiB writes ran at 0.42× the speed of no
-// policy (about 10 KiB logged and 0.55 journal commits per write), the bitmap at 0.62×; on disks the journal's fdatasyncs cost more, and it
+// chunks, cache on, 4 writers, a fresh array; a busy 2-core machine, so only roughly): in five
+// rounds alternating the policies, medians, random 4 KiB writes ran at 0.57× the speed of no
+// policy with the journal (about 10 KiB logged and 0.55 journal commits per write) and at
+// 1.02× with the bitmap, i.e. the bitmap's cost is within the noise; an earlier run on a
+// busier machine gave 0.42× and 0.62×. On disks the journal's fdatasyncs cost more, and it
 // belongs on a fast device of its own. The bitmap (the default) costs little and shortens the
 // resync after a crash to what was being written; choose the journal when a crash while
 // degraded must not corrupt anything. "ppl" is refused with ErrConsistency.
