@@ -59,7 +59,7 @@ type Array struct {
 	// were pinned, without any promise that it stays unchanged: the hazard stable pages avoid.
 	unsafeRef bool
 	missFn    func([]byte, stripe.Extent) error // a.readExtent, bound once
-	ioq       []chan ioJob                      // by role: the cache's member I/O (memberio.go)
+	ioq       []chan ioJob                      // by role: the cache's member I/O, then the read queue (memberio.go)
 	ioWG      sync.WaitGroup                    // the member I/O goroutines
 	ctr       counters
 
