@@ -1,6 +1,7 @@
 package raid
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/raid5d/raid5d/stripe"
@@ -171,6 +172,17 @@ func (m memberIO) Missing(s int64) int { return m.a.missingAt(s) }
 // the error of the lowest role that failed, as a *MemberError.
 func (m memberIO) Do(ops []stripe.MemberOp) error {
 	a := m.a
+	if a.failed() {
+		// Nothing is written to a failed array, not even data acknowledged before it failed
+		// and still dirty in the cache: the surviving members keep what they held at the
+		// failure (what a forced reassembly or a recovery tool would work from). The data
+		// stays readable in the cache until Close.
+		for i := range ops {
+			if ops[i].Write {
+				return fmt.Errorf("%w: the stripe cache's write-out of stripe %d refused", ErrArrayFailed, ops[i].Off/a.layout.ChunkSize())
+			}
+		}
+	}
 	if a.bm != nil || a.jr != nil {
 		s0, s1 := int64(-1), int64(-1)
 		C := a.layout.ChunkSize()
