@@ -35,7 +35,10 @@ type array struct {
 
 // newArray creates a fresh array of memberCount sparse members of memberSize bytes with
 // raid5d create. In stand-in mode it creates one sparse file of arraySize bytes for nbdkit.
-func newArray(t testing.TB) *array {
+func newArray(t testing.TB) *array { t.Helper(); return newArrayWith(t) }
+
+// newArrayWith is newArray with extra raid5d create flags (ignored by the nbdkit stand-in).
+func newArrayWith(t testing.TB, createFlags ...string) *array {
 	t.Helper()
 	a := &array{dir: t.TempDir()}
 	for i := range memberCount {
@@ -60,7 +63,7 @@ func newArray(t testing.TB) *array {
 		}
 		return a
 	}
-	args := []string{"create", "--chunk", "64K", "--layout", "left-symmetric", "--size", "64M"}
+	args := append([]string{"create", "--chunk", "64K", "--layout", "left-symmetric", "--size", "64M"}, createFlags...)
 	runTool(t, raid5dBin, append(args, a.members...)...)
 	for _, m := range a.members {
 		fi, err := os.Stat(m)

@@ -43,6 +43,24 @@ type crashStatus struct {
 		RegionBytes int64 `json:"region_bytes"`
 		Regions     int   `json:"regions"`
 	} `json:"bitmap"`
+	Consistency string `json:"consistency"`
+	Journal     *struct {
+		Replayed int  `json:"replayed"`
+		Missing  bool `json:"missing"`
+	} `json:"journal"`
+}
+
+// waitReplayed checks a journaled array after a restart: the journal was replayed, no resync
+// runs or ran (the replay made every logged stripe whole), nothing is reported unclean. It
+// returns the records replayed.
+func (s *server) waitReplayed(round int) int {
+	s.t.Helper()
+	st := s.crashStatus()
+	if st.Consistency != "journal" || st.Journal == nil || st.Journal.Missing || st.Unclean ||
+		st.Sync != nil || st.LastResync != nil || st.Bitmap != nil {
+		s.t.Fatalf("round %d: after the restart of a journaled array: %+v (want the journal, no resync, no bitmap)", round, st)
+	}
+	return st.Journal.Replayed
 }
 
 type crashProgress struct {
@@ -112,6 +130,9 @@ type crashLoop struct {
 	// load and check give the member specs the daemon is started with for a round's load (and
 	// kill), and for the check after it; nil means the plain member paths.
 	load, check func(a *array, round int) []string
+	// journal: the array is created with --consistency journal (the journal a plain file
+	// beside the members); after each restart the replay, not a resync, must make it whole.
+	journal bool
 }
 
 // The soak (test/bench/crash-soak.sh) runs the crash loops longer through the environment:
@@ -136,7 +157,12 @@ func (c crashLoop) run(t *testing.T) {
 	}
 	start := time.Now()
 	rng := rand.New(rand.NewPCG(c.seed, 1))
-	a := newArray(t)
+	var a *array
+	if c.journal {
+		a = newArrayWith(t, "--consistency", "journal", "--journal", filepath.Join(t.TempDir(), "journal.img"), "--journal-size", "8M")
+	} else {
+		a = newArray(t)
+	}
 	dir := t.TempDir()
 	serveWith := func(specs func(*array, int) []string, round int) *server {
 		b := a
@@ -147,7 +173,7 @@ func (c crashLoop) run(t *testing.T) {
 	}
 	s := serveWith(c.load, 0)
 	var durable, resynced int64
-	rounds := 0
+	rounds, replayed := 0, 0
 	for i := range c.rounds {
 		if budget > 0 && time.Since(start) > budget {
 			break
@@ -209,7 +235,11 @@ func (c crashLoop) run(t *testing.T) {
 		}
 		durable += res.Durable
 		os.Remove(log) // a soak's logs would fill the disk; a failed round's log stays
-		resynced += s.waitResync(i)
+		if c.journal {
+			replayed += s.waitReplayed(i)
+		} else {
+			resynced += s.waitResync(i)
+		}
 		if i+1 < c.rounds && !sameSpecs(c.check, c.load, a, i) {
 			s.stop() // a clean shutdown, then the next round's load on the load's specs
 			s = serveWith(c.load, i+1)
@@ -217,6 +247,14 @@ func (c crashLoop) run(t *testing.T) {
 	}
 	s.scrubClean()
 	s.stop()
+	if c.journal {
+		if replayed == 0 {
+			t.Fatalf("seed %d: %d crashes of a journaled array and no record ever replayed", c.seed, rounds)
+		}
+		t.Logf("seed %d: %d crashes, %d durable blocks checked intact, %d journal records replayed, no resync, scrub check: 0 mismatches",
+			c.seed, rounds, durable, replayed)
+		return
+	}
 	t.Logf("seed %d: %d crashes, %d durable blocks checked intact, resyncs of %.1f MiB per member in all (a full one is %d MiB), scrub check: 0 mismatches",
 		c.seed, rounds, durable, float64(resynced)/(1<<20), (memberSize-dataOffset)>>20)
 }

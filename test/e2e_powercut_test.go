@@ -37,3 +37,15 @@ func TestPowerCutLoop(t *testing.T) {
 		},
 	}.run(t)
 }
+
+// TestPowerCutJournal is TestPowerCutLoop on an array with the journal policy: every kill is a
+// power cut of the volatile members (the journal is a plain file, synced as it is written), and
+// after each restart the journal's replay — not a resync — must leave every flushed block
+// intact and every stripe's parity right (scrub check at the end: 0 mismatches).
+func TestPowerCutJournal(t *testing.T) {
+	needRaid5d(t)
+	if standin {
+		t.Skip("kills raid5d")
+	}
+	crashLoop{rounds: 8, seed: 20261202, load: volatileSpecs, check: volatileSpecs, journal: true}.run(t)
+}
