@@ -447,6 +447,10 @@ type journal struct {
 	stop     chan struct{} // closed by stopRun
 	stopOnce sync.Once
 	bufs     sync.Pool // *[]byte record buffers
+
+	// The group leader's scratch for writeRun (only the leader writes: flushing).
+	wbufs [][]byte
+	iov   []unix.Iovec
 }
 
 type pendingRec struct {
@@ -599,40 +603,27 @@ func (j *journal) write(batch []pendingRec) error {
 	return j.m.Sync()
 }
 
-// writeRun writes records that follow each other at off: one pwritev on a file or device.
+// writeRun writes records that follow each other at off: one pwritev per maxIov records on a
+// file or device (the members' vectored write), else a write each. Only the leader of a group
+// writes (j.flushing), so it alone uses j.wbufs and j.iov.
 func (j *journal) writeRun(recs []pendingRec, off int64) error {
-	if fm, ok := j.m.(*fileMember); ok {
-		iov := make([][]byte, 0, len(recs))
-		for _, r := range recs {
-			iov = append(iov, r.b)
+	for len(recs) > 0 {
+		k := min(len(recs), maxIov)
+		bufs := j.wbufs[:0]
+		for _, r := range recs[:k] {
+			bufs = append(bufs, r.b)
 		}
-		for len(iov) > 0 {
-			k := min(len(iov), 1024) // IOV_MAX
-			n, err := unix.Pwritev(fm.fd, iov[:k], off)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			off += int64(n)
-			for n > 0 { // drop what was written, partly written vectors included
-				if n >= len(iov[0]) {
-					n -= len(iov[0])
-					iov = iov[1:]
-				} else {
-					iov[0] = iov[0][n:]
-					n = 0
-				}
-			}
+		if cap(j.iov) < k {
+			j.iov = make([]unix.Iovec, 0, k)
 		}
-		return nil
-	}
-	for _, r := range recs {
-		if _, err := j.m.WriteAt(r.b, off); err != nil {
+		n, err := writev(j.m, bufs, off, j.iov)
+		clear(bufs)
+		j.wbufs = bufs[:0]
+		if err != nil {
 			return err
 		}
-		off += int64(len(r.b))
+		off += int64(n)
+		recs = recs[k:]
 	}
 	return nil
 }
