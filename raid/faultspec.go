@@ -22,6 +22,63 @@ import (
 // loses what a power cut would (see volatileMember).
 const FaultySpecPrefix = "faulty:"
 
+// VolatileSpecPrefix starts the short spelling of a volatile member spec: volatile:PATH is
+// faulty:PATH?volatile, and volatile:PATH?key=value&... is faulty:PATH?volatile&key=value&...
+// The crash tests use it for every member (and a journal) of a power-cut loop.
+const VolatileSpecPrefix = "volatile:"
+
+// splitSpec splits a member spec into its prefix (FaultySpecPrefix, VolatileSpecPrefix, or ""
+// for a plain path), the path it opens, and its query (after '?'; hasQuery says whether there
+// was a '?'). A plain path is returned whole, '?' and all.
+func splitSpec(spec string) (prefix, path, query string, hasQuery bool) {
+	for _, p := range []string{FaultySpecPrefix, VolatileSpecPrefix} {
+		if rest, ok := strings.CutPrefix(spec, p); ok {
+			path, query, hasQuery = strings.Cut(rest, "?")
+			return p, path, query, hasQuery
+		}
+	}
+	return "", spec, "", false
+}
+
+// SpecPath returns the file or device a member spec opens: the PATH of faulty:PATH?... or
+// volatile:PATH?..., or a plain path itself. Checks that compare files (is this journal a
+// member?) stat it.
+func SpecPath(spec string) string {
+	_, path, _, _ := splitSpec(spec)
+	return path
+}
+
+// MapSpecPath returns spec with the path it opens replaced by f(path), its prefix and keys
+// unchanged: the command line makes member and journal paths absolute with it
+// (MapSpecPath(s, filepath.Abs)) without turning a spec into a path of a file named
+// "faulty:...".
+func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
+	prefix, path, query, hasQuery := splitSpec(spec)
+	path, err := f(path)
+	if err != nil {
+		return "", err
+	}
+	if hasQuery {
+		return prefix + path + "?" + query, nil
+	}
+	return prefix + path, nil
+}
+
+// openSpec opens a member spec (faulty: or volatile:); ok is false for a plain path, which it
+// leaves to the caller.
+func openSpec(spec string, readOnly bool) (m Member, ok bool, err error) {
+	prefix, path, query, _ := splitSpec(spec)
+	switch prefix {
+	case FaultySpecPrefix:
+		m, err = openFaultySpec(spec, path, query, false, readOnly)
+	case VolatileSpecPrefix:
+		m, err = openFaultySpec(spec, path, query, true, readOnly)
+	default:
+		return nil, false, nil
+	}
+	return m, true, err
+}
+
 // errInjected is what a faulty: member's injected faults return (EIO, like a failing disk).
 var errInjected error = &ioError{"raid: injected fault (faulty: member)", uint32(unix.EIO)}
 
@@ -40,26 +97,32 @@ type specMember struct {
 	ctl                string // faults fire only while this file exists ("" = always)
 }
 
-// openFaultySpec parses spec (after FaultySpecPrefix) and opens its member.
-func openFaultySpec(spec string, readOnly bool) (Member, error) {
-	path, query, _ := strings.Cut(spec, "?")
+// openFaultySpec opens path with the faults of query (the keys of a faulty: spec), volatile
+// from the start for the volatile: spelling; spec is the whole spec, for errors. A spec
+// without a path is an error of its own, never fs.ErrNotExist, which Assemble would take for a
+// missing member.
+func openFaultySpec(spec, path, query string, volatile, readOnly bool) (Member, error) {
+	if path == "" {
+		return nil, fmt.Errorf("raid: member spec %q: no path (want %sPATH?key=value&... or %sPATH?key=value&...)",
+			spec, FaultySpecPrefix, VolatileSpecPrefix)
+	}
+	short := volatile // the volatile: spelling: the key is implied
 	sm := &specMember{}
 	var err error
-	volatile := false
 	for kv := range strings.SplitSeq(query, "&") {
 		if kv == "" {
 			continue
 		}
 		key, v, _ := strings.Cut(kv, "=")
 		if v, err = url.PathUnescape(v); err != nil { // not QueryUnescape: '+' stays '+'
-			return nil, fmt.Errorf("raid: faulty member spec %q: %w", spec, err)
+			return nil, fmt.Errorf("raid: member spec %q: %w", spec, err)
 		}
 		{
 			switch key {
 			case "rfail", "wfail", "drop":
 				r, err := parseByteRange(v)
 				if err != nil {
-					return nil, fmt.Errorf("raid: faulty member spec %q: %s: %w", spec, key, err)
+					return nil, fmt.Errorf("raid: member spec %q: %s: %w", spec, key, err)
 				}
 				switch key {
 				case "rfail":
@@ -71,20 +134,23 @@ func openFaultySpec(spec string, readOnly bool) (Member, error) {
 				}
 			case "after":
 				if sm.after, err = strconv.ParseInt(v, 10, 64); err != nil || sm.after < 0 {
-					return nil, fmt.Errorf("raid: faulty member spec %q: after=%q", spec, v)
+					return nil, fmt.Errorf("raid: member spec %q: after=%q", spec, v)
 				}
 			case "delay":
 				if sm.delay, err = time.ParseDuration(v); err != nil {
-					return nil, fmt.Errorf("raid: faulty member spec %q: %w", spec, err)
+					return nil, fmt.Errorf("raid: member spec %q: %w", spec, err)
 				}
 			case "ctl":
 				sm.ctl = v
 			case "volatile":
+				if short {
+					return nil, fmt.Errorf("raid: member spec %q: key volatile: the %s spelling is volatile already", spec, VolatileSpecPrefix)
+				}
 				if volatile, err = parseFlag(v); err != nil {
-					return nil, fmt.Errorf("raid: faulty member spec %q: volatile=%q: %w", spec, v, err)
+					return nil, fmt.Errorf("raid: member spec %q: volatile=%q: %w", spec, v, err)
 				}
 			default:
-				return nil, fmt.Errorf("raid: faulty member spec %q: unknown key %q", spec, key)
+				return nil, fmt.Errorf("raid: member spec %q: unknown key %q", spec, key)
 			}
 		}
 	}

@@ -3,10 +3,13 @@ package raid
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -280,5 +283,116 @@ func TestVolatileConcurrent(t *testing.T) {
 	buf := make([]byte, 2*pages*volatilePage)
 	if _, err := v.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, rec.data) {
 		t.Fatalf("after the last Sync the member differs from what reads see: %v", err)
+	}
+}
+
+// TestVolatileSpelling: volatile:PATH?k=v behaves as faulty:PATH?volatile&k=v — the same
+// injected fault, the same write kept by a Sync and the same unsynced write lost at Close,
+// leaving the two files identical byte for byte — and a malformed spec is refused with an
+// error that names it (never fs.ErrNotExist, which Assemble takes for a missing member).
+func TestVolatileSpelling(t *testing.T) {
+	const size = 64 << 10
+	pairs := [][2]string{
+		{FaultySpecPrefix + "%s?volatile", VolatileSpecPrefix + "%s"},
+		{FaultySpecPrefix + "%s?volatile&rfail=8K+4K", VolatileSpecPrefix + "%s?rfail=8K+4K"},
+	}
+	for _, pair := range pairs {
+		var files [2][]byte
+		var orig []byte
+		for i, form := range pair {
+			path, data := newVolatileFile(t, size)
+			orig = data
+			spec := strings.Replace(form, "%s", path, 1)
+			m, err := OpenMember(spec, false)
+			if err != nil {
+				t.Fatalf("%s: %v", spec, err)
+			}
+			if m.Name() != path {
+				t.Errorf("%s: Name %q, want %q", spec, m.Name(), path)
+			}
+			kept, lost := bytes.Repeat([]byte("k"), 5000), bytes.Repeat([]byte("l"), 5000)
+			if _, err := m.WriteAt(kept, 100); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.WriteAt(lost, 20000); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(lost))
+			if _, err := m.ReadAt(got, 20000); err != nil || !bytes.Equal(got, lost) {
+				t.Fatalf("%s: the unsynced write does not read back: %v", spec, err)
+			}
+			_, err = m.ReadAt(got[:10], 9000)
+			if wantFault := strings.Contains(spec, "rfail"); errors.Is(err, errInjected) != wantFault {
+				t.Fatalf("%s: read in the rfail range: %v", spec, err)
+			}
+			if err := m.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if files[i], err = os.ReadFile(path); err != nil {
+				t.Fatal(err)
+			}
+			want := slices.Clone(orig)
+			copy(want[100:], kept)
+			if !bytes.Equal(files[i], want) {
+				t.Fatalf("%s: after Close the file is not the original with the synced write only", spec)
+			}
+		}
+		if !bytes.Equal(files[0], files[1]) {
+			t.Fatalf("%s and %s left different files", pair[0], pair[1])
+		}
+	}
+
+	path, _ := newVolatileFile(t, size)
+	for _, bad := range []string{
+		VolatileSpecPrefix,
+		VolatileSpecPrefix + "?rfail=0+1",
+		FaultySpecPrefix + "?volatile",
+		VolatileSpecPrefix + path + "?volatile",
+		VolatileSpecPrefix + path + "?volatile=false",
+		VolatileSpecPrefix + path + "?bogus=1",
+		VolatileSpecPrefix + path + "?after=-1",
+		VolatileSpecPrefix + path + "?wfail=12",
+	} {
+		m, err := OpenMember(bad, false)
+		if err == nil {
+			m.Close()
+			t.Errorf("spec %q accepted", bad)
+			continue
+		}
+		if errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("spec %q: error %q should name the spec and not be ErrNotExist", bad, err)
+		}
+	}
+	// A spec whose file does not exist is a missing member, as a plain path is.
+	if _, err := OpenMember(VolatileSpecPrefix+path+".absent?rfail=0+1", false); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("absent file: %v, want fs.ErrNotExist", err)
+	}
+}
+
+// TestSpecPath: SpecPath finds the file of each spelling, and MapSpecPath rewrites only it.
+func TestSpecPath(t *testing.T) {
+	abs := func(p string) (string, error) { return "/d/" + p, nil }
+	for _, c := range []struct{ spec, path, mapped string }{
+		{"m0.img", "m0.img", "/d/m0.img"},
+		{"a?b", "a?b", "/d/a?b"}, // a plain path keeps its '?'
+		{"faulty:m0.img", "m0.img", "faulty:/d/m0.img"},
+		{"faulty:m0.img?volatile&rfail=0+4K", "m0.img", "faulty:/d/m0.img?volatile&rfail=0+4K"},
+		{"volatile:j.log", "j.log", "volatile:/d/j.log"},
+		{"volatile:j.log?delay=1ms", "j.log", "volatile:/d/j.log?delay=1ms"},
+		{"volatile:j.log?", "j.log", "volatile:/d/j.log?"},
+	} {
+		if got := SpecPath(c.spec); got != c.path {
+			t.Errorf("SpecPath(%q) = %q, want %q", c.spec, got, c.path)
+		}
+		if got, err := MapSpecPath(c.spec, abs); err != nil || got != c.mapped {
+			t.Errorf("MapSpecPath(%q) = %q, %v; want %q", c.spec, got, err, c.mapped)
+		}
+	}
+	boom := errors.New("boom")
+	if _, err := MapSpecPath("volatile:x", func(string) (string, error) { return "", boom }); !errors.Is(err, boom) {
+		t.Errorf("MapSpecPath error: %v", err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -39,14 +38,20 @@ type fileMember struct {
 	path  string
 	size  int64
 	block bool
+
+	// The file mapped read-only for mapped reads (mapped.go), made at the first use; nil if
+	// none could be made. Unmapped by Close.
+	mapOnce sync.Once
+	mapped  []byte
 }
 
 // OpenMember opens a regular file or a block device as a member. A block device's size comes
-// from BLKGETSIZE64, a file's from its length. A path of the form faulty:PATH?... opens PATH
-// wrapped in fault injection, a testing aid (doc.go # Testing with faulty members).
+// from BLKGETSIZE64, a file's from its length. A path of the form faulty:PATH?... (or
+// volatile:PATH?..., short for faulty:PATH?volatile&...) opens PATH wrapped in fault
+// injection, a testing aid (doc.go # Testing with faulty members).
 func OpenMember(path string, readOnly bool) (Member, error) {
-	if spec, ok := strings.CutPrefix(path, FaultySpecPrefix); ok {
-		return openFaultySpec(spec, readOnly)
+	if m, ok, err := openSpec(path, readOnly); ok {
+		return m, err
 	}
 	flag := os.O_RDWR
 	if readOnly {
@@ -101,7 +106,7 @@ func createMemberFile(path string, size int64) error {
 
 func (m *fileMember) Name() string { return m.path }
 func (m *fileMember) Size() int64  { return m.size }
-func (m *fileMember) Close() error { return m.f.Close() }
+func (m *fileMember) Close() error { return errors.Join(m.unmap(), m.f.Close()) }
 
 // ReadAt reads with pread, retrying EINTR and short reads. A sparse file that ends before the
 // member size (never the case for a member raid5d created) reads as zeroes up to Size.
