@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/raid5d/raid5d/stripe"
 )
 
@@ -81,7 +83,7 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 		if opts.JournalSize == 0 {
 			opts.JournalSize = DefaultJournalSize
 		}
-		if _, serr := os.Stat(opts.JournalPath); errors.Is(serr, fs.ErrNotExist) && opts.JournalSize < JournalMinSize(l) {
+		if _, serr := os.Stat(SpecPath(opts.JournalPath)); errors.Is(serr, fs.ErrNotExist) && opts.JournalSize < JournalMinSize(l) {
 			return nil, fmt.Errorf("%w: journal size %d; this layout needs at least %d", ErrJournal, opts.JournalSize, JournalMinSize(l))
 		}
 	}
@@ -96,12 +98,12 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 	if opts.Consistency == ConsistencyJournal && opts.Journal == nil && opts.JournalPath != "" {
 		jm, made, err := openJournalFile(opts.JournalPath, opts.JournalSize)
 		if made {
-			created = append(created, opts.JournalPath)
+			created = append(created, SpecPath(opts.JournalPath))
 		}
 		if err != nil {
 			return nil, err
 		}
-		abs, err := filepath.Abs(opts.JournalPath)
+		abs, err := MapSpecPath(opts.JournalPath, filepath.Abs)
 		if err != nil {
 			jm.Close()
 			return nil, err
@@ -130,6 +132,13 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 			return nil, &MemberError{Member: p, Role: len(members), Op: "open", Off: -1, Err: err}
 		}
 		members = append(members, m)
+	}
+	if opts.Journal != nil {
+		// Spares too: CreateMembers sees only the members. Nothing is written yet.
+		if err := checkJournalPlacement(opts.Journal.Name(), memberNames(members)); err != nil {
+			closeMembers(members)
+			return nil, err
+		}
 	}
 	spares := members[len(paths):]
 	a, err = CreateMembers(members[:len(paths)], opts)
@@ -189,6 +198,9 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	}
 	jm := opts.Journal
 	if opts.Consistency == ConsistencyJournal {
+		if err := checkJournalPlacement(jm.Name(), memberNames(members)); err != nil {
+			return nil, err
+		}
 		if need := JournalMinSize(layout); jm.Size() < need {
 			return nil, fmt.Errorf("%w: %s: %d bytes; this layout needs a journal of at least %d (two headers and four whole-stripe records)",
 				ErrJournal, jm.Name(), jm.Size(), need)
@@ -292,10 +304,14 @@ func (a *Array) startJournal() {
 
 // openJournalFile opens the journal at path, creating it with size bytes (0:
 // DefaultJournalSize; Create has checked it) if it does not exist; made says whether it did.
+// path may be a member spec (volatile:PATH: a journal that loses its unsynced writes when the
+// process is killed, to test the journal's own crash safety); then the file made is PATH.
 func openJournalFile(path string, size int64) (m Member, made bool, err error) {
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		if err := createMemberFile(path, size); err != nil {
-			return nil, false, fmt.Errorf("%w: creating %s: %w", ErrJournal, path, err)
+	if file := SpecPath(path); file == "" {
+		return nil, false, fmt.Errorf("%w: journal spec %q has no path", ErrJournal, path)
+	} else if _, err := os.Stat(file); errors.Is(err, fs.ErrNotExist) {
+		if err := createMemberFile(file, size); err != nil {
+			return nil, false, fmt.Errorf("%w: creating %s: %w", ErrJournal, file, err)
 		}
 		made = true
 	}
@@ -403,6 +419,14 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		jm, jpath, owned, err = openJournal(ref, opts)
 		if err != nil {
 			return nil, err
+		}
+		if jm != nil {
+			if err := checkJournalPlacement(jm.Name(), memberNames(members)); err != nil {
+				if owned {
+					jm.Close()
+				}
+				return nil, err
+			}
 		}
 		if jm == nil {
 			log.Warn("raid: the write journal is missing; the array was shut down cleanly, so nothing needs replaying: assembling it read-only (reassemble with the journal, or JournalPath, to write)",
@@ -624,6 +648,72 @@ func checkDistinct(paths []string) error {
 		}
 	}
 	return nil
+}
+
+// checkJournalPlacement refuses a journal on a member's own storage: the same file as a member
+// (same device and inode: a second path or a hard link), the same block device (same device
+// number, through another device node), or a file on a filesystem of a member block device, or
+// the other way round. One disk would then hold a stripe's data and the record meant to repair
+// it, and the journal's writes would overwrite the member's. journal and members are paths or
+// member specs (their PATH is what counts); one that cannot be stat'ed (an in-memory member, a
+// file not made yet) shares nothing. A journal file on the same filesystem as member files is
+// allowed (tests put everything on /dev/shm); JournalSharesFilesystem finds that case.
+func checkJournalPlacement(journal string, members []string) error {
+	var j unix.Stat_t
+	if unix.Stat(SpecPath(journal), &j) != nil {
+		return nil
+	}
+	for _, m := range members {
+		var st unix.Stat_t
+		if unix.Stat(SpecPath(m), &st) != nil {
+			continue
+		}
+		var why string
+		switch {
+		case j.Dev == st.Dev && j.Ino == st.Ino:
+			why = "is the same file as member"
+		case isBlock(&j) && isBlock(&st) && j.Rdev == st.Rdev:
+			why = "is the same block device as member"
+		case !isBlock(&j) && isBlock(&st) && j.Dev == st.Rdev:
+			why = "is a file on a filesystem of member"
+		case isBlock(&j) && !isBlock(&st) && st.Dev == j.Rdev:
+			why = "is the block device holding the filesystem of member"
+		default:
+			continue
+		}
+		return fmt.Errorf("%w: journal %s %s %s; put the journal on another disk", ErrJournalOnMember, journal, why, m)
+	}
+	return nil
+}
+
+func isBlock(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFBLK }
+
+// JournalSharesFilesystem reports whether the journal file (a path or member spec) is on the
+// same filesystem as one of the member files, and which: legal (the tests do it), but one
+// disk failure then takes the journal and a member, so create warns about it. Paths that
+// cannot be stat'ed, and block devices, share nothing here (checkJournalPlacement refuses the
+// cases that are errors).
+func JournalSharesFilesystem(journal string, members []string) (member string, ok bool) {
+	var j unix.Stat_t
+	if unix.Stat(SpecPath(journal), &j) != nil || j.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", false
+	}
+	for _, m := range members {
+		var st unix.Stat_t
+		if unix.Stat(SpecPath(m), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Dev == j.Dev {
+			return m, true
+		}
+	}
+	return "", false
+}
+
+// memberNames returns the members' names (their paths).
+func memberNames(ms []Member) []string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name()
+	}
+	return names
 }
 
 func closeMembers(ms []Member) {

@@ -75,6 +75,10 @@ var (
 	// ErrInUse is returned by Create for a member that already carries a valid raid5d
 	// superblock, unless CreateOptions.Force is set.
 	ErrInUse = errors.New("raid: member already carries a raid5d superblock")
+	// ErrJournalOnMember is returned by Create and Assemble, before anything is written, when
+	// the write journal is a member's own storage: the same file (a hard link, another path)
+	// or block device as a member or spare, or a file on a member block device's filesystem.
+	ErrJournalOnMember = errors.New("raid: write journal on a member's storage")
 	// ErrNoMembers is returned by Assemble and Examine when no member could be read at all.
 	ErrNoMembers = errors.New("raid: no usable member")
 )

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -591,5 +592,110 @@ func BenchmarkConsistency(b *testing.B) {
 				b.ReportMetric(float64(j.Commits)/float64(b.N), "jcommit/op")
 			}
 		})
+	}
+}
+
+// snapshot returns the contents of the files at paths, to prove a refusal wrote nothing.
+func snapshot(t *testing.T, paths ...string) [][]byte {
+	t.Helper()
+	out := make([][]byte, len(paths))
+	for i, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// TestJournalOnMember: a journal that is a member's own file — a hard link of a member or of a
+// spare (the same inode under another name), given plainly or as a volatile: spec — is
+// refused by Create and by Assemble with ErrJournalOnMember, naming both paths, before
+// anything is written: every member byte and the real journal are unchanged, and no file is
+// left behind. A journal file merely on the members' filesystem is legal;
+// JournalSharesFilesystem finds it (create warns).
+func TestJournalOnMember(t *testing.T) {
+	dir := t.TempDir()
+	paths := memberPaths(dir, 3)
+	spare := filepath.Join(dir, "spare.img")
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, p := range append(paths, spare) {
+		b := make([]byte, memberSize)
+		fill(rng, b)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(dir, "journal-link")
+	spareLink := filepath.Join(dir, "spare-link")
+	if err := os.Link(paths[1], link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(spare, spareLink); err != nil {
+		t.Fatal(err)
+	}
+	all := append(paths[:3:3], spare)
+	before := snapshot(t, all...)
+	opts := raid.CreateOptions{Chunk: testChunk, Consistency: raid.ConsistencyJournal, JournalSize: 2 << 20}
+	for _, c := range []struct{ journal, member string }{
+		{link, paths[1]},
+		{raid.VolatileSpecPrefix + link, paths[1]},
+		{raid.FaultySpecPrefix + link + "?delay=1ms", paths[1]},
+		{spareLink, spare},
+	} {
+		o := opts
+		o.JournalPath, o.Spares = c.journal, []string{spare}
+		_, err := raid.Create(paths, o)
+		if !errors.Is(err, raid.ErrJournalOnMember) || !strings.Contains(err.Error(), raid.SpecPath(c.journal)) ||
+			!strings.Contains(err.Error(), c.member) {
+			t.Fatalf("Create with journal %s: %v; want ErrJournalOnMember naming it and %s", c.journal, err, c.member)
+		}
+		t.Logf("Create with journal %s: %v", c.journal, err)
+	}
+	for i, b := range snapshot(t, all...) {
+		if !bytes.Equal(b, before[i]) {
+			t.Fatalf("a refused Create changed %s", all[i])
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 6 {
+		t.Fatalf("refused Creates left %d files in the directory, want the 6 made here", len(ents))
+	}
+
+	// A journal file next to the members is legal, and found.
+	journal := filepath.Join(dir, "journal.img")
+	o := opts
+	o.JournalPath, o.Force = journal, true
+	a, err := raid.Create(paths, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := raid.JournalSharesFilesystem(journal, paths); !ok || m != paths[0] {
+		t.Errorf("JournalSharesFilesystem = %q, %v; want %s", m, ok, paths[0])
+	}
+	if m, ok := raid.JournalSharesFilesystem("/proc/self/status", paths); ok {
+		t.Errorf("JournalSharesFilesystem of a file on /proc: %q", m)
+	}
+	if _, err := a.WriteAt(bytes.Repeat([]byte{9}, 10000), 3000); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	all = append(all, journal)
+	before = snapshot(t, all...)
+	for _, jp := range []string{link, raid.VolatileSpecPrefix + link} {
+		b, err := raid.Assemble(paths, raid.AssembleOptions{JournalPath: jp})
+		if err == nil {
+			b.Close()
+		}
+		if !errors.Is(err, raid.ErrJournalOnMember) || !strings.Contains(err.Error(), paths[1]) {
+			t.Fatalf("Assemble with journal %s: %v; want ErrJournalOnMember naming %s", jp, err, paths[1])
+		}
+	}
+	for i, b := range snapshot(t, all...) {
+		if !bytes.Equal(b, before[i]) {
+			t.Fatalf("a refused Assemble changed %s", all[i])
+		}
 	}
 }
