@@ -536,9 +536,10 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	case ref.Dirty:
 		a.unclean = true
 		a.dirty.Store(true)
-		a.resync = a.newResync()
+		a.resync = a.newResync(a.resumePoint(ref, opts.ReadOnly))
 		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent until the resync ends",
-			"array", ref.ArrayUUID, "regions", a.resync.count(), "of", len(a.resync.pending), "full", a.resync.full)
+			"array", ref.ArrayUUID, "regions", a.resync.count(), "of", len(a.resync.pending), "full", a.resync.full,
+			"resume_at", a.resync.from*ref.Chunk)
 		if len(missing) == 1 && !opts.ReadOnly {
 			a.noteWriteHole()
 		}

@@ -2,6 +2,7 @@ package raid
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -14,33 +15,113 @@ type resyncSet struct {
 	regionStripes int64
 	pending       []atomic.Bool
 	full          bool // every region: no usable write-intent bitmap
+	// from is the stripe a full resync resumes at (Array.resumePoint), 0 if it starts at
+	// the beginning: the stripes below it are consistent and the regions wholly below it
+	// are not pending.
+	from int64
 }
 
 // newResyncSet returns a set of regions of regionStripes stripes covering stripes stripes, with
-// the regions for which dirty returns true pending (nil dirty: all of them).
-func newResyncSet(stripes, regionStripes int64, dirty func(r int64) bool) *resyncSet {
+// the regions for which dirty returns true pending (nil dirty: all of them, but those wholly
+// below stripe from).
+func newResyncSet(stripes, regionStripes, from int64, dirty func(r int64) bool) *resyncSet {
 	n := (stripes + regionStripes - 1) / regionStripes
-	rs := &resyncSet{regionStripes: regionStripes, pending: make([]atomic.Bool, n), full: dirty == nil}
+	rs := &resyncSet{regionStripes: regionStripes, pending: make([]atomic.Bool, n), full: dirty == nil, from: from}
 	for r := range n {
-		rs.pending[r].Store(dirty == nil || dirty(r))
+		rs.pending[r].Store((r+1)*regionStripes > from && (dirty == nil || dirty(r)))
 	}
 	return rs
 }
 
 // newResync returns the regions to resync after an unclean shutdown: those whose bit is set in
 // the write-intent bitmap (the union of the members'), or every region if the array has no
-// bitmap or it cannot be read.
-func (a *Array) newResync() *resyncSet {
+// bitmap or it cannot be read, but those below from (stripes: where a full resync stopped
+// cleanly, see resumePoint; 0 with a bitmap, which is its own checkpoint).
+func (a *Array) newResync(from int64) *resyncSet {
 	stripes := a.memberData / a.layout.ChunkSize()
 	if a.bm == nil {
-		return newResyncSet(stripes, max(stripes/64, 1), nil)
+		a.resyncPos.Store(from) // the stripes below it need no reconstruct-write (needsRCW)
+		return newResyncSet(stripes, max(stripes/64, 1), from, nil)
 	}
 	bits, err := a.bm.load()
 	if err != nil {
 		a.log.Warn("raid: write-intent bitmap unreadable; resyncing the whole array", "err", err)
-		return newResyncSet(stripes, a.bm.regionStripes, nil)
+		return newResyncSet(stripes, a.bm.regionStripes, 0, nil)
 	}
-	return newResyncSet(stripes, a.bm.regionStripes, func(r int64) bool { return bits[r/8]&(1<<(r%8)) != 0 })
+	return newResyncSet(stripes, a.bm.regionStripes, 0, func(r int64) bool { return bits[r/8]&(1<<(r%8)) != 0 })
+}
+
+// resumePoint returns the stripe at which the resync of an array assembled dirty may resume:
+// where a full resync stood when the array was last stopped cleanly (superblock Resync, from
+// the reference superblock ref), 0 if none. Unless the array is read-only it then clears the
+// point from every superblock, durably, before the array takes its first write; if that
+// fails it returns 0 (resyncing everything is always safe).
+//
+// Why a crash must not resume: the point says that parity below it matched the data when
+// Close recorded it, everything being written and synced. Once the array serves again,
+// writes land below the point too, and a crash can tear any of them (one member's chunk
+// written, the parity not, or the reverse); nothing records which stripes were written, so
+// after a crash the whole array is suspect again. With the point gone from the superblocks,
+// a crash leaves them dirty with no resume point, and the next assembly resyncs from stripe
+// 0; a clean stop records the resync's new position (recordResyncStop).
+func (a *Array) resumePoint(ref *superblock, readOnly bool) int64 {
+	if ref.Resync <= 0 || a.bm != nil || a.jr != nil {
+		return 0
+	}
+	from := min(ref.Resync, a.memberData) / a.layout.ChunkSize()
+	if readOnly {
+		return from // nothing is written, so nothing can tear
+	}
+	a.sbMu.Lock()
+	for _, m := range a.all() {
+		m.sb.Resync = 0
+	}
+	err := a.writeSuperblocks(nil)
+	a.sbMu.Unlock()
+	if err != nil {
+		a.log.Warn("raid: clearing the resync's resume point from the superblocks failed; resyncing the whole array",
+			"position", ref.Resync, "err", err)
+		return 0
+	}
+	a.log.Info("raid: the resync stopped cleanly last time; resuming it", "position", from*a.layout.ChunkSize())
+	return from
+}
+
+// recordResyncStop records, when Close has stopped a full resync in the middle, how far it got
+// (superblock Resync), so that the next assembly resumes there. It first writes out the
+// cache and syncs the members, so that every stripe below the position is consistent on
+// disk; the superblocks stay dirty. Close calls it (through stopAllSync) once the resync
+// has ended and no client call is in flight. Arrays with a bitmap need none of this: their
+// bitmap keeps the regions not yet resynced.
+func (a *Array) recordResyncStop() {
+	rs := a.resync
+	if a.readOnly || rs == nil || !rs.full || a.bm != nil || a.jr != nil || !a.resyncPending() || a.failed() {
+		return
+	}
+	pos := a.resyncPos.Load()
+	a.sbMu.Lock()
+	unclean := a.unclean
+	a.sbMu.Unlock()
+	if !unclean || pos <= 0 {
+		return
+	}
+	var err error
+	if a.cache != nil {
+		err = a.cache.Flush()
+	}
+	if err = errors.Join(err, a.syncMembers()); err != nil {
+		a.log.Warn("raid: the stopped resync's position cannot be recorded; the next assembly resyncs the whole array", "err", err)
+		return
+	}
+	C := a.layout.ChunkSize()
+	a.sbMu.Lock()
+	err = a.writeSuperblocks(func(sb *superblock) { sb.Dirty, sb.Resync = true, pos*C })
+	a.sbMu.Unlock()
+	if err != nil {
+		a.log.Warn("raid: recording the stopped resync's position failed", "position", pos*C, "err", err)
+		return
+	}
+	a.log.Info("raid: resync stopped; the next assembly resumes it", "position", pos*C, "of", a.memberData)
 }
 
 // count returns how many regions are pending.
@@ -73,7 +154,19 @@ func (a *Array) resyncPending() bool { return a.resync != nil && a.resync.count(
 // else runs: at start, and when a rebuild ends. A degraded array cannot be resynced (parity is
 // needed to rebuild the missing chunks): the write hole, see Status.WriteHole.
 func (a *Array) maybeResync() {
-	if a.readOnly || !a.resyncPending() || a.nBad.Load() > 0 {
+	if a.readOnly || a.resync == nil {
+		return
+	}
+	if !a.resyncPending() {
+		// Assembled dirty with nothing to resync (no bit set in the bitmap, or a resync
+		// that had reached the end when it was stopped): parity is consistent, so Close
+		// may mark the array clean again.
+		a.sbMu.Lock()
+		a.unclean = false
+		a.sbMu.Unlock()
+		return
+	}
+	if a.nBad.Load() > 0 {
 		return
 	}
 	a.syncMu.Lock()
@@ -88,34 +181,38 @@ func (a *Array) maybeResync() {
 // ascending order, batch by batch under the stripes' locks (dirty cache heads written out
 // first), as a repairing scrub does, at the sync speed limits. After each region it syncs the
 // members and only then drops the region from the set (and lets its write-intent bit be
-// cleared): the bitmap is the resync's checkpoint. When no region is left the array counts as
+// cleared): the bitmap is the resync's checkpoint. Without a bitmap the checkpoint is the
+// position Close records when it stops the resync (recordResyncStop); a resumed resync
+// starts at it and says so in Progress.Resumed. When no region is left the array counts as
 // cleanly assembled again (Close marks it clean).
 func (a *Array) runResync(ctx context.Context, j *syncJob) error {
 	rs := a.resync
 	C := a.layout.ChunkSize()
 	stripes := a.memberData / C
+	// A resumed resync counts the stripes below its resume point as done, as a resumed
+	// rebuild does: Done and Total then read as the position in the array.
 	var regions []int64
-	total := int64(0)
+	done := rs.from * C
+	total := done
 	for r := range int64(len(rs.pending)) {
 		if rs.pending[r].Load() {
 			regions = append(regions, r)
-			total += (min((r+1)*rs.regionStripes, stripes) - r*rs.regionStripes) * C
+			total += (min((r+1)*rs.regionStripes, stripes) - max(r*rs.regionStripes, rs.from)) * C
 		}
 	}
 	a.syncMu.Lock()
-	j.p.Total = total
+	j.p.Total, j.p.Done, j.p.Resumed, j.base = total, done, done, done
 	a.syncMu.Unlock()
 	a.log.Info("raid: resync started: recomputing parity of the regions written at the unclean shutdown",
-		"regions", len(regions), "of", len(rs.pending), "bytes_per_member", total, "full", rs.full)
+		"regions", len(regions), "of", len(rs.pending), "bytes_per_member", total-done, "full", rs.full, "resumed_from", done)
 	batch := a.syncBatch()
 	bufs := make([][]byte, a.layout.Members()+1)
 	for i := range bufs {
 		bufs[i] = make([]byte, batch*C)
 	}
 	t := a.newThrottle()
-	done := int64(0)
 	for _, r := range regions {
-		s0, s1 := r*rs.regionStripes, min((r+1)*rs.regionStripes, stripes)
+		s0, s1 := max(r*rs.regionStripes, rs.from), min((r+1)*rs.regionStripes, stripes)
 		if a.resyncPos.Load() < s0 {
 			a.resyncPos.Store(s0) // only moves past regions not pending
 		}

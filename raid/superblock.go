@@ -87,6 +87,15 @@ type superblock struct {
 	// JournalPath is where the write journal is (featureJournal): the path Create was
 	// given, made absolute, or the Member's name. "" without a journal.
 	JournalPath string
+	// Resync is how far a full resync (no bitmap, no journal) had got when the array was
+	// stopped cleanly in the middle of it: bytes of the data area, a multiple of Chunk, below
+	// which parity is consistent; the next assembly resumes the resync there. It is set only
+	// on a dirty superblock, like md's resync_offset, which md records only while the array
+	// is in sync: the state stays dirty, so a build from before this field resyncs
+	// everything (slower, never wrong), and 0 (every superblock from before it) means no
+	// resume point. Assembly clears it, durably, before the array takes a write: see
+	// Array.resumePoint for why a crash must not resume.
+	Resync int64
 }
 
 // Per-role states in the superblock's table, and the role of a spare.
@@ -125,7 +134,9 @@ const (
 	sbBitmapReg  = 192
 	sbJournalLen = 200                        // uint32: length of the journal path
 	sbJournal    = 204                        // the journal path, MaxJournalPath bytes at most
-	sbEnd        = sbJournal + MaxJournalPath // [sbEnd, crcOff) is reserved and written as zeroes
+	sbJournalEnd = sbJournal + MaxJournalPath // [sbJournalEnd, sbResync) is written as zeroes
+	sbResync     = 1232                       // int64: Resync, the full resync's resume point
+	sbEnd        = sbResync + 8               // [sbEnd, crcOff) is reserved and written as zeroes
 
 	// featureBitmap: the member carries a write-intent bitmap (BitmapOff, BitmapSize,
 	// BitmapRegion are set).
@@ -139,6 +150,10 @@ const (
 	stateClean = 0
 	stateDirty = 1
 )
+
+// The resync field must not overlap the longest journal path (a negative constant does not
+// convert to uint: the build fails).
+const _ = uint(sbResync - sbJournalEnd)
 
 // encode writes sb into b (SuperblockSize bytes), checksum included.
 func (sb *superblock) encode(b []byte) {
@@ -173,7 +188,8 @@ func (sb *superblock) encode(b []byte) {
 	le.PutUint64(b[sbRecovery:], uint64(sb.Recovery))
 	copy(b[sbStates:sbBitmapReg], sb.States[:])
 	le.PutUint64(b[sbBitmapReg:], uint64(sb.BitmapRegion))
-	le.PutUint32(b[sbJournalLen:], uint32(copy(b[sbJournal:sbEnd], sb.JournalPath)))
+	le.PutUint32(b[sbJournalLen:], uint32(copy(b[sbJournal:sbJournalEnd], sb.JournalPath)))
+	le.PutUint64(b[sbResync:], uint64(sb.Resync))
 	le.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32c))
 }
 
@@ -211,6 +227,7 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 	}
 	copy(sb.States[:], b[sbStates:sbBitmapReg])
 	sb.BitmapRegion = int64(le.Uint64(b[sbBitmapReg:]))
+	sb.Resync = int64(le.Uint64(b[sbResync:]))
 	copy(sb.ArrayUUID[:], b[sbArrayUUID:])
 	copy(sb.DeviceUUID[:], b[sbDeviceUUID:])
 	// A valid checksum over nonsense is still nonsense: check every field.
@@ -270,5 +287,11 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 		return bad("journal path of %d bytes, features %#x", jlen, sb.Features)
 	}
 	sb.JournalPath = string(b[sbJournal : sbJournal+jlen])
+	// A resume point belongs to a dirty array without a bitmap or journal (those are their
+	// own checkpoints), inside the data area, on a stripe boundary.
+	if sb.Resync < 0 || sb.Resync > sb.DataSize || sb.Resync%sb.Chunk != 0 ||
+		sb.Resync != 0 && (!sb.Dirty || sb.Features&(featureBitmap|featureJournal) != 0) {
+		return bad("resync position %d (dirty %v, features %#x)", sb.Resync, sb.Dirty, sb.Features)
+	}
 	return sb, nil
 }

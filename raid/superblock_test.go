@@ -96,6 +96,9 @@ func FuzzDecodeSuperblock(f *testing.F) {
 	clean.Dirty = false
 	f.Add(encoded(clean))
 	f.Add(make([]byte, SuperblockSize))
+	resumed := testSuperblock()
+	resumed.Resync = 10 * resumed.Chunk
+	f.Add(encoded(resumed))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		sb, err := decodeSuperblock(b)
 		if err != nil {
@@ -211,5 +214,68 @@ func TestSuperblockJournal(t *testing.T) {
 				t.Fatalf("decode: %v, want ErrBadSuperblock", err)
 			}
 		})
+	}
+}
+
+// TestSuperblockResync: the full resync's resume point round-trips; a superblock from before
+// the field (zeroes there) has none; a point that is not a chunk multiple inside the data
+// area, or on a clean superblock, or with a bitmap or journal (their own checkpoints), is
+// refused; and the field is covered by the checksum.
+func TestSuperblockResync(t *testing.T) {
+	want := testSuperblock()
+	want.Resync = 300 * want.Chunk
+	b := encoded(want)
+	if got, err := decodeSuperblock(b); err != nil || got.Resync != want.Resync {
+		t.Fatalf("decode: resync %v, %v; want %d", got, err, want.Resync)
+	}
+	old := encoded(testSuperblock())
+	for i, c := range old[sbJournalEnd:crcOff] {
+		if c != 0 {
+			t.Fatalf("byte %d after the journal path is %#x in a superblock without a resume point, want 0", sbJournalEnd+i, c)
+		}
+	}
+	if got, err := decodeSuperblock(old); err != nil || got.Resync != 0 {
+		t.Fatalf("superblock without the field: resync %v, %v; want 0", got, err)
+	}
+	full := testSuperblock()
+	full.Resync = full.DataSize
+	if got, err := decodeSuperblock(encoded(full)); err != nil || got.Resync != full.DataSize {
+		t.Fatalf("resume point at the end: %v, %v", got, err)
+	}
+	bit := make([]byte, SuperblockSize)
+	copy(bit, b)
+	bit[sbResync+1] ^= 1
+	if _, err := decodeSuperblock(bit); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("bit flip in the resume point: %v, want ErrChecksum", err)
+	}
+	le := binary.LittleEndian
+	for _, tc := range []struct {
+		name string
+		edit func(b []byte)
+	}{
+		{"not a chunk multiple", func(b []byte) { le.PutUint64(b[sbResync:], uint64(want.Resync+512)) }},
+		{"past the data", func(b []byte) { le.PutUint64(b[sbResync:], uint64(want.DataSize+want.Chunk)) }},
+		{"negative", func(b []byte) { le.PutUint64(b[sbResync:], uint64(-want.Chunk)) }},
+		{"clean", func(b []byte) { le.PutUint32(b[sbState:], stateClean) }},
+		{"journal", func(b []byte) { le.PutUint32(b[sbFeatures:], featureJournal) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := encoded(want)
+			tc.edit(c)
+			reseal(c)
+			if _, err := decodeSuperblock(c); !errors.Is(err, ErrBadSuperblock) {
+				t.Fatalf("decode: %v, want ErrBadSuperblock", err)
+			}
+		})
+	}
+	bm := testSuperblock()
+	bm.Features, bm.BitmapOff, bm.BitmapRegion = featureBitmap, BitmapOffset, 1
+	bm.BitmapSize = bitmapBytes(bm.DataSize / bm.Chunk)
+	if _, err := decodeSuperblock(encoded(bm)); err != nil {
+		t.Fatalf("bitmap superblock: %v", err)
+	}
+	bm.Resync = bm.Chunk
+	if _, err := decodeSuperblock(encoded(bm)); !errors.Is(err, ErrBadSuperblock) {
+		t.Fatalf("resume point with a bitmap: %v, want ErrBadSuperblock", err)
 	}
 }

@@ -25,7 +25,7 @@ type Progress struct {
 	ETA         time.Duration // at that speed
 	Mismatches  int64         // check/repair/resync: stripes whose parity did not match (so far); repair and resync rewrote it
 	MismatchAt  []int64       // the first (at most maxMismatchAt) such stripe numbers
-	Resumed     int64         // rebuild: the checkpoint it resumed from (bytes), 0 if none
+	Resumed     int64         // rebuild, full resync: the checkpoint it resumed from (bytes), 0 if none
 	Err         string        // why it stopped early, if it did
 }
 
@@ -169,7 +169,8 @@ func (a *Array) stopSync(rebuildToo bool) {
 	}
 }
 
-// stopAllSync stops the background job, waits for it, and refuses new ones (Close).
+// stopAllSync stops the background job, waits for it, and refuses new ones (Close). A full
+// resync it stops records its position for the next assembly (recordResyncStop).
 func (a *Array) stopAllSync() {
 	if a.bm != nil {
 		a.bm.stopCleaner()
@@ -184,6 +185,7 @@ func (a *Array) stopAllSync() {
 	}
 	a.syncMu.Unlock()
 	a.bgWG.Wait()
+	a.recordResyncStop()
 }
 
 // maybeRebuild starts a rebuild if a role needs one and a spare (or a resumable rebuilding
