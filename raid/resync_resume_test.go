@@ -363,3 +363,77 @@ func TestResyncResumeReadOnly(t *testing.T) {
 		t.Fatalf("inconsistent stripes: %v", bad)
 	}
 }
+
+// TestResyncNothingLeft: an array assembled dirty with nothing to resync — a resume point at
+// the very end, or a bitmap with no bit set — counts as clean at once: no resync runs, and
+// Close marks it clean (it used to stay dirty, and unclean, for good).
+func TestResyncNothingLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		policy string
+	}{{"resume point at the end", ConsistencyNone}, {"bitmap without bits", ConsistencyBitmap}} {
+		t.Run(tc.name, func(t *testing.T) {
+			paths := rrFiles(t, 3)
+			a, err := Create(paths, CreateOptions{Chunk: rrChunk, MemberSize: DataOffset + rrStripes*rrChunk, Consistency: tc.policy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := bytes.Repeat([]byte("resync"), 10000)
+			if _, err := a.WriteAt(want, 5000); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.policy == ConsistencyBitmap {
+				a.bm.clean(0)
+				if st := a.Status(); st.Bitmap == nil || st.Bitmap.Set != 0 {
+					t.Fatalf("bitmap after cleaning: %+v", st.Bitmap)
+				}
+			}
+			img := rrFiles(t, 3)
+			rrCopy(t, paths, img)
+			a.Close()
+			if tc.policy == ConsistencyNone {
+				// As Close records a resync stopped after its last batch.
+				for _, p := range img {
+					m, err := OpenMember(p, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sb, err := readSuperblock(m)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sb.Resync = sb.DataSize
+					buf := make([]byte, SuperblockSize)
+					sb.encode(buf)
+					if _, err := m.WriteAt(buf, SuperblockOffset); err != nil {
+						t.Fatal(err)
+					}
+					m.Close()
+				}
+			}
+			b := rrAssemble(t, img, rrFast)
+			if st := b.Status(); st.Unclean || st.Sync != nil || !st.Dirty {
+				t.Fatalf("assembled dirty with nothing to resync: unclean %v, sync %+v, dirty %v; want dirty, not unclean, no resync",
+					st.Unclean, st.Sync, st.Dirty)
+			}
+			got := make([]byte, len(want))
+			if _, err := b.ReadAt(got, 5000); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("read back: %v, equal %v", err, bytes.Equal(got, want))
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for i, sb := range rrSuperblocks(t, img) {
+				if sb.Dirty || sb.Resync != 0 {
+					t.Fatalf("member %d after Close: dirty %v, resync %d; want clean", i, sb.Dirty, sb.Resync)
+				}
+			}
+			if bad := rrMismatches(t, b, img); len(bad) != 0 {
+				t.Fatalf("inconsistent stripes: %v", bad)
+			}
+		})
+	}
+}
