@@ -26,7 +26,8 @@ import (
 // Values take the TOML type of the setting: booleans for switches (stable-pages = true),
 // integers for counts (max-connections = 64), strings for everything else (durations "30s",
 // sizes "64M" or plain integers, paths); repeatable flags (allow-client, allow-uid) take an
-// array. Relative paths (members, socket, control, tls-*) are relative to the file's directory.
+// array. Relative paths (members, socket, control, journal, tls-*; the PATH of a member or
+// journal spec) are relative to the file's directory.
 // A flag given on the command line wins over the file; the file wins over the defaults.
 
 // configMembersKey is the one key that is not a flag: the member paths.
@@ -113,7 +114,10 @@ func applyConfigFile(path string, fs *flag.FlagSet) ([]string, settingSource, er
 			return nil, nil, fmt.Errorf("%w: %s: %s: %v", errUsage, at, name, err)
 		}
 		for _, s := range strs {
-			if isPathKey(name) && s != "" && !filepath.IsAbs(s) {
+			switch {
+			case name == "journal" && s != "":
+				s = resolveMember(dir, s) // a path, or the PATH of a volatile: spec
+			case isPathKey(name) && s != "" && !filepath.IsAbs(s):
 				s = filepath.Join(dir, s)
 			}
 			if err := fs.Set(name, s); err != nil {
@@ -125,23 +129,16 @@ func applyConfigFile(path string, fs *flag.FlagSet) ([]string, settingSource, er
 	return members, src, nil
 }
 
-// resolveMember makes a member path from a configuration file absolute against dir; in a
-// faulty:PATH?... spec, the PATH.
+// resolveMember makes a member or journal path from a configuration file absolute against
+// dir; in a faulty:PATH?... or volatile:PATH?... spec, the PATH.
 func resolveMember(dir, m string) string {
-	join := func(p string) string {
+	resolved, _ := raid.MapSpecPath(m, func(p string) (string, error) {
 		if filepath.IsAbs(p) {
-			return p
+			return p, nil
 		}
-		return filepath.Join(dir, p)
-	}
-	if spec, ok := strings.CutPrefix(m, raid.FaultySpecPrefix); ok {
-		path, query, hasQuery := strings.Cut(spec, "?")
-		if hasQuery {
-			return raid.FaultySpecPrefix + join(path) + "?" + query
-		}
-		return raid.FaultySpecPrefix + join(path)
-	}
-	return join(m)
+		return filepath.Join(dir, p), nil
+	})
+	return resolved
 }
 
 // isRepeatable reports whether a flag takes many values (given again on the command line, an

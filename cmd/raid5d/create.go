@@ -30,8 +30,10 @@ superblock, so give them to serve with the members.`, stdout)
 		"being written are resynced), none (a full resync after every crash) or journal (every write is\n"+
 		"logged to --journal first and replayed after a crash: closes the write hole of a crash while\n"+
 		"degraded, at the cost of writing every byte twice and a sync per group of writes). See README, \"Crashes\"")
-	journal := fs.String("journal", "", "journal `file` or block device for --consistency journal, on another disk than the members;\n"+
-		"a file that does not exist is created with --journal-size; serve finds it by the path recorded")
+	journal := fs.String("journal", "", "journal `file` or block device for --consistency journal, on another disk than the members\n"+
+		"(a member's own file or device is refused; a file on a member's filesystem gets a warning); a file that\n"+
+		"does not exist is created with --journal-size; serve finds it by the path recorded. For testing it may\n"+
+		"be a volatile:PATH spec, recorded as given with PATH made absolute")
 	journalSize := sizeFlag{n: raid.DefaultJournalSize}
 	fs.Var(&journalSize, "journal-size", "`size` of a journal file created by --journal (at least 1M, more for large stripes)")
 	var bitmapRegion sizeFlag
@@ -65,6 +67,12 @@ superblock, so give them to serve with the members.`, stdout)
 	})
 	if err != nil {
 		return err
+	}
+	if *journal != "" {
+		if m, ok := raid.JournalSharesFilesystem(*journal, append(members[:len(members):len(members)], spares...)); ok {
+			fmt.Fprintf(stderr, "raid5d create: warning: journal %s is on the same filesystem as member %s: "+
+				"one disk failure can take both; for real data put the journal on another disk\n", raid.SpecPath(*journal), m)
+		}
 	}
 	st := a.Status()
 	l := a.Layout()

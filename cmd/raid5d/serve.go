@@ -62,7 +62,8 @@ $WATCHDOG_USEC.
 Testing aids, never for real data: a MEMBER may be faulty:PATH?key=value&... (fault injection:
 failing or dropped reads and writes, delays; keys in raid/doc.go), and with the key volatile
 the member keeps its writes in the daemon's memory until it is synced, so killing the daemon
-is a power cut.
+is a power cut; volatile:PATH?key=value&... is short for faulty:PATH?volatile&key=value&....
+The journal (--journal, or the path create recorded) may be such a spec too.
 `+controlHelp, stdout)
 	listen := fs.String("listen", defaultListen, "TCP `address` to listen on (host:port)")
 	socket := fs.String("socket", "", "listen on this unix socket `path` instead of TCP")
@@ -101,7 +102,8 @@ is a power cut.
 	idleTimeout := fs.Duration("idle-timeout", 0, "close a connection with nothing in flight after this `duration` without a request (0: never)")
 	replyTimeout := fs.Duration("reply-timeout", nbd.DefaultReplyTimeout, "close a connection whose client stops reading: one reply write may block this long (`duration`)")
 	journal := fs.String("journal", "", "write journal `file` or device of an array made with create --consistency journal, when it\n"+
-		"is no longer where the superblocks say (default: the path they record)")
+		"is no longer where the superblocks say (default: the path they record); may be a volatile: spec (testing).\n"+
+		"Refused if it is a member's own file or device")
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
@@ -114,6 +116,11 @@ is a power cut.
 	for i, m := range members {
 		if members[i], err = absMember(m); err != nil {
 			return err
+		}
+	}
+	if *journal != "" { // a path, or a volatile: or faulty: spec with its PATH made absolute
+		if *journal, err = absMember(*journal); err != nil {
+			return fmt.Errorf("--journal: %w", err)
 		}
 	}
 	src := settingSource{}
@@ -153,11 +160,6 @@ is a power cut.
 		return fmt.Errorf("%w: --debug-immutable needs --stable-pages", errUsage)
 	}
 	journalPath := *journal
-	if journalPath != "" {
-		if journalPath, err = filepath.Abs(journalPath); err != nil {
-			return fmt.Errorf("--journal: %w", err)
-		}
-	}
 	// With a service manager (systemd Type=notify) watching, say what is going on until READY.
 	sd, err := newNotifier(os.Getenv, os.Getpid())
 	if err != nil {
@@ -311,18 +313,10 @@ func serviceStatus(export, addr string, st raid.Status) string {
 	return s
 }
 
-// absMember makes a member path absolute; in a faulty:PATH?... spec (a testing aid, see the
-// raid package) the PATH.
+// absMember makes a member or journal path absolute; in a faulty:PATH?... or volatile:PATH?...
+// spec (testing aids, see the raid package) the PATH, keeping the rest.
 func absMember(m string) (string, error) {
-	if spec, ok := strings.CutPrefix(m, raid.FaultySpecPrefix); ok {
-		path, query, hasQuery := strings.Cut(spec, "?")
-		abs, err := filepath.Abs(path)
-		if err != nil || !hasQuery {
-			return raid.FaultySpecPrefix + abs, err
-		}
-		return raid.FaultySpecPrefix + abs + "?" + query, nil
-	}
-	return filepath.Abs(m)
+	return raid.MapSpecPath(m, filepath.Abs)
 }
 
 // preferredBlock is the array's full stripe when the protocol can carry it (a power of two up
