@@ -64,7 +64,10 @@
 //	   192     8  write-intent bitmap region: stripes per bit (a power of two), else 0
 //	   200     4  write journal path: length in bytes (at most 1024), 0 without bit 1
 //	   204  1024  write journal path (absolute, as Create was given it), zero-padded
-//	  1228  2864  reserved, zero
+//	  1228     4  reserved, zero
+//	  1232     8  resync resume point: bytes of the data area a full resync (no bitmap, no
+//	              journal) had done when Close stopped it; set only with state 1, else 0
+//	  1240  2852  reserved, zero
 //	  4092     4  CRC32C (Castagnoli) of bytes [0, 4092)
 //
 // A superblock is valid only if its magic, checksum and version match and every field is in
@@ -262,8 +265,14 @@
 // DefaultBitmapBits = 4096 bits), only the regions whose bits are set; without a bitmap, or
 // when it cannot be read, all of them. The bitmap is also the resync's checkpoint: a region's
 // bit is cleared only after its parity was rewritten and the members synced, so a crash during
-// the resync resumes with the regions left. (A full resync has no checkpoint: after another
-// crash it starts over.)
+// the resync resumes with the regions left. A full resync (no bitmap) is checkpointed only by
+// a clean stop, as md's resync_offset: Close, after writing everything out and syncing,
+// records in the superblocks (still dirty) how far it got, and the next assembly resumes there
+// (Progress.Resumed). Assembly clears the point from the superblocks, durably, before the
+// array takes a write, so a crash during the resumed resync starts it over from stripe 0: the
+// writes since the point was recorded may have been torn below it as well as above, and
+// nothing records where they went. A build from before the point sees only "dirty" and
+// resyncs everything.
 //
 // The bitmap's rules. A stripe write (a cache write-out, a cacheless write, a trim of whole
 // stripes, a repair's parity write) first sets its region's bit in memory and waits until the
@@ -380,8 +389,8 @@
 //     # Crash consistency); the journal closes it at the cost of writing every byte twice. No
 //     partial parity log (md's PPL). Writes not yet flushed may be lost in a crash, as NBD
 //     allows: they may still be in the stripe cache.
-//   - A full resync (no bitmap) is not checkpointed; the bitmap is not added to arrays created
-//     without it. A spare that takes a role gets the bitmap at the next bitmap write.
+//   - A full resync (no bitmap) resumes only after a clean stop: after a crash it starts over;
+//     the bitmap is not added to arrays created without it. A spare that takes a role gets the bitmap at the next bitmap write.
 //   - The bitmap's fdatasync fallback (members without RWF_DSYNC, such as faulty: specs)
 //     syncs the whole member, which flushes its data writes too.
 //   - No member I/O can be cancelled. Writes have no timeout: a member that hangs in a write
