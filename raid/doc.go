@@ -331,6 +331,16 @@
 // so nothing else can be inconsistent. A journaled array has no bitmap: it would add a
 // synchronous write per region for nothing, since no resync follows a crash.
 //
+// A journal on a member's own storage is refused by Create and Assemble, before anything is
+// written (ErrJournalOnMember, naming both): the same file as a member or spare (same device
+// and inode: another path, a hard link), the same block device (same device number through
+// another node), or a file on a filesystem of a member device (its st_dev is the member's
+// rdev), or the reverse. A journal file on the members' filesystem is legal (the tests put
+// everything on /dev/shm); JournalSharesFilesystem finds it, and create warns. The journal may
+// be a member spec (below): volatile:PATH makes a power-cut test of the journal itself. Create
+// makes PATH if absent and records the spec with PATH absolute (MapSpecPath), so every
+// assembly opens it the same way (TestJournalVolatileSpec).
+//
 // Without its journal a dirty journaled array is refused (ErrJournalMissing, naming the path;
 // AssembleOptions.JournalPath or serve --journal point elsewhere); a journal of another array
 // or with a corrupt header is refused with ErrJournal; either way before anything is written.
@@ -356,12 +366,18 @@
 //
 // # Testing with faulty members
 //
-// OpenMember (and so Create, Assemble, AddSpare and the command line) accepts a member spec
+// OpenMember (and so Create, Assemble, AddSpare, a journal path and the command line) accepts
+// a member spec
 //
 //	faulty:PATH?key=value&key=value...
+//	volatile:PATH?key=value&...     (short for faulty:PATH?volatile&key=value&...)
 //
 // that opens PATH wrapped in fault injection, in the spirit of md's faulty personality and
-// dm-flakey. It is a testing aid; its Name is PATH. Keys (repeatable where it makes sense):
+// dm-flakey. It is a testing aid; its Name is PATH (SpecPath finds it, MapSpecPath rewrites
+// it: the command line makes it absolute, a configuration file resolves it from its
+// directory). A spec without a PATH, an unknown key or a bad value is an error naming the
+// spec; a PATH that does not exist is fs.ErrNotExist, a missing member, as for a plain path.
+// Keys (repeatable where it makes sense):
 //
 //	rfail=OFF+LEN  reads touching member bytes [OFF, OFF+LEN) fail with EIO
 //	wfail=OFF+LEN  writes touching the range fail with EIO
@@ -376,7 +392,8 @@
 //	               member is synced; the sync writes them to PATH in a random order, then
 //	               fdatasyncs. Killing the daemon (SIGKILL) then loses what a power cut would:
 //	               everything unsynced, and any subset of a sync in progress
-//	               (test/e2e_powercut_test.go)
+//	               (test/e2e_powercut_test.go). The volatile: spelling implies it (and
+//	               refuses the key)
 //
 // For example faulty:/dev/shm/m1.img?wfail=all&ctl=/tmp/fail-m1 behaves until
 // /tmp/fail-m1 is created, then fails every data write (and the array marks it faulty).
