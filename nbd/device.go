@@ -49,6 +49,23 @@ type PinnedWriter interface {
 	WritePinned(p []byte, off int64, release func()) (int, error)
 }
 
+// MappedReader is implemented by devices that can answer a read with slices of memory they
+// already hold the bytes in (raid5d: its members' files mapped read-only), so that the reply is
+// written from there rather than copied into the request buffer first. The server uses it for
+// READs when the export's MappedReads option is on and the connection is not encrypted.
+//
+// ReadMapped appends to v slices that together hold, in order, the len(p) bytes at off, and
+// returns them with ok true; it may read some of the bytes into p (the request buffer, which
+// the slices may then point into). The server only hands the slices to the kernel (the reply's
+// writev) and never reads or writes them in user space, and calls ReleaseMapped exactly once
+// per successful ReadMapped, from any goroutine, after the reply is written or abandoned —
+// which may be a reply-timeout later. With ok false (v unchanged, nothing to release) the
+// server reads with ReadAt instead: that is the answer for any error, so that ReadAt reports it.
+type MappedReader interface {
+	ReadMapped(p []byte, off int64, v [][]byte) ([][]byte, bool)
+	ReleaseMapped()
+}
+
 // BlockStatuser is implemented by devices that know which of their ranges are holes: ranges
 // that certainly read as zeroes and are not allocated in the backing storage. The server
 // answers NBD_CMD_BLOCK_STATUS for the base:allocation metadata context with it; a device

@@ -41,6 +41,11 @@ type Export struct {
 	// off, or a Device that is no PinnedWriter, writes go through WriteAt and the buffer is
 	// reused once it returns.
 	StablePages bool
+	// MappedReads lets a Device that is a MappedReader answer READs with slices of its own
+	// memory (a file's page cache mapped into memory) that the reply is written from, instead
+	// of copying them into the request buffer first. Not over TLS: encryption would read the
+	// slices in user space, which MappedReader rules out.
+	MappedReads bool
 	// AllowedClients and AllowedUIDs restrict the export to the clients they name; both empty
 	// admit every client that got through the handshake so far. A client is admitted when the
 	// subject CN or a DNS SAN of its verified TLS client certificate is in AllowedClients, or

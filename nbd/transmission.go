@@ -29,6 +29,7 @@ type conn struct {
 	sess   *session
 	fua    FUAWriter    // the export's Device as a FUAWriter, or nil
 	pinned PinnedWriter // the export's Device as a PinnedWriter if StablePages is on, or nil
+	mapped MappedReader // the export's Device as a MappedReader if MappedReads is on, or nil
 
 	// writeMu serialises writes on nc, so that a header and its payload go out together.
 	// It guards writeErr and errHdr.
@@ -89,6 +90,10 @@ type request struct {
 	hdr     [maxReplyHeader]byte // the reply's header (simple, or a chunk header and its fixed part)
 	hdrLen  int                  // bytes of hdr in use
 	payload []byte               // the reply's payload (part of buf, or bsWire), or nil
+	// A READ answered by a MappedReader: vec holds the payload's pieces (payload still has
+	// its length), and mapped says ReleaseMapped is owed. vec's backing array is kept.
+	vec    [][]byte
+	mapped bool
 
 	// BLOCK_STATUS only, allocated at the first one and kept with the request for reuse (at
 	// most maxBlockStatusExtents each): the device's extents and their wire form.
@@ -116,6 +121,9 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	c.fua, _ = sess.export.Device.(FUAWriter)
 	if sess.export.StablePages {
 		c.pinned, _ = sess.export.Device.(PinnedWriter)
+	}
+	if sess.export.MappedReads && c.nc == c.raw { // not under TLS: see Export.MappedReads
+		c.mapped, _ = sess.export.Device.(MappedReader)
 	}
 	c.work = make(chan *request, c.srv.maxInFlightReqs)
 	if c.srv.idleTimeout > 0 {
@@ -154,6 +162,11 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 				ErrReplyTimeout, c.srv.replyTimeout, werr))
 	case werr != nil && isClosed(werr):
 		c.log.Info("nbd: client went away before its replies were written", "err", werr)
+	case werr != nil && errors.Is(werr, syscall.EFAULT):
+		// Only a MappedReader's memory can fault under the kernel: a page it reported
+		// readable could not be read back (evicted, then a read error).
+		c.log.Error("nbd: closing connection: a mapped read's bytes could not be read while its reply "+
+			"was written (a read error behind the device?)", "err", werr)
 	case werr != nil:
 		c.log.Warn("nbd: closing connection: writing a reply failed", "err", werr)
 	case ctx.Err() != nil:
@@ -397,6 +410,12 @@ func (c *conn) release(req *request) {
 	b := req.buf
 	req.buf = nil
 	req.payload = nil
+	if req.mapped {
+		req.mapped = false
+		clear(req.vec)
+		req.vec = req.vec[:0]
+		c.mapped.ReleaseMapped()
+	}
 	if b != nil && b.refs.Add(-1) != 0 {
 		b = nil // a PinnedWriter still holds it; its release call finishes it
 	}
@@ -513,6 +532,13 @@ func (c *conn) serveRequest(req *request) {
 			break
 		}
 		p := req.buf.mem[:req.length]
+		if c.mapped != nil {
+			if v, ok := c.mapped.ReadMapped(p, off, req.vec[:0]); ok {
+				req.vec, req.mapped = v, true
+				c.reply(req, 0, -1, p)
+				return
+			}
+		}
 		var n int
 		n, err = dev.ReadAt(p, off)
 		if n == len(p) {
@@ -728,7 +754,10 @@ func (c *conn) writeBatch(batch []*request) {
 	v := c.iovs[:0]
 	for _, r := range batch {
 		v = append(v, r.hdr[:r.hdrLen])
-		if len(r.payload) > 0 {
+		switch {
+		case r.mapped:
+			v = append(v, r.vec...)
+		case len(r.payload) > 0:
 			v = append(v, r.payload)
 		}
 	}

@@ -70,6 +70,14 @@ type Array struct {
 	opMu   sync.RWMutex
 	closed bool
 
+	// Mapped reads (mapped.go): each successful ReadMapped holds mapMu for reading until its
+	// ReleaseMapped; Close takes it for writing before the members (and their mappings) go.
+	// mapServed counts the bytes served since the mappings were last replaced (remapAll,
+	// under remapMu).
+	mapMu     sync.RWMutex
+	mapServed atomic.Int64
+	remapMu   sync.Mutex
+
 	// sbMu serialises superblock updates and membership changes; it guards every member's sb,
 	// spares, faulty, retired, events, unclean, uuid. It is never held while taking a stripe
 	// lock (a failing member I/O takes it under one).
@@ -586,6 +594,7 @@ func (a *Array) Close() error {
 		}
 		a.sbMu.Unlock()
 	}
+	a.closeMapped() // no reply still reads a member's mapping
 	a.sbMu.Lock()
 	for _, m := range append(a.all(), a.retired...) {
 		errs = append(errs, memberErr(m, m.sb.Role, "close", -1, m.Close()))

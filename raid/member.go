@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -38,6 +39,11 @@ type fileMember struct {
 	path  string
 	size  int64
 	block bool
+
+	// The file mapped read-only for mapped reads (mapped.go), made at the first use; nil if
+	// none could be made. Unmapped by Close.
+	mapOnce sync.Once
+	mapped  []byte
 }
 
 // OpenMember opens a regular file or a block device as a member. A block device's size comes
@@ -101,7 +107,7 @@ func createMemberFile(path string, size int64) error {
 
 func (m *fileMember) Name() string { return m.path }
 func (m *fileMember) Size() int64  { return m.size }
-func (m *fileMember) Close() error { return m.f.Close() }
+func (m *fileMember) Close() error { return errors.Join(m.unmap(), m.f.Close()) }
 
 // ReadAt reads with pread, retrying EINTR and short reads. A sparse file that ends before the
 // member size (never the case for a member raid5d created) reads as zeroes up to Size.

@@ -67,6 +67,7 @@ type Counters struct {
 	RCWWrites          uint64 // partial-stripe writes (write-outs) by reconstruct-write
 	MemberBytesRead    uint64 // data-area bytes read from members (superblocks not counted)
 	MemberBytesWritten uint64 // data-area bytes written to members
+	MappedBytesRead    uint64 // of MemberBytesRead, bytes handed out from the members' mappings (ReadMapped)
 	CopiedBytes        uint64 // bytes of writes copied into the stripe cache
 	CacheHits          uint64 // read pieces (one chunk's worth at most) served from the cache alone
 	CacheMisses        uint64 // read pieces that needed member reads
@@ -79,6 +80,7 @@ type Counters struct {
 type counters struct {
 	full, rmw, rcw         atomic.Uint64 // cacheless path
 	memberRead, memberWrit atomic.Uint64
+	mappedRead             atomic.Uint64 // of memberRead, through ReadMapped
 }
 
 // Counters returns the array's cumulative I/O counters. It may be called concurrently with I/O.
@@ -89,6 +91,7 @@ func (a *Array) Counters() Counters {
 		RCWWrites:          a.ctr.rcw.Load(),
 		MemberBytesRead:    a.ctr.memberRead.Load(),
 		MemberBytesWritten: a.ctr.memberWrit.Load(),
+		MappedBytesRead:    a.ctr.mappedRead.Load(),
 	}
 	if a.cache != nil {
 		cc := a.cache.Counters()

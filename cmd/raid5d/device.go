@@ -17,6 +17,7 @@ var (
 	_ nbd.FUAWriter     = arrayDevice{}
 	_ nbd.PinnedWriter  = arrayDevice{}
 	_ nbd.BlockStatuser = arrayDevice{}
+	_ nbd.MappedReader  = arrayDevice{}
 )
 
 // raidExtents pools BlockStatus's working slices (one per concurrent request).

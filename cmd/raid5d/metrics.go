@@ -114,6 +114,7 @@ type (
 )
 
 var (
+	_ nbd.MappedReader  = (*metricsDevice)(nil)
 	_ nbd.FUAWriter     = fuaPart{}
 	_ nbd.PinnedWriter  = pinnedPart{}
 	_ nbd.BlockStatuser = blockStatusPart{}
@@ -171,6 +172,24 @@ func instrumentDevice(d nbd.Device, m *requestMetrics) nbd.Device {
 	}
 	return md
 }
+
+// ReadMapped passes a mapped read through when the wrapped device is an nbd.MappedReader, and
+// answers "use ReadAt" otherwise: unlike the parts above, having it when the device does not
+// changes nothing, so the base wrapper carries it.
+func (d *metricsDevice) ReadMapped(p []byte, off int64, v [][]byte) ([][]byte, bool) {
+	mr, ok := d.d.(nbd.MappedReader)
+	if !ok {
+		return v, false
+	}
+	start := time.Now()
+	v, ok = mr.ReadMapped(p, off, v)
+	if ok {
+		d.m.done(cmdRead, start, int64(len(p)), nil)
+	}
+	return v, ok
+}
+
+func (d *metricsDevice) ReleaseMapped() { d.d.(nbd.MappedReader).ReleaseMapped() }
 
 func (d *metricsDevice) ReadAt(p []byte, off int64) (int, error) {
 	start := time.Now()

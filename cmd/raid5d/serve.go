@@ -43,6 +43,13 @@ request buffer, and partial writes keep a reference to it in the cache instead o
 saves one memory copy of every byte written. It is always safe here, because the NBD server owns
 its request buffers; the flag exists because the library cannot assume it for every caller.
 
+Mapped reads (--mapped-reads, on by default): a read of 64 KiB or more whose bytes are in the
+page cache of healthy member files is written to the client straight from the members' files
+mapped read-only into memory, one copy instead of two. Bytes not in the page cache, in stripes
+the cache holds, or on missing members are read as usual, so read errors still fail the member
+and are rebuilt from parity. The daemon's resident memory then counts the mapped page cache it
+has read (shared file pages, not its own). Off over TLS.
+
 Management: the daemon answers raid5d status, fail, remove, add, replace, scrub and rebuild on a
 control socket (permission 0600, owner only). It refuses to start if another daemon answers
 there, and removes a stale socket left by one that died.
@@ -73,6 +80,8 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	logFormat := fs.String("log-format", "text", "log `format` on stderr: text or json")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
 	stablePages := fs.Bool("stable-pages", false, "zero-copy writes from pinned, immutable request buffers (see above)")
+	mappedReads := fs.Bool("mapped-reads", true, "answer reads of 64 KiB and more from the members' page cache mapped into memory, without\n"+
+		"copying it into a buffer first (not over TLS; see above)")
 	var cacheFlag cacheSizeFlag
 	fs.Var(&cacheFlag, "stripe-cache", "stripe cache `size`: a number of stripes (256), a size in bytes with a unit (64M), or off\n"+
 		"(write-through, no cache); memory used is stripes × members × chunk. Default: 64M worth of stripes, 16 to 256")
@@ -237,6 +246,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		ReplyTimeout:     *replyTimeout,
 		Exports: []nbd.Export{{
 			StablePages:    *stablePages,
+			MappedReads:    *mappedReads,
 			Name:           *export,
 			Description:    fmt.Sprintf("raid5d RAID-5 array %s", st.UUID),
 			Device:         dev,
