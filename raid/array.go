@@ -54,7 +54,8 @@ type Array struct {
 	// cache is the write-back stripe cache; nil without one (IOOptions.StripeCache < 0, or
 	// read-only). Started by start, stopped by Close.
 	cache  *stripe.Cache
-	stable bool // IOOptions.StablePages
+	stable   bool // IOOptions.StablePages
+	mapReads bool // IOOptions.MappedReads
 	// unsafeRef (tests only) makes WriteAt keep references to the caller's buffer as if it
 	// were pinned, without any promise that it stays unchanged: the hazard stable pages avoid.
 	unsafeRef bool
@@ -201,6 +202,7 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	a.extents.New = func() any { s := make([]stripe.Extent, 0, 2*n); return &s }
 	a.missFn = a.readExtent
 	a.stable = opts.StablePages
+	a.mapReads = opts.MappedReads
 	if !readOnly && opts.StripeCache >= 0 {
 		stripes := opts.StripeCache
 		if stripes == 0 {

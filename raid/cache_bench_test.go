@@ -131,8 +131,9 @@ func cpuTime(b *testing.B) int64 {
 // (4 members, 16 KiB chunks, on /dev/shm where it exists), one request at a time, so that
 // the system calls are real: sequential 1 MiB and 48 KiB (one full stripe) writes, 1 MiB
 // sequential and 4 KiB random reads, 4 KiB random writes (flushed at the end, timed). With
-// the cache copying (default) and with stable pages. cpu-ns/op is the whole process's CPU
-// time per request (member I/O goroutines included).
+// the cache copying (default), with stable pages, and with small member reads through the
+// members' mappings (MappedReads; ReadAt only: the server's ReadMapped is not in it).
+// cpu-ns/op is the whole process's CPU time per request (member I/O goroutines included).
 func BenchmarkFiles(b *testing.B) {
 	dir := "/dev/shm"
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
@@ -141,7 +142,8 @@ func BenchmarkFiles(b *testing.B) {
 	for _, m := range []struct {
 		name string
 		io   raid.IOOptions
-	}{{"copy", raid.IOOptions{}}, {"stable", raid.IOOptions{StablePages: true}}} {
+	}{{"copy", raid.IOOptions{}}, {"stable", raid.IOOptions{StablePages: true}},
+		{"mapped", raid.IOOptions{MappedReads: true}}} {
 		d, err := os.MkdirTemp(dir, "raid5d-bench-")
 		if err != nil {
 			b.Fatal(err)

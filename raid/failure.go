@@ -250,14 +250,25 @@ func (a *Array) roleOf(m *member) int {
 // a hung member holds its caller until the system call returns (see doc.go # Caveats).
 func (a *Array) readMember(m *member, buf []byte, off int64) (int, error) {
 	if a.timeout <= 0 {
-		return m.ReadAt(buf, off)
+		return a.readMemberNow(m, buf, off)
 	}
 	t0 := time.Now()
-	n, err := m.ReadAt(buf, off)
+	n, err := a.readMemberNow(m, buf, off)
 	if d := time.Since(t0); err == nil && d > a.timeout {
 		a.slowRead(m, off, d)
 	}
 	return n, err
+}
+
+// readMemberNow reads buf from m at off: a small read of a mapped member file is a copy from
+// its mapping (no system call), anything else, or a copy that faults, m.ReadAt.
+func (a *Array) readMemberNow(m *member, buf []byte, off int64) (int, error) {
+	if a.mapReads && len(buf) <= MappedCopyMax {
+		if fm, ok := m.Member.(*fileMember); ok && fm.copyMapped(buf, off) {
+			return len(buf), nil
+		}
+	}
+	return m.ReadAt(buf, off)
 }
 
 // slowRead counts a read of m at off that took d, longer than the member timeout, as a read

@@ -1,6 +1,7 @@
 package raid
 
 import (
+	"runtime/debug"
 	"sync"
 	"unsafe"
 
@@ -8,7 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Mapped reads: a large read whose bytes sit in the page cache of healthy member files need not
+// Mapped reads (IOOptions.MappedReads): small member reads copy from a read-only mapping of the
+// member file instead of calling pread (copyMapped, MappedCopyMax), and a large read whose bytes sit in the page cache of healthy member files need not
 // be copied into a buffer only to be copied again into the socket. ReadMapped hands out slices
 // of the members' files mapped read-only into memory, and the NBD server writes its reply
 // straight from them: one copy (page cache → socket) instead of two (page cache → buffer →
@@ -35,9 +37,18 @@ import (
 //     writing before it closes (and unmaps) the members. Replacing a mapping in place
 //     (MAP_FIXED, see remap) is safe under readers: a send that faults afterwards finds the
 //     same file pages in the new mapping.
-//   - Only the kernel reads the mappings (the socket write); Go code never dereferences them,
-//     so an unreadable page cannot raise SIGBUS in the process. Callers that would read them in
-//     user space (TLS encrypts in Go) must not use ReadMapped.
+//   - An unreadable page of a mapping raises SIGBUS in whoever touches it. The array's own
+//     copies (copyMapped) turn it into a recovered panic (SetPanicOnFault) and read with pread
+//     instead; ReadMapped's slices are only to be handed to the kernel (the socket write), which
+//     returns EFAULT rather than faulting. Callers that would read them in user space (TLS
+//     encrypts in Go) must not use ReadMapped.
+
+// MappedCopyMax is the largest member read that copies from the member's mapping instead of
+// calling pread (IOOptions.MappedReads). A pread of a few KiB costs more in the system call
+// than in the copy; larger reads go to pread, whose readahead serves a cold sequential read
+// better than page faults do (the mappings are MADV_RANDOM: a fault reads its page only, so
+// that random small reads of cold data read no more from the disk than pread would).
+const MappedCopyMax = 64 << 10
 
 // MappedReadMin is the smallest read ReadMapped serves: below it the pread it saves costs about
 // what the residency check that replaces it does.
@@ -65,6 +76,7 @@ func (m *fileMember) mapping() []byte {
 			return
 		}
 		m.mapped = unsafe.Slice((*byte)(p), m.size)
+		unix.Madvise(m.mapped, unix.MADV_RANDOM) // advice only: a failure changes nothing
 	})
 	return m.mapped
 }
@@ -79,6 +91,26 @@ func (m *fileMember) remap() error {
 	_, err := unix.MmapPtr(m.fd, 0, unsafe.Pointer(unsafe.SliceData(m.mapped)), uintptr(len(m.mapped)),
 		unix.PROT_READ, unix.MAP_SHARED|unix.MAP_FIXED)
 	return err
+}
+
+// copyMapped copies the member's bytes at off into p from its mapping and reports whether it
+// could: false if the member is not mapped, the range is outside it, or a page faults (a read
+// error, or a file shorter than the member): the caller then reads with pread, which reports
+// the error. The fault arrives as a signal that the runtime turns into a panic for this
+// goroutine only (SetPanicOnFault) and that is recovered here.
+func (m *fileMember) copyMapped(p []byte, off int64) (ok bool) {
+	mp := m.mapping()
+	if off < 0 || off > int64(len(mp))-int64(len(p)) {
+		return false
+	}
+	defer func(old bool) {
+		debug.SetPanicOnFault(old)
+		if recover() != nil {
+			ok = false
+		}
+	}(debug.SetPanicOnFault(true))
+	copy(p, mp[off:])
+	return true
 }
 
 // unmap removes the mapping; the caller guarantees nothing reads it any more.
@@ -135,11 +167,11 @@ var mappedStates = sync.Pool{New: func() any { return new(mappedState) }}
 // space (only hand them to a system call), and it must call ReleaseMapped once after it has
 // done with them — Close waits for that.
 //
-// ok is false, with v unchanged and nothing to release, when the read is shorter than
-// MappedReadMin, no member it touches can be read through a mapping, the array is closed, or
+// ok is false, with v unchanged and nothing to release, when mapped reads are off
+// (IOOptions.MappedReads), the read is shorter than MappedReadMin, no member it touches can be read through a mapping, the array is closed, or
 // any part of the read fails: the caller then uses ReadAt, which reports errors as usual.
 func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool) {
-	if len(p) < MappedReadMin || a.check(off, int64(len(p))) != nil {
+	if !a.mapReads || len(p) < MappedReadMin || a.check(off, int64(len(p))) != nil {
 		return v, false
 	}
 	a.opMu.RLock()

@@ -47,7 +47,7 @@ func readMappedCase(t *testing.T, cache int) {
 	const chunk, stripes = 16 << 10, 96
 	paths := memberPaths(t.TempDir(), 4)
 	a, err := raid.Create(paths, raid.CreateOptions{Chunk: chunk, MemberSize: raid.DataOffset + stripes*chunk,
-		IOOptions: raid.IOOptions{StripeCache: cache, WriteBackDelay: time.Hour}})
+		IOOptions: raid.IOOptions{StripeCache: cache, WriteBackDelay: time.Hour, MappedReads: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,8 @@ func readMappedCase(t *testing.T, cache int) {
 func TestReadMappedClose(t *testing.T) {
 	const chunk = 16 << 10
 	paths := memberPaths(t.TempDir(), 3)
-	a, err := raid.Create(paths, raid.CreateOptions{Chunk: chunk, MemberSize: raid.DataOffset + 32*chunk})
+	a, err := raid.Create(paths, raid.CreateOptions{Chunk: chunk, MemberSize: raid.DataOffset + 32*chunk,
+		IOOptions: raid.IOOptions{MappedReads: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

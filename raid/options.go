@@ -19,6 +19,13 @@ type IOOptions struct {
 	// skip_copy: a caller that changes its buffer during a write cannot make parity disagree
 	// with the data. Turn it on only when the caller keeps the promise (the nbd server does).
 	StablePages bool
+	// MappedReads reads member files and block devices through read-only memory mappings of
+	// them (see mapped.go): member reads of up to MappedCopyMax bytes copy from the mapping
+	// instead of calling pread, and ReadMapped hands out slices of it for large reads. A
+	// member's read error then arrives as a fault, which is caught and answered by a pread, so
+	// errors are handled as without it. The process's resident memory counts the file pages
+	// it has read through the mappings.
+	MappedReads bool
 	// StripeCache is the stripe cache's capacity in stripes: > 0 that many; 0 the default
 	// (DefaultCacheStripes); < 0 no cache: every write is written through synchronously, by
 	// read-modify-write or reconstruct-write, before it returns. The cache's memory is

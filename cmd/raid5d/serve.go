@@ -193,6 +193,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		JournalPath:  journalPath,
 		IOOptions: raid.IOOptions{
 			StablePages:    *stablePages,
+			MappedReads:    *mappedReads,
 			StripeCache:    cacheFlag.stripesFor(members),
 			WriteBackDelay: *writeBackDelay,
 			MemberTimeout:  *memberTimeout,

@@ -1,0 +1,50 @@
+package raid
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestCopyMappedFault: a copy from a member's mapping that faults (here: the file was cut
+// short under the mapping, as a read error would fault) reports false instead of crashing the
+// process, and the array's member read then falls back to pread, which reads what pread
+// reads (zeroes past the end of a short file); a copy that does not fault returns the bytes.
+func TestCopyMappedFault(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.img")
+	want := bytes.Repeat([]byte("raid5d-mapped!"), 1<<16) // 896 KiB
+	if err := os.WriteFile(path, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := OpenMember(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	fm := mem.(*fileMember)
+	p := make([]byte, 8192)
+	if !fm.copyMapped(p, 4096) || !bytes.Equal(p, want[4096:4096+8192]) {
+		t.Fatalf("copy from the mapping: wrong bytes or refused")
+	}
+	if fm.copyMapped(p, int64(len(want))-4096) {
+		t.Fatalf("copy past the member's end: not refused")
+	}
+	if err := os.Truncate(path, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if fm.copyMapped(p, 512<<10) {
+		t.Fatalf("copy of a page past the end of the cut file: no fault reported")
+	}
+	a := &Array{mapReads: true}
+	m := &member{Member: fm}
+	clear(p)
+	p[0] = 1
+	n, err := a.readMember(m, p, 512<<10)
+	if n != len(p) || err != nil || !bytes.Equal(p, make([]byte, len(p))) {
+		t.Fatalf("readMember after the fault = %d, %v, zeroes %v; want pread's zeroes", n, err, bytes.Equal(p, make([]byte, len(p))))
+	}
+	if !fm.copyMapped(p, 4096) || !bytes.Equal(p, want[4096:4096+8192]) {
+		t.Fatalf("copy within the cut file after a fault: wrong bytes or refused")
+	}
+}
