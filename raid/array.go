@@ -53,7 +53,7 @@ type Array struct {
 
 	// cache is the write-back stripe cache; nil without one (IOOptions.StripeCache < 0, or
 	// read-only). Started by start, stopped by Close.
-	cache  *stripe.Cache
+	cache    *stripe.Cache
 	stable   bool // IOOptions.StablePages
 	mapReads bool // IOOptions.MappedReads
 	// unsafeRef (tests only) makes WriteAt keep references to the caller's buffer as if it

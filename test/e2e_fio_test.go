@@ -99,7 +99,9 @@ func checkVerifyJobs(t *testing.T, jobs []fioJob, n int) {
 
 // TestFioVerify runs the verify jobs in each I/O mode the daemon offers: the default
 // (write-back cache, copies), stable pages with pinned buffers and the immutable guard on (a stray
-// write to a held buffer would crash the daemon), and write-through without a cache.
+// write to a held buffer would crash the daemon), and write-through without a cache. Every mode
+// reads through the members' mappings (--mapped-reads, the default): the verify pass's reads of
+// 64 KiB and more must have been sent from them, and fio checks every byte and its offset.
 func TestFioVerify(t *testing.T) {
 	need(t, "fio")
 	for _, mode := range []struct {
@@ -130,6 +132,12 @@ func TestFioVerify(t *testing.T) {
 			s.stop()
 			s = a.serve(t, mode.flags...)
 			checkVerifyJobs(t, runFio(t, s.uri, "verify.fio", "--verify_only"), 4)
+			if !standin {
+				s.stop()
+				if c := stoppedCounters(t, s); c["mapped_bytes_read"] <= 0 {
+					t.Errorf("no byte of the verify pass was sent from the members' mappings: %v", c)
+				}
+			}
 		})
 	}
 }

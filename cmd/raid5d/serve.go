@@ -308,7 +308,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	c := a.Counters()
 	log.Info("stopped: requests drained, members flushed, array marked clean",
 		"full_stripe_writes", c.FullStripeWrites, "rmw_writes", c.RMWWrites, "rcw_writes", c.RCWWrites,
-		"member_bytes_read", c.MemberBytesRead, "member_bytes_written", c.MemberBytesWritten,
+		"member_bytes_read", c.MemberBytesRead, "mapped_bytes_read", c.MappedBytesRead, "member_bytes_written", c.MemberBytesWritten,
 		"bytes_copied", c.CopiedBytes, "cache_hits", c.CacheHits, "cache_misses", c.CacheMisses,
 		"cache_evictions", c.CacheEvictions)
 	return nil

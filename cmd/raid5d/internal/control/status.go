@@ -120,6 +120,7 @@ type Counters struct {
 	RMWWrites          uint64 `json:"rmw_writes"`
 	RCWWrites          uint64 `json:"rcw_writes"`
 	MemberBytesRead    uint64 `json:"member_bytes_read"`
+	MappedBytesRead    uint64 `json:"mapped_bytes_read"` // of MemberBytesRead, sent from the members' mappings
 	MemberBytesWritten uint64 `json:"member_bytes_written"`
 	CopiedBytes        uint64 `json:"bytes_copied"`
 	CacheHits          uint64 `json:"cache_hits"`
