@@ -641,7 +641,7 @@ func sameGeometry(sb, ref *superblock) error {
 func checkDistinct(paths []string) error {
 	infos := make([]fs.FileInfo, len(paths))
 	for i, p := range paths {
-		infos[i], _ = os.Stat(p)
+		infos[i], _ = os.Stat(SpecPath(p)) // a spec (volatile:PATH) is its file
 		for j := range i {
 			if paths[j] == p || infos[i] != nil && infos[j] != nil && os.SameFile(infos[i], infos[j]) {
 				return &MemberError{Member: p, Role: -1, Op: "open", Off: -1, Err: fmt.Errorf("%w: %s and %s", ErrDuplicateMember, paths[j], p)}

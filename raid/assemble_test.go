@@ -197,6 +197,12 @@ func TestAssembleFiles(t *testing.T) {
 			t.Fatalf("Assemble: %v, want ErrDuplicateMember", err)
 		}
 	})
+	t.Run("same file as a path and a spec", func(t *testing.T) {
+		_, err := raid.Assemble([]string{paths[0], paths[1], "volatile:" + paths[0]}, raid.AssembleOptions{ReadOnly: true})
+		if !errors.Is(err, raid.ErrDuplicateMember) {
+			t.Fatalf("Assemble: %v, want ErrDuplicateMember", err)
+		}
+	})
 	t.Run("create over an array", func(t *testing.T) {
 		_, err := raid.Create(paths, raid.CreateOptions{Chunk: testChunk})
 		var me *raid.MemberError
