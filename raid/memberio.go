@@ -38,6 +38,12 @@ type ioJob struct {
 // concurrently without starting a goroutine per member per request.
 const readWorkers = 2
 
+// inlineWriteMax is the most bytes of member writes that Do writes in the calling goroutine,
+// one member after another, instead of concurrently on the members' I/O goroutines: a full
+// stripe of 16 KiB chunks takes 28% less CPU that way (BenchmarkFiles seqwrite-48k), while a
+// 1 MiB write's member writes finish 18% sooner concurrently.
+const inlineWriteMax = 256 << 10
+
 var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
 
 // startIO starts the member I/O goroutines: ioWorkers per role (they serve whichever member
@@ -237,25 +243,43 @@ func (m memberIO) do(ops []stripe.MemberOp) error {
 		return a.memberIO(op.Role, op.Buf, a.dataOffset+op.Off, op.Write, true)
 	}
 	var roles uint64
+	writes, bytes := true, 0
 	for i := range ops {
 		roles |= 1 << ops[i].Role
+		writes = writes && ops[i].Write
+		bytes += len(ops[i].Buf)
+		for _, v := range ops[i].Vec {
+			bytes += len(v)
+		}
 	}
 	b := ioBatches.Get().(*ioBatch)
 	b.ops = ops
-	first := -1
-	for r := range a.roles {
-		if roles&(1<<r) == 0 {
-			continue
+	if writes && bytes <= inlineWriteMax {
+		// Member writes go to the page cache (members are not opened O_DIRECT): a small
+		// batch is a few copies the calling goroutine does as fast as the member goroutines
+		// would, without the hand-offs. Reads may wait for a disk, and large batches gain
+		// from running on several cores, so they run concurrently.
+		for r := range a.roles {
+			if roles&(1<<r) != 0 {
+				a.runRole(b, r)
+			}
 		}
-		if first < 0 {
-			first = r
-			continue
+	} else {
+		first := -1
+		for r := range a.roles {
+			if roles&(1<<r) == 0 {
+				continue
+			}
+			if first < 0 {
+				first = r
+				continue
+			}
+			b.wg.Add(1)
+			a.ioq[r] <- ioJob{b: b, role: r}
 		}
-		b.wg.Add(1)
-		a.ioq[r] <- ioJob{b: b, role: r}
+		a.runRole(b, first)
+		b.wg.Wait()
 	}
-	a.runRole(b, first)
-	b.wg.Wait()
 	var err error
 	for _, e := range b.errs {
 		if e != nil {
