@@ -98,8 +98,9 @@ func checkVerifyJobs(t *testing.T, jobs []fioJob, n int) {
 }
 
 // TestFioVerify runs the verify jobs in each I/O mode the daemon offers: the default
-// (write-back cache, copies), stable pages with pinned buffers and the immutable guard on (a stray
-// write to a held buffer would crash the daemon), and write-through without a cache. Every mode
+// (write-back cache, stable pages: pinned buffers), stable pages with the immutable guard on (a
+// stray write to a held buffer would crash the daemon), copying every write into the cache
+// (--stable-pages=false), and write-through without a cache. Every mode
 // reads through the members' mappings (--mapped-reads, the default): the verify pass's reads of
 // 64 KiB and more must have been sent from them, and fio checks every byte and its offset.
 func TestFioVerify(t *testing.T) {
@@ -110,6 +111,7 @@ func TestFioVerify(t *testing.T) {
 	}{
 		{"default", nil},
 		{"stable-pages", []string{"--stable-pages", "--debug-immutable"}},
+		{"copy", []string{"--stable-pages=false"}},
 		{"no-cache", []string{"--stripe-cache", "off"}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {

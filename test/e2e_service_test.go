@@ -64,7 +64,7 @@ members = [`+strings.Join(members, ", ")+`]
 socket = "`+sock+`"
 control = "`+filepath.Join(sockDir, "control.sock")+`"
 log-format = "json"
-stable-pages = true
+stable-pages = false
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -119,8 +119,8 @@ func TestStripeCacheFlag(t *testing.T) {
 			t.Errorf("Set(%q) accepted", bad)
 		}
 	}
-	if code, out, errOut := runCLI(t, append([]string{"serve", "--debug-immutable"}, ms...)...); code != 2 || !strings.Contains(errOut, "needs --stable-pages") {
-		t.Errorf("--debug-immutable alone: exit %d: %s%s", code, out, errOut)
+	if code, out, errOut := runCLI(t, append([]string{"serve", "--stable-pages=false", "--debug-immutable"}, ms...)...); code != 2 || !strings.Contains(errOut, "needs stable pages") {
+		t.Errorf("--debug-immutable without stable pages: exit %d: %s%s", code, out, errOut)
 	}
 }
 

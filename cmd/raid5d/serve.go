@@ -37,11 +37,12 @@ the cache and written out a few milliseconds later, so a stream of small sequent
 becomes full-stripe writes that need no member reads. As NBD allows, writes acknowledged but not
 yet flushed may be lost in a crash; FLUSH and FUA writes are durable when acknowledged.
 
-Stable pages (--stable-pages): the server promises that a request buffer is never changed while
-the array holds it, so whole-stripe writes compute parity and write members straight from the
-request buffer, and partial writes keep a reference to it in the cache instead of copying. It
-saves one memory copy of every byte written. It is always safe here, because the NBD server owns
-its request buffers; the flag exists because the library cannot assume it for every caller.
+Stable pages (--stable-pages, on by default): the server promises that a request buffer is never
+changed while the array holds it, so whole-stripe writes compute parity and write members
+straight from the request buffer, and partial writes keep a reference to it in the cache instead
+of copying. It saves one memory copy of every byte written. It is always safe here, because the
+NBD server owns its request buffers; --stable-pages=false copies every write into the cache
+first, as Linux md does without skip_copy.
 
 Mapped reads (--mapped-reads, on by default): a read of 64 KiB or more whose bytes are in the
 page cache of healthy member files is written to the client straight from the members' files
@@ -55,7 +56,7 @@ control socket (permission 0600, owner only). It refuses to start if another dae
 there, and removes a stale socket left by one that died.
 
 Configuration file (--config FILE): TOML, one flat table whose keys are the names of these flags
-(listen = "127.0.0.1:10809", stable-pages = true, max-connections = 64, allow-client = ["alice"])
+(listen = "127.0.0.1:10809", stable-pages = false, max-connections = 64, allow-client = ["alice"])
 plus members = ["m0.img", ...]. Relative paths in it (members, socket, control, journal, tls-*) are
 relative to the file's directory. Flags on the command line win over the file, and MEMBERs on
 the command line replace its members. An unknown key is an error naming the key and its line.
@@ -79,7 +80,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	readOnly := fs.Bool("read-only", false, "serve read-only: writes, trims and zeroing get EPERM")
 	logFormat := fs.String("log-format", "text", "log `format` on stderr: text or json")
 	logLevel := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
-	stablePages := fs.Bool("stable-pages", false, "zero-copy writes from pinned, immutable request buffers (see above)")
+	stablePages := fs.Bool("stable-pages", true, "zero-copy writes from pinned, immutable request buffers (see above); =false copies every write")
 	mappedReads := fs.Bool("mapped-reads", true, "answer reads of 64 KiB and more from the members' page cache mapped into memory, without\n"+
 		"copying it into a buffer first (not over TLS; see above)")
 	var cacheFlag cacheSizeFlag
@@ -90,7 +91,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on http://`address`/metrics, a loopback address (e.g. 127.0.0.1:9100)")
 	pprofAddr := fs.String("pprof", "", "serve Go's pprof profiles on this loopback `address` (e.g. 127.0.0.1:6060)")
 	debugImmutable := fs.Bool("debug-immutable", false, "debugging: mprotect request buffers read-only while the array holds them\n"+
-		"(with --stable-pages); a stray write then crashes the daemon loudly. Slow")
+		"(with stable pages, the default); a stray write then crashes the daemon loudly. Slow")
 	var syncMin, syncMax sizeFlag
 	fs.Var(&syncMin, "sync-speed-min", "rebuild and scrub `rate` per second kept up even under client I/O (default 1M; raid5d rebuild changes it live)")
 	fs.Var(&syncMax, "sync-speed-max", "rebuild and scrub `rate` per second when clients are idle (default 200M)")
@@ -166,7 +167,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		}
 	}
 	if *debugImmutable && !*stablePages {
-		return fmt.Errorf("%w: --debug-immutable needs --stable-pages", errUsage)
+		return fmt.Errorf("%w: --debug-immutable needs stable pages (drop --stable-pages=false)", errUsage)
 	}
 	journalPath := *journal
 	// With a service manager (systemd Type=notify) watching, say what is going on until READY.

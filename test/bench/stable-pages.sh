@@ -48,7 +48,7 @@ for job in test/fio/stripe48k.fio "$qd16"; do
   name="48k qd1 fsync=1"; [ "$job" = "$qd16" ] && name="48k qd16"
   offs=(); ons=()
   for r in $(seq "$ROUNDS"); do
-    offs+=("$(run "$job")"); ons+=("$(run "$job" --stable-pages)")
+    offs+=("$(run "$job" --stable-pages=false)"); ons+=("$(run "$job" --stable-pages)")
   done
   python3 - "$name" "${offs[@]}" -- "${ons[@]}" <<'PY'
 import sys, statistics as st
