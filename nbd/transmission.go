@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,6 +53,9 @@ type conn struct {
 	writing bool        // a worker is writing replyQ
 	iovs    [][]byte    // backing array of wbufs, kept across batches
 	wbufs   net.Buffers // the batch being written (a field, so WriteTo does not allocate)
+	// serving counts the requests handed to the workers whose replies are not queued yet: a
+	// writer with a single reply lets them run first when there are some (see reply).
+	serving atomic.Int32
 
 	// mu guards the in-flight accounting, the free lists of requests and buffers, and the
 	// worker count; cond (on mu) wakes the reader when a request or a buffer is released.
@@ -228,6 +232,7 @@ func (c *conn) readRequests() error {
 				return err
 			}
 		}
+		c.serving.Add(1)
 		c.work <- req // never blocks: acquire keeps inflight <= cap(c.work)
 	}
 }
@@ -725,11 +730,23 @@ func (c *conn) reply(req *request, errno uint32, errOff int64, payload []byte) {
 	req.payload = payload
 	c.qmu.Lock()
 	c.replyQ = append(c.replyQ, req)
+	others := c.serving.Add(-1) > 0
 	if c.writing {
 		c.qmu.Unlock()
 		return // the writer will pick it up before it stops
 	}
 	c.writing = true
+	if len(c.replyQ) == 1 && others {
+		// Other requests are being performed and will reply soon: yield once so that their
+		// replies can join this one in a single writev. On loopback a send costs the sender
+		// the receiver's TCP work too, so fewer, larger writes are cheaper: 4 KiB random
+		// writes through fio ran 1.12× faster at 0.9× the CPU per request, 4 KiB random
+		// reads 1.03× at 0.95× (medians of 3 alternating runs of test/bench/peers.sh). A lone
+		// request (queue depth 1) never waits.
+		c.qmu.Unlock()
+		runtime.Gosched()
+		c.qmu.Lock()
+	}
 	for len(c.replyQ) > 0 {
 		batch := c.replyQ
 		c.replyQ, c.spareQ = c.spareQ[:0], nil
