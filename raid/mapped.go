@@ -10,12 +10,12 @@ import (
 )
 
 // Mapped reads (IOOptions.MappedReads): small member reads copy from a read-only mapping of the
-// member file instead of calling pread (copyMapped, MappedCopyMax), and a large read whose bytes sit in the page cache of healthy member files need not
-// be copied into a buffer only to be copied again into the socket. ReadMapped hands out slices
-// of the members' files mapped read-only into memory, and the NBD server writes its reply
-// straight from them: one copy (page cache → socket) instead of two (page cache → buffer →
-// socket), and no pread at all. Profiles of 1 MiB reads put the preadv at about half of the
-// server's CPU.
+// member file instead of calling pread (copyMapped, MappedCopyMax), and a large read whose bytes
+// sit in the page cache of healthy member files need not be copied into a buffer only to be
+// copied again into the socket. ReadMapped hands out slices of the members' files mapped
+// read-only into memory, and the NBD server writes its reply straight from them: one copy (page
+// cache → socket) instead of two (page cache → buffer → socket), and no pread at all. Profiles
+// of 1 MiB reads put the preadv at about half of the server's CPU.
 //
 // What keeps it correct:
 //   - Only pages the kernel reports resident (mincore) are handed out, so the send does not
@@ -153,6 +153,7 @@ type mappedState struct {
 	cached []uint64                    // bit i: stripe s0+i has a cache head
 	span   [stripe.MaxMembers][2]int64 // by role: the lowest and highest member offset to map
 	src    [stripe.MaxMembers][]byte   // by role: the member's mapping if it serves the read, else nil
+	mem    [stripe.MaxMembers]*member  // by role: the member src maps
 	vec    []byte                      // mincore's answer
 }
 
@@ -168,8 +169,9 @@ var mappedStates = sync.Pool{New: func() any { return new(mappedState) }}
 // done with them — Close waits for that.
 //
 // ok is false, with v unchanged and nothing to release, when mapped reads are off
-// (IOOptions.MappedReads), the read is shorter than MappedReadMin, no member it touches can be read through a mapping, the array is closed, or
-// any part of the read fails: the caller then uses ReadAt, which reports errors as usual.
+// (IOOptions.MappedReads), the read is shorter than MappedReadMin, no member it touches can be
+// read through a mapping, the array is closed, or any part of the read fails: the caller then
+// uses ReadAt, which reports errors as usual.
 func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool) {
 	if !a.mapReads || len(p) < MappedReadMin || a.check(off, int64(len(p))) != nil {
 		return v, false
@@ -189,7 +191,10 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 	exts := a.layout.Extents((*ep)[:0], off, int64(len(p)))
 	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
 	st := mappedStates.Get().(*mappedState)
-	defer func() { st.src = [stripe.MaxMembers][]byte{}; mappedStates.Put(st) }()
+	defer func() {
+		st.src, st.mem = [stripe.MaxMembers][]byte{}, [stripe.MaxMembers]*member{}
+		mappedStates.Put(st)
+	}()
 
 	s0 := exts[0].Stripe
 	ns := exts[len(exts)-1].Stripe - s0 + 1
@@ -217,9 +222,11 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 	}
 	for i := range exts {
 		e := &exts[i]
-		if mapOf(e) == nil {
+		m := mapOf(e)
+		if m == nil {
 			continue
 		}
+		st.mem[e.Member] = m // the member at the role when the read began
 		sp := &st.span[e.Member]
 		if sp[0] < 0 {
 			sp[0] = e.MemberOff
@@ -231,8 +238,7 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 		if sp[0] < 0 {
 			continue
 		}
-		m := a.roles[r].Load()
-		fm, isFile := m.Member.(*fileMember)
+		fm, isFile := st.mem[r].Member.(*fileMember)
 		if !isFile {
 			continue
 		}
@@ -254,7 +260,9 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 	n0, mapped := len(v), int64(0)
 	for i := range exts {
 		e := &exts[i]
-		if mp := st.src[e.Member]; mp != nil && mapOf(e) != nil {
+		// The mapping of the member checked above, if the role's member still serves this
+		// stripe (not failed, not replaced meanwhile); else as ReadAt would.
+		if mp := st.src[e.Member]; mp != nil && mapOf(e) == st.mem[e.Member] {
 			at := a.dataOffset + e.MemberOff
 			v = append(v, mp[at:at+e.Len:at+e.Len])
 			mapped += e.Len
