@@ -186,8 +186,15 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 // stopped: a read error, ErrBadRequestMagic or ErrPayloadTooLarge.
 func (c *conn) readRequests() error {
 	var hb [requestHeaderSize]byte
+	direct := false // the last request was a large WRITE: see readPayload
 	for {
-		if _, err := io.ReadFull(c.br, hb[:]); err != nil {
+		var err error
+		if direct && c.br.Buffered() == 0 {
+			_, err = io.ReadFull(c.nc, hb[:])
+		} else {
+			_, err = io.ReadFull(c.br, hb[:])
+		}
+		if err != nil {
 			return err
 		}
 		if c.srv.idleTimeout > 0 {
@@ -226,15 +233,40 @@ func (c *conn) readRequests() error {
 			c.replyFromReader(&h, errnoIO)
 			continue
 		}
+		direct = false
 		if h.Type == cmdWrite && h.Length > 0 {
-			if _, err := io.ReadFull(c.br, req.buf.mem[:h.Length]); err != nil {
+			if err := c.readPayload(req.buf.mem[:h.Length]); err != nil {
 				c.release(req)
 				return err
 			}
+			direct = h.Length >= directReadMin
 		}
 		c.serving.Add(1)
 		c.work <- req // never blocks: acquire keeps inflight <= cap(c.work)
 	}
+}
+
+// directReadMin is the shortest WRITE payload, or rest of one, read straight from the
+// connection into the request buffer rather than through the connection's buffered reader.
+// The buffered reader batches small requests (one read brings in many), but a payload that
+// passes through it is copied twice; after a large WRITE the next header is read on its own,
+// so that the buffered reader does not fetch the next payload ahead into its buffer either.
+// For 48 KiB writes the copy through the buffer was 9% of the daemon's CPU.
+const directReadMin = 16 << 10
+
+// readPayload reads a WRITE's payload into p: what the buffered reader already holds, then the
+// rest straight from the connection if it is long (directReadMin), else through the reader.
+func (c *conn) readPayload(p []byte) error {
+	n := 0
+	if k := c.br.Buffered(); k > 0 {
+		n, _ = c.br.Read(p[:min(k, len(p))]) // a copy from the buffer: cannot fail
+	}
+	if len(p)-n >= directReadMin {
+		_, err := io.ReadFull(c.nc, p[n:])
+		return err
+	}
+	_, err := io.ReadFull(c.br, p[n:])
+	return err
 }
 
 // checkRequest validates a request header against the session. It returns an error if the

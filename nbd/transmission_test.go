@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -504,4 +505,53 @@ func TestBufferSizeClasses(t *testing.T) {
 		b.mem[0], b.mem[len(b.mem)-1] = 1, 2 // writable, all of it
 		b.unmap()
 	}
+}
+
+// TestMixedWriteSizes sends, in one burst, WRITEs whose payloads straddle directReadMin (read
+// through the buffered reader or straight from the connection, headers after a large write read
+// on their own) interleaved with FLUSHes, so that headers and payloads land in the server's
+// buffer at every possible split; every write must be acknowledged and every byte land.
+func TestMixedWriteSizes(t *testing.T) {
+	const size = 8 << 20
+	mem := nbdtest.NewMemDevice(size)
+	s, _ := testServer(t, Options{Exports: []Export{{Device: mem}}})
+	c, _ := unixConn(t, s)
+	c.handshakeGo("")
+
+	sizes := []int{512, directReadMin - 512, directReadMin, 48 << 10, 4096, 1 << 20,
+		directReadMin + 512, 1024, 64<<10 + 512, 3 * 512}
+	model := make([]byte, size)
+	var burst []byte
+	off, n := 0, 0
+	for i := 0; off+sizes[i%len(sizes)] <= size && i < 200; i++ {
+		l := sizes[i%len(sizes)]
+		p := pattern(uint64(1000+i), l)
+		copy(model[off:], p)
+		b := make([]byte, requestHeaderSize)
+		binary.BigEndian.PutUint32(b[0:], magicRequest)
+		binary.BigEndian.PutUint16(b[6:], cmdWrite)
+		binary.BigEndian.PutUint64(b[8:], uint64(i))
+		binary.BigEndian.PutUint64(b[16:], uint64(off))
+		binary.BigEndian.PutUint32(b[24:], uint32(l))
+		burst = append(append(burst, b...), p...)
+		n++
+		if i%7 == 3 {
+			f := make([]byte, requestHeaderSize)
+			binary.BigEndian.PutUint32(f[0:], magicRequest)
+			binary.BigEndian.PutUint16(f[6:], cmdFlush)
+			binary.BigEndian.PutUint64(f[8:], uint64(100000+i))
+			burst = append(burst, f...)
+			n++
+		}
+		off += l
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); c.write(burst) }()
+	for range n {
+		if errno, cookie := c.reply(); errno != 0 {
+			t.Fatalf("request %d: errno %d", cookie, errno)
+		}
+	}
+	<-done
+	checkDevice(t, mem, model)
 }
