@@ -3,6 +3,7 @@ package raid
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -100,8 +101,12 @@ func (a *Array) Remove(name string) error {
 // AddSpare opens path (an existing file or block device at least as large as the members'
 // data end), writes a spare superblock on it (role -1, this array's UUID) and adds it as a
 // spare. If a role has no working member a rebuild onto it starts at once. The path must not
-// already be a member.
+// already be a member, under this name or another (a second path, a hard link, a spec of it),
+// nor the array's journal: ErrDuplicateMember and ErrJournalOnMember, with nothing written.
 func (a *Array) AddSpare(path string) error {
+	if err := a.checkNewMember(path); err != nil {
+		return err
+	}
 	m, err := OpenMember(path, false)
 	if err != nil {
 		return &MemberError{Member: path, Role: -1, Op: "open", Off: -1, Err: err}
@@ -109,6 +114,37 @@ func (a *Array) AddSpare(path string) error {
 	if err := a.AddSpareMember(m); err != nil {
 		m.Close()
 		return err
+	}
+	return nil
+}
+
+// checkNewMember refuses a path for a new spare that is the same file as one of the array's
+// members (active, faulty, spare or retired), whatever it is called, or that shares storage
+// with the journal (checkJournalPlacement).
+func (a *Array) checkNewMember(path string) error {
+	a.sbMu.Lock()
+	var names []string
+	for _, x := range append(a.all(), a.retired...) {
+		names = append(names, x.Name())
+	}
+	a.sbMu.Unlock()
+	st, err := os.Stat(SpecPath(path))
+	for _, n := range names {
+		if n == path {
+			return &MemberError{Member: path, Role: -1, Op: "add", Off: -1, Err: ErrDuplicateMember}
+		}
+		if err != nil {
+			continue // not there (yet): OpenMember says so
+		}
+		if xs, xerr := os.Stat(SpecPath(n)); xerr == nil && os.SameFile(st, xs) {
+			return &MemberError{Member: path, Role: -1, Op: "add", Off: -1,
+				Err: fmt.Errorf("%w: %s is the same file as %s", ErrDuplicateMember, path, n)}
+		}
+	}
+	if a.jr != nil {
+		if err := checkJournalPlacement(a.jr.path, []string{path}); err != nil {
+			return err
+		}
 	}
 	return nil
 }
