@@ -95,16 +95,7 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	st.a, st.p, st.exts, st.failOff, st.failErr = a, p, exts, int64(len(p)), nil
 	st.s0 = exts[0].Stripe
 	ns := exts[len(exts)-1].Stripe - st.s0 + 1
-	if w := int((ns + 63) / 64); cap(st.cached) < w {
-		st.cached = make([]uint64, w)
-	} else {
-		st.cached = st.cached[:w]
-	}
-	if a.cache != nil {
-		a.cache.Heads(st.s0, ns, st.cached)
-	} else {
-		clear(st.cached)
-	}
+	st.cached = a.cachedStripes(st.s0, ns, st.cached)
 	var touched uint64 // bit r: member r holds part of the request
 	for _, e := range exts {
 		touched |= 1 << e.Member
@@ -139,6 +130,23 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	st.a, st.p, st.exts, st.failErr = nil, nil, nil, nil
 	readStates.Put(st)
 	return n, err
+}
+
+// cachedStripes returns bits (grown as needed) with bit i (bit i%64 of word i/64) set for each
+// stripe s0+i, i < n, that has a cache head: a read takes those stripes from the cache and may
+// read the others from the members directly.
+func (a *Array) cachedStripes(s0, n int64, bits []uint64) []uint64 {
+	if w := int((n + 63) / 64); cap(bits) < w {
+		bits = make([]uint64, w)
+	} else {
+		bits = bits[:w]
+	}
+	if a.cache != nil {
+		a.cache.Heads(s0, n, bits)
+	} else {
+		clear(bits)
+	}
+	return bits
 }
 
 // readState is the state of one ReadAt that touches several members, shared by the goroutines

@@ -3,7 +3,6 @@ package raid
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 )
@@ -128,18 +127,8 @@ func (a *Array) checkNewMember(path string) error {
 		names = append(names, x.Name())
 	}
 	a.sbMu.Unlock()
-	st, err := os.Stat(SpecPath(path))
-	for _, n := range names {
-		if n == path {
-			return &MemberError{Member: path, Role: -1, Op: "add", Off: -1, Err: ErrDuplicateMember}
-		}
-		if err != nil {
-			continue // not there (yet): OpenMember says so
-		}
-		if xs, xerr := os.Stat(SpecPath(n)); xerr == nil && os.SameFile(st, xs) {
-			return &MemberError{Member: path, Role: -1, Op: "add", Off: -1,
-				Err: fmt.Errorf("%w: %s is the same file as %s", ErrDuplicateMember, path, n)}
-		}
+	if err := checkDistinct(append(names, path)); err != nil {
+		return err
 	}
 	if a.jr != nil {
 		if err := checkJournalPlacement(a.jr.path, []string{path}); err != nil {

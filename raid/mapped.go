@@ -198,16 +198,7 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 
 	s0 := exts[0].Stripe
 	ns := exts[len(exts)-1].Stripe - s0 + 1
-	if w := int((ns + 63) / 64); cap(st.cached) < w {
-		st.cached = make([]uint64, w)
-	} else {
-		st.cached = st.cached[:w]
-	}
-	if a.cache != nil {
-		a.cache.Heads(s0, ns, st.cached)
-	} else {
-		clear(st.cached)
-	}
+	st.cached = a.cachedStripes(s0, ns, st.cached)
 	mapOf := func(e *stripe.Extent) *member {
 		if b := e.Stripe - s0; st.cached[b/64]&(1<<(b%64)) != 0 {
 			return nil

@@ -254,29 +254,26 @@ func (m memberIO) do(ops []stripe.MemberOp) error {
 	}
 	b := ioBatches.Get().(*ioBatch)
 	b.ops = ops
-	if writes && bytes <= inlineWriteMax {
-		// Member writes go to the page cache (members are not opened O_DIRECT): a small
-		// batch is a few copies the calling goroutine does as fast as the member goroutines
-		// would, without the hand-offs. Reads may wait for a disk, and large batches gain
-		// from running on several cores, so they run concurrently.
-		for r := range a.roles {
-			if roles&(1<<r) != 0 {
-				a.runRole(b, r)
-			}
-		}
-	} else {
-		first := -1
-		for r := range a.roles {
-			if roles&(1<<r) == 0 {
-				continue
-			}
-			if first < 0 {
-				first = r
-				continue
-			}
+	// Member writes go to the page cache (members are not opened O_DIRECT): a small batch
+	// is a few copies the calling goroutine does as fast as the member goroutines would,
+	// without the hand-offs. Reads may wait for a disk, and large batches gain from running
+	// on several cores, so they run concurrently: the first role here, the others on their
+	// members' goroutines.
+	inline := writes && bytes <= inlineWriteMax
+	first := -1
+	for r := range a.roles {
+		switch {
+		case roles&(1<<r) == 0:
+		case inline:
+			a.runRole(b, r)
+		case first < 0:
+			first = r
+		default:
 			b.wg.Add(1)
 			a.ioq[r] <- ioJob{b: b, role: r}
 		}
+	}
+	if first >= 0 {
 		a.runRole(b, first)
 		b.wg.Wait()
 	}
