@@ -116,6 +116,12 @@ func (a *Array) runRole(b *ioBatch, role int) {
 		if op.Role != role {
 			continue
 		}
+		if op.Write && a.failed() {
+			// The array failed while this batch was under way (Do checked before it
+			// began): write nothing more, so that the survivors keep what they held.
+			b.errs[role] = fmt.Errorf("%w: the write-out of member offset %d refused", ErrArrayFailed, op.Off)
+			return
+		}
 		var err error
 		if op.Vec != nil {
 			if cap(b.iov[role]) < len(op.Vec) {
