@@ -446,7 +446,8 @@ type journal struct {
 	kick     chan struct{} // asks the checkpointer for a checkpoint
 	stop     chan struct{} // closed by stopRun
 	stopOnce sync.Once
-	bufs     sync.Pool // *[]byte record buffers
+	runDone  chan struct{} // closed when run returns
+	bufs     sync.Pool     // *[]byte record buffers
 
 	// The group leader's scratch for writeRun (only the leader writes: flushing).
 	wbufs [][]byte
@@ -462,7 +463,7 @@ func newJournal(a *Array, m Member, path string, h *journalHeader) *journal {
 	j := &journal{
 		a: a, m: m, path: path, uuid: h.ArrayUUID, ringSize: h.RingSize, created: h.Created,
 		head: h.Tail, tail: h.Tail, seq: h.TailSeq, tailSeq: h.TailSeq, gen: h.Gen, durable: h.TailSeq,
-		inflight: map[uint64]int{}, kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		inflight: map[uint64]int{}, kick: make(chan struct{}, 1), stop: make(chan struct{}), runDone: make(chan struct{}),
 	}
 	j.cond.L = &j.mu
 	return j
@@ -690,6 +691,7 @@ func (j *journal) writeHeader(lsn, seq uint64) error {
 // run is the checkpointer: it checkpoints whenever log finds the ring more than half full,
 // so that writers rarely wait for one, until stopRun.
 func (j *journal) run() {
+	defer close(j.runDone)
 	for {
 		select {
 		case <-j.stop:
