@@ -96,6 +96,10 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 		}
 	}()
 	if opts.Consistency == ConsistencyJournal && opts.Journal == nil && opts.JournalPath != "" {
+		// Before the journal is opened: on a member's file it would lock the member.
+		if err := checkJournalPlacement(opts.JournalPath, append(paths[:len(paths):len(paths)], opts.Spares...)); err != nil {
+			return nil, err
+		}
 		jm, made, err := openJournalFile(opts.JournalPath, opts.JournalSize)
 		if made {
 			created = append(created, SpecPath(opts.JournalPath))
@@ -418,6 +422,9 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		var err error
 		jm, jpath, owned, err = openJournal(ref, opts)
 		if err != nil {
+			if perr := checkJournalPlacement(jpath, memberNames(members)); perr != nil {
+				return nil, perr // a member's own file: locked by the member, so busy
+			}
 			return nil, err
 		}
 		if jm != nil {
@@ -772,7 +779,7 @@ func Examine(paths []string) (*Report, error) {
 	for i, p := range paths {
 		em := &rep.Members[i]
 		em.Path, em.Role = p, -1
-		m, err := OpenMember(p, true)
+		m, err := openMember(p, useInspect) // no lock: a running daemon's members too
 		if err != nil {
 			em.Err = err
 			continue

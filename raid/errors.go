@@ -81,6 +81,13 @@ var (
 	ErrJournalOnMember = errors.New("raid: write journal on a member's storage")
 	// ErrNoMembers is returned by Assemble and Examine when no member could be read at all.
 	ErrNoMembers = errors.New("raid: no usable member")
+	// ErrMemberBusy is returned, inside a *BusyError naming the holder, by OpenMember and so by
+	// Create, Assemble and AddSpare (and for a journal) when the file or device is in use: another
+	// raid5d holds its lock (or another open of it in this process does, or a read-write open
+	// meets read-only ones), or the kernel holds a block device for exclusive use (mounted, part
+	// of md or dm, or opened with O_EXCL by another program). Nothing has been written. Unlike
+	// ErrInUse it is about a running user, not a superblock; Force does not override it.
+	ErrMemberBusy = errors.New("raid: member in use")
 )
 
 type ioError struct {

@@ -66,13 +66,13 @@ func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
 
 // openSpec opens a member spec (faulty: or volatile:); ok is false for a plain path, which it
 // leaves to the caller.
-func openSpec(spec string, readOnly bool) (m Member, ok bool, err error) {
+func openSpec(spec string, use memberUse) (m Member, ok bool, err error) {
 	prefix, path, query, _ := splitSpec(spec)
 	switch prefix {
 	case FaultySpecPrefix:
-		m, err = openFaultySpec(spec, path, query, false, readOnly)
+		m, err = openFaultySpec(spec, path, query, false, use)
 	case VolatileSpecPrefix:
-		m, err = openFaultySpec(spec, path, query, true, readOnly)
+		m, err = openFaultySpec(spec, path, query, true, use)
 	default:
 		return nil, false, nil
 	}
@@ -101,7 +101,7 @@ type specMember struct {
 // from the start for the volatile: spelling; spec is the whole spec, for errors. A spec
 // without a path is an error of its own, never fs.ErrNotExist, which Assemble would take for a
 // missing member.
-func openFaultySpec(spec, path, query string, volatile, readOnly bool) (Member, error) {
+func openFaultySpec(spec, path, query string, volatile bool, use memberUse) (Member, error) {
 	if path == "" {
 		return nil, fmt.Errorf("raid: member spec %q: no path (want %sPATH?key=value&... or %sPATH?key=value&...)",
 			spec, FaultySpecPrefix, VolatileSpecPrefix)
@@ -154,7 +154,7 @@ func openFaultySpec(spec, path, query string, volatile, readOnly bool) (Member, 
 			}
 		}
 	}
-	m, err := OpenMember(path, readOnly)
+	m, err := openMember(path, use) // locked like PATH itself
 	if err != nil {
 		return nil, err
 	}

@@ -46,19 +46,27 @@ type fileMember struct {
 	mapped  []byte
 }
 
-// OpenMember opens a regular file or a block device as a member. A block device's size comes
-// from BLKGETSIZE64, a file's from its length. A path of the form faulty:PATH?... (or
-// volatile:PATH?..., short for faulty:PATH?volatile&...) opens PATH wrapped in fault
-// injection, a testing aid (doc.go # Testing with faulty members).
+// OpenMember opens a regular file or a block device as a member, for exclusive use: it holds a
+// lock on it until Close, exclusive when read-write (and a block device is opened with O_EXCL),
+// shared when readOnly (doc.go # Exclusive use). A member in use elsewhere is ErrMemberBusy,
+// in a *BusyError naming the holder. A block device's size comes from BLKGETSIZE64, a file's
+// from its length. A path of the form faulty:PATH?... (or volatile:PATH?..., short for
+// faulty:PATH?volatile&...) opens PATH wrapped in fault injection, a testing aid (doc.go #
+// Testing with faulty members).
 func OpenMember(path string, readOnly bool) (Member, error) {
-	if m, ok, err := openSpec(path, readOnly); ok {
+	if readOnly {
+		return openMember(path, useShared)
+	}
+	return openMember(path, useExclusive)
+}
+
+// openMember is OpenMember with the use (and lock) spelled out; Examine inspects members
+// without a lock.
+func openMember(path string, use memberUse) (Member, error) {
+	if m, ok, err := openSpec(path, use); ok {
 		return m, err
 	}
-	flag := os.O_RDWR
-	if readOnly {
-		flag = os.O_RDONLY
-	}
-	f, err := os.OpenFile(path, flag|unix.O_CLOEXEC, 0)
+	f, err := openUse(path, use)
 	if err != nil {
 		return nil, err
 	}
@@ -91,9 +99,10 @@ func newFileMember(f *os.File, path string) (*fileMember, error) {
 	return m, nil
 }
 
-// createMemberFile creates an absent member file, sparse, of size bytes.
+// createMemberFile creates an absent member file, sparse, of size bytes, mode 0600: it will
+// hold the array's data.
 func createMemberFile(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,10 @@ func TestFileMember(t *testing.T) {
 		t.Fatal("a trim past the member's end must fail")
 	}
 
+	if _, err := raid.OpenMember(path, true); !errors.Is(err, raid.ErrMemberBusy) {
+		t.Fatalf("read-only open beside a read-write one: %v, want ErrMemberBusy", err)
+	}
+	m.Close()
 	ro, err := raid.OpenMember(path, true)
 	if err != nil {
 		t.Fatal(err)

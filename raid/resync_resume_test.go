@@ -55,12 +55,12 @@ func rrAssemble(t *testing.T, paths []string, speed int64) *Array {
 	return a
 }
 
-// rrSuperblocks reads the superblocks of the closed members at paths.
+// rrSuperblocks reads the superblocks of the members at paths (without a lock, as Examine).
 func rrSuperblocks(t *testing.T, paths []string) []*superblock {
 	t.Helper()
 	sbs := make([]*superblock, len(paths))
 	for i, p := range paths {
-		m, err := OpenMember(p, true)
+		m, err := openMember(p, useInspect)
 		if err != nil {
 			t.Fatal(err)
 		}
