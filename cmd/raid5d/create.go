@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/raid5d/raid5d/raid"
@@ -74,6 +75,11 @@ superblock, so give them to serve with the members.`, stdout)
 				"one disk failure can take both; for real data put the journal on another disk\n", raid.SpecPath(*journal), m)
 		}
 	}
+	warnWideModes(stderr, "member", members)
+	warnWideModes(stderr, "spare", spares)
+	if *journal != "" {
+		warnWideModes(stderr, "journal", []string{*journal})
+	}
 	st := a.Status()
 	l := a.Layout()
 	n, _ := a.Size()
@@ -92,6 +98,19 @@ superblock, so give them to serve with the members.`, stdout)
 		fmt.Fprintf(stdout, "  journal: %s (%s ring)\n", j.Path, formatSize(j.Size))
 	}
 	return nil
+}
+
+// warnWideModes warns about each existing file of paths (member specs: their PATH) that others
+// than its owner may access: they could read the array's data from it. Files raid5d creates
+// are mode 0600; block devices are left to the system's rules.
+func warnWideModes(stderr io.Writer, what string, paths []string) {
+	for _, p := range paths {
+		file := raid.SpecPath(p)
+		if fi, err := os.Stat(file); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o077 != 0 {
+			fmt.Fprintf(stderr, "raid5d create: warning: %s %s is mode %04o: other local users can read the array's data from it; chmod 600 %s\n",
+				what, file, fi.Mode().Perm(), file)
+		}
+	}
 }
 
 // stringsFlag collects the values of a repeatable flag.
