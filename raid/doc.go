@@ -364,10 +364,28 @@
 // holds its old or new contents, never a mix (TestPowerCut checks this with raidtest.Volatile
 // members that lose, or keep a random subset of, their unsynced pages at once).
 //
+// # Exclusive use
+//
+// A member, spare or journal is used by one array at a time. OpenMember (and so Create,
+// Assemble, AddSpare and the journal's open) holds a flock(2) lock on the file or device node
+// until Close: exclusive for a read-write open, shared for a read-only one, so read-only
+// assemblies may share members but not with a writer. A block device opened read-write is also
+// opened with O_EXCL, the kernel's exclusive claim (as md and mkfs take it), which fails while
+// the device is mounted, part of md or dm, or claimed by another program. Anything in use is
+// refused with ErrMemberBusy in a *BusyError naming the holder: the processes holding the lock
+// (from /proc/locks: flock records the pid that took it, where OFD locks report -1 and POSIX
+// record locks, being per process, would neither conflict within one process nor survive the
+// close of another descriptor of the file), or the device's mount point or md/dm holder. Two
+// opens in one process conflict too. Nothing is written before the lock is held; Force does not
+// override it. Examine takes no lock: it reads the superblocks of members a daemon is using.
+// The lock is advisory: it keeps raid5d from raid5d (and from tools that honour flock, such
+// as udev), not cp or dd from member files. Files Create makes (members, spares, the journal)
+// are mode 0600.
+//
 // # Testing with faulty members
 //
 // OpenMember (and so Create, Assemble, AddSpare, a journal path and the command line) accepts
-// a member spec
+// a member spec, locked like PATH itself (# Exclusive use),
 //
 //	faulty:PATH?key=value&key=value...
 //	volatile:PATH?key=value&...     (short for faulty:PATH?volatile&key=value&...)
