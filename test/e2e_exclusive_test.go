@@ -13,8 +13,8 @@ import (
 
 // Exclusive use of members and the modes of the files raid5d makes (issue 13, items 1 and 10).
 
-// refused runs raid5d with args, which must fail naming the holder (holder is "pid N (raid5d)")
-// and ErrMemberBusy's message; it returns the output.
+// refused runs raid5d with args, which must fail with ErrMemberBusy's message naming the holder
+// (holder is "locked by pid N ("); it returns the output.
 func refused(t *testing.T, holder string, args ...string) string {
 	t.Helper()
 	out, err := runToolErr(raid5dBin, args...)
@@ -78,7 +78,7 @@ func TestExclusiveMembers(t *testing.T) {
 	uuid, _ := examineOffline(t, all...)
 	a.members = all
 	s := a.serve(t)
-	holder := fmt.Sprintf("pid %d (raid5d)", s.cmd.Process.Pid)
+	holder := fmt.Sprintf("locked by pid %d (", s.cmd.Process.Pid) // then its command name
 
 	// A second daemon on the same members: it must exit (non-zero, naming the first) and never
 	// greet a client.
