@@ -337,6 +337,14 @@ type AssembleOptions struct {
 	// JournalPath overrides where the write journal of an array with the journal policy is
 	// ("": the path its superblocks record). Ignored for other policies.
 	JournalPath string
+	// SkipCorruptJournal assembles an array whose write journal Assemble refuses as corrupt
+	// (ErrJournalCorrupt; or holding records in a format this build does not read): none of
+	// the journal's records is replayed, they are discarded, and all parity is recomputed
+	// from the members' data chunks, which are trusted as they are (a full resync, as
+	// without a journal; a crash before it ends resyncs again). Writes flushed before the
+	// crash are on the members and kept; degraded, the stripes being written at the crash
+	// are the write hole. It changes nothing for a journal that is not corrupt.
+	SkipCorruptJournal bool
 	// Journal is the write journal, already open (tests); it takes precedence over
 	// JournalPath. On success the array owns it; on error the caller does.
 	Journal   Member
@@ -534,12 +542,17 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		// Every stripe write since the last checkpoint is in the journal: replaying it
 		// completes each one, so parity matches data everywhere, degraded or not.
 		a.dirty.Store(true)
-		n, err := a.jr.replay()
+		resync, err := a.jr.recover(opts.SkipCorruptJournal)
 		if err != nil {
 			return nil, fmt.Errorf("raid: replaying the write journal %s: %w", jpath, err)
 		}
-		log.Warn("raid: array was not shut down cleanly; the write journal was replayed, parity is consistent",
-			"array", ref.ArrayUUID, "journal", jpath, "records", n)
+		if resync { // the journal was discarded (now or before): parity from the data
+			a.unclean = true
+			a.resync = a.newResync(0)
+			if len(missing) == 1 {
+				a.noteWriteHole()
+			}
+		}
 	case ref.Dirty:
 		a.unclean = true
 		a.dirty.Store(true)

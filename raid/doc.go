@@ -89,18 +89,24 @@
 //	                leaves the previous one
 //	[8 KiB, size)   the ring of records, in whole 4 KiB pages
 //
-// A header: magic "raid5dJH" (0, 8), version 1 (8, 4), header size 4096 (12, 4), array UUID
+// A header: magic "raid5dJH" (0, 8), version 2 (8, 4), header size 4096 (12, 4), array UUID
 // (16, 16), journal size (32, 8), ring offset 8192 (40, 8), ring size (48, 8), tail: logical
 // position of the oldest record to replay, in bytes since creation (56, 8), the sequence number
-// that record must carry (64, 8), generation (72, 8), creation time (80, 8), CRC32C of
-// [0, 4092) (4092, 4). A record starts on a page: magic "raid5dJR" (0, 8), type 1 ops or
-// 2 pad (8, 4), op count (12, 4), sequence number (16, 8), logical position (24, 8), length in
-// bytes, whole pages (32, 8), array UUID (40, 16), first stripe and stripe count (56, 8+8),
-// CRC32C of everything after byte 80 (72, 4), CRC32C of [0, 76) (76, 4); then one descriptor
+// that record must carry (64, 8), generation (72, 8), creation time (80, 8), flags: 1 a full
+// resync follows any replay (88, 4), CRC32C of [0, 4092) (4092, 4). A record starts on a page:
+// magic "raid5dJR" (0, 8), type 3 ops or 4 pad (8, 4), op count (12, 4), sequence number
+// (16, 8), logical position (24, 8), length in bytes, whole pages (32, 8), array UUID (40, 16),
+// first stripe and stripe count (56, 8+8), commit point: every record numbered below it was
+// durable when this one was written (72, 8), CRC32C of everything after byte 88 (80, 4),
+// CRC32C of [0, 84) (84, 4); then one descriptor
 // of 24 bytes per op — role (4), flags: 1 trim (4), member offset (8), length (8) — padded
 // to whole pages; then the payload, the bytes of the write ops one after another, padded to
 // whole pages. A pad record is one header page whose length reaches the end of the ring (a
-// record never wraps); its checksum covers its header page only.
+// record never wraps); its checksum covers its header page only. Version 1 (an older
+// raid5d: no flags, records of types 1 and 2 without a commit point, both checksums 8 bytes
+// earlier) is read as far as its header: a clean array's journal is used and rewritten as
+// version 2 at its first checkpoint; records of version 1 left to replay are refused
+// (ErrJournal, below).
 //
 // The events counter is bumped, and every working member's superblock (spares included,
 // faulty members never) rewritten and fdatasync'ed, on each state change: creation, assembly
@@ -323,7 +329,28 @@
 // the members are synced and the journal emptied. A torn record ends the journal (its writes
 // were never issued: they waited for it), and a record of an earlier lap has the wrong
 // sequence number; the sequence numbers after a replay skip ahead by more than the ring holds,
-// so a whole record left past a torn one can never pass for a later one. Replaying completes
+// so a whole record left past a torn one can never pass for a later one.
+//
+// A record damaged after it was made durable must not end the replay quietly: the records
+// after it may have written their stripes already, and replaying the older records before it
+// over those stripes would undo flushed writes. Before it writes anything the replay reads
+// the rest of the ring, every page, for a valid record (header checksum, UUID, position)
+// whose commit point is above the damaged record's number. Each group commit seals its
+// records with that point (the group's first number: everything before it is durable), so
+// such a record proves the damaged one had been synced: Assemble then refuses with
+// ErrJournalCorrupt, naming both positions and numbers, and writes nothing
+// (TestJournalCorruptNoRollback; a torn group, whose later records carry its own commit
+// point, still ends quietly: TestJournalTornGroup). AssembleOptions.SkipCorruptJournal (serve
+// --skip-corrupt-journal) is the way forward, as mdadm's --force is: it replays none of the
+// records, discards them (the tail moves a whole lap ahead, so none can pass again), and
+// recomputes all parity from the members' data chunks, trusted as they are (a full resync,
+// Status.Unclean until it ends). What it keeps: every write flushed before the crash, since a
+// flush syncs the members; what it may lose: writes not flushed, or in flight, at the crash,
+// which NBD allows. Until that resync has finished the journal's header flags it, so a crash
+// during it resyncs again after the replay (TestJournalSkipCorrupt). Degraded, the stripes
+// being written at the crash are the write hole (Status.WriteHole), as without a journal.
+//
+// Replaying completes
 // every stripe operation that may have been interrupted, atomically, with the bytes it was
 // writing, so parity matches data everywhere, whole or degraded, with no resync and no write
 // hole (TestWriteHoleJournal, TestJournalDegradedPowerCut, TestPowerCut's journal cases).
@@ -343,7 +370,8 @@
 //
 // Without its journal a dirty journaled array is refused (ErrJournalMissing, naming the path;
 // AssembleOptions.JournalPath or serve --journal point elsewhere); a journal of another array
-// or with a corrupt header is refused with ErrJournal; either way before anything is written.
+// or with a corrupt header, or with records of format version 1 to replay, is refused with
+// ErrJournal; either way before anything is written.
 // A clean one (Close checkpoints the journal, so it is empty) is assembled read-only, since
 // its writes could not be journaled. If writing the journal fails, writes fail (the error is
 // sticky until the array is reassembled): a journaled array never writes a stripe unlogged.
@@ -451,4 +479,10 @@
 //   - A crash in the middle of a superblock update can leave members one event apart; Assemble
 //     then refuses the one behind as stale, and the array must be assembled without it.
 //   - The counters are plain atomics shared by all goroutines, not sharded.
+//   - A journal record damaged after it was synced is told from a record torn by the crash
+//     only by a later group's record (# Crash consistency). A damaged record in the last
+//     group written, or one after which every later record is damaged too, ends the replay
+//     quietly, as a torn record does: the records before it are replayed, and a stripe that
+//     it (or a later record of its group) wrote after them goes back to their data.
+//     The replay of a dirty array reads the whole ring once more to look for such records.
 package raid

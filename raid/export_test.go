@@ -40,22 +40,23 @@ type JournalOp struct {
 	Trim int64
 }
 
-// EncodeJournalRecord encodes and seals a journal record as the write path does.
-func EncodeJournalRecord(uuid UUID, s0, n int64, ops []JournalOp, seq, lsn uint64) []byte {
+// EncodeJournalRecord encodes and seals a journal record as the write path does (commit: its
+// group's commit point, at most seq).
+func EncodeJournalRecord(uuid UUID, s0, n int64, ops []JournalOp, seq, lsn, commit uint64) []byte {
 	iops := make([]intentOp, len(ops))
 	for i, op := range ops {
 		iops[i] = intentOp{role: op.Role, off: op.Off, buf: op.Data, trim: op.Trim}
 	}
 	b := encodeRecord(nil, uuid, s0, n, iops)
-	sealRecord(b, seq, lsn)
+	sealRecord(b, seq, lsn, commit)
 	return b
 }
 
 // DecodeJournalRecord decodes a whole record (both checksums checked), as the replay does.
-func DecodeJournalRecord(b []byte) (uuid UUID, seq, lsn uint64, s0, n int64, ops []JournalOp, err error) {
+func DecodeJournalRecord(b []byte) (uuid UUID, seq, lsn, commit uint64, s0, n int64, ops []JournalOp, err error) {
 	r, err := decodeRecord(b)
 	if err != nil {
-		return uuid, 0, 0, 0, 0, nil, err
+		return uuid, 0, 0, 0, 0, 0, nil, err
 	}
 	p := r.hdrLen
 	for _, op := range r.ops {
@@ -68,7 +69,7 @@ func DecodeJournalRecord(b []byte) (uuid UUID, seq, lsn uint64, s0, n int64, ops
 		}
 		ops = append(ops, jo)
 	}
-	return r.uuid, r.seq, r.lsn, r.s0, r.n, ops, nil
+	return r.uuid, r.seq, r.lsn, r.commit, r.s0, r.n, ops, nil
 }
 
 // JournalPosition returns the journal's head and tail (logical byte positions), the

@@ -25,14 +25,24 @@ const (
 
 	journalHeaderSize = 4096
 	journalRingOffset = 2 * journalHeaderSize // two header slots, then the ring
-	journalVersion    = 1
-	journalPage       = 4096 // records start and end on these boundaries
+	journalPage       = 4096                  // records start and end on these boundaries
+	// journalVersion is the format written. Version 1 (records without a commit point,
+	// jrecV1*) is read: its header is used, its records only recognised, to refuse them.
+	journalVersion = 2
 
-	jrecFixed = 80 // fixed part of a record header; descriptors follow
+	jrecFixed = 88 // fixed part of a record header; descriptors follow
 	jdescSize = 24 // one op descriptor
-	jrecOps   = 1  // record types
-	jrecPad   = 2
+	jrecOps   = 3  // record types (version 1's were 1 and 2: jrecV1Ops, jrecV1Pad)
+	jrecPad   = 4
 	jopTrim   = 1 // descriptor flag: a trim, no payload
+
+	jrecV1Ops, jrecV1Pad = 1, 2
+	jrecV1HdrCRC         = 76 // version 1's header checksum, over the bytes before it
+
+	// jhfResync is the header flag of a journal whose array needs a full resync after any
+	// replay: set when SkipCorruptJournal discarded a corrupt journal, cleared by the first
+	// checkpoint after the resync has finished (journal.needResync).
+	jhfResync = 1
 )
 
 var (
@@ -43,6 +53,14 @@ var (
 // ErrJournal is returned when a write journal is unusable: its header is corrupt, it belongs
 // to another array, it is too small, or writing it failed.
 var ErrJournal = errors.New("raid: write journal unusable")
+
+// ErrJournalCorrupt is returned by Assemble when the write journal of an array that was not
+// shut down cleanly has an unreadable record followed by records written after that record
+// had been made durable: the damage is not a write torn by the crash, and replaying only the
+// records before it could undo newer writes already on the members. Nothing is replayed or
+// written. AssembleOptions.SkipCorruptJournal assembles anyway: it discards the journal and
+// resyncs parity from the members' data.
+var ErrJournalCorrupt = errors.New("raid: write journal corrupt")
 
 // ErrJournalMissing is returned by Assemble for an array with the journal policy that was
 // not shut down cleanly when its journal cannot be found: the journal holds what a replay
@@ -75,6 +93,8 @@ type journalHeader struct {
 	TailSeq   uint64 // the sequence number the record at Tail must carry
 	Gen       uint64 // checkpoint generation: slot Gen%2
 	Created   time.Time
+	Version   uint32 // format read (journalVersion, or 1); encode writes journalVersion
+	Flags     uint32 // jhf* (version 2)
 }
 
 // Header field offsets.
@@ -90,6 +110,7 @@ const (
 	jhTailSeq  = 64
 	jhGen      = 72
 	jhCreated  = 80
+	jhFlags    = 88
 	jhCRC      = journalHeaderSize - 4
 )
 
@@ -108,6 +129,7 @@ func (h *journalHeader) encode(b []byte) {
 	le.PutUint64(b[jhTailSeq:], h.TailSeq)
 	le.PutUint64(b[jhGen:], h.Gen)
 	le.PutUint64(b[jhCreated:], uint64(h.Created.UnixNano()))
+	le.PutUint32(b[jhFlags:], h.Flags)
 	le.PutUint32(b[jhCRC:], crc32.Checksum(b[:jhCRC], crc32c))
 }
 
@@ -120,7 +142,8 @@ func decodeJournalHeader(b []byte) (*journalHeader, error) {
 	if got, want := le.Uint32(b[jhCRC:]), crc32.Checksum(b[:jhCRC], crc32c); got != want {
 		return nil, fmt.Errorf("%w: header checksum %#08x, computed %#08x", ErrJournal, got, want)
 	}
-	if v := le.Uint32(b[jhVersion:]); v != journalVersion || le.Uint32(b[jhHdrSize:]) != journalHeaderSize {
+	v := le.Uint32(b[jhVersion:])
+	if v != journalVersion && v != 1 || le.Uint32(b[jhHdrSize:]) != journalHeaderSize {
 		return nil, fmt.Errorf("%w: header version %d (this build reads %d)", ErrJournal, v, journalVersion)
 	}
 	h := &journalHeader{
@@ -130,6 +153,10 @@ func decodeJournalHeader(b []byte) (*journalHeader, error) {
 		TailSeq:  le.Uint64(b[jhTailSeq:]),
 		Gen:      le.Uint64(b[jhGen:]),
 		Created:  time.Unix(0, int64(le.Uint64(b[jhCreated:]))),
+		Version:  v,
+	}
+	if v >= 2 {
+		h.Flags = le.Uint32(b[jhFlags:])
 	}
 	copy(h.ArrayUUID[:], b[jhUUID:])
 	if le.Uint64(b[jhRingOff:]) != journalRingOffset || h.RingSize <= 0 || h.RingSize%journalPage != 0 ||
@@ -200,6 +227,13 @@ func readJournalHeader(m Member, uuid UUID) (*journalHeader, error) {
 // write ops, one after another, zero-padded to whole pages. bodyCRC covers everything after
 // the fixed part (descriptors and payload; for a pad record, just its header block);
 // hdrCRC covers the fixed part before it, bodyCRC included.
+//
+// commit is the group's commit point: every record numbered below it was durable in the
+// journal when this record was written (the leader of a group commit sets it, to the first
+// sequence number of its group). A valid record whose commit point is above the number of
+// an unreadable record proves that the unreadable one had been synced — and so its member
+// writes may have been issued — before the crash: it was damaged afterwards, not torn by
+// the crash (journal.replay).
 const (
 	jrMagic   = 0
 	jrType    = 8
@@ -210,8 +244,9 @@ const (
 	jrUUID    = 40
 	jrS0      = 56
 	jrN       = 64
-	jrBodyCRC = 72
-	jrHdrCRC  = 76
+	jrCommit  = 72
+	jrBodyCRC = 80
+	jrHdrCRC  = 84
 )
 
 // jrecord is a decoded record header.
@@ -219,6 +254,7 @@ type jrecord struct {
 	typ     uint32
 	seq     uint64
 	lsn     uint64 // logical position: bytes since the journal was created
+	commit  uint64 // every record numbered below was durable when this one was written
 	length  int64  // whole record, pages
 	hdrLen  int64  // header block, pages
 	uuid    UUID
@@ -292,11 +328,13 @@ func encodePad(uuid UUID, length int64) []byte {
 	return b
 }
 
-// sealRecord sets the record's sequence number and position and its header checksum.
-func sealRecord(b []byte, seq, lsn uint64) {
+// sealRecord sets the record's sequence number, position and commit point and its header
+// checksum.
+func sealRecord(b []byte, seq, lsn, commit uint64) {
 	le := binary.LittleEndian
 	le.PutUint64(b[jrSeq:], seq)
 	le.PutUint64(b[jrLSN:], lsn)
+	le.PutUint64(b[jrCommit:], commit)
 	le.PutUint32(b[jrHdrCRC:], crc32.Checksum(b[:jrHdrCRC], crc32c))
 }
 
@@ -316,13 +354,13 @@ func decodeRecordHeader(b []byte, maxLen int64) (*jrecord, error) {
 		return nil, fmt.Errorf("%w: header checksum", errBadRecord)
 	}
 	r := &jrecord{
-		typ: le.Uint32(b[jrType:]), seq: le.Uint64(b[jrSeq:]), lsn: le.Uint64(b[jrLSN:]),
+		typ: le.Uint32(b[jrType:]), seq: le.Uint64(b[jrSeq:]), lsn: le.Uint64(b[jrLSN:]), commit: le.Uint64(b[jrCommit:]),
 		length: int64(le.Uint64(b[jrLen:])), s0: int64(le.Uint64(b[jrS0:])), n: int64(le.Uint64(b[jrN:])),
 		bodyCRC: le.Uint32(b[jrBodyCRC:]),
 	}
 	copy(r.uuid[:], b[jrUUID:])
 	nops := int64(le.Uint32(b[jrNops:]))
-	if r.length <= 0 || r.length%journalPage != 0 || r.length > maxLen || r.lsn%journalPage != 0 {
+	if r.length <= 0 || r.length%journalPage != 0 || r.length > maxLen || r.lsn%journalPage != 0 || r.commit > r.seq {
 		return nil, fmt.Errorf("%w: length %d at %d", errBadRecord, r.length, r.lsn)
 	}
 	switch r.typ {
@@ -442,7 +480,12 @@ type journal struct {
 	records, commits, checkpoints, fullWaits uint64
 	replayed                                 int
 
-	cpMu     sync.Mutex    // serialises checkpoints
+	cpMu sync.Mutex // serialises checkpoints (and header writes); guards needResync
+	// needResync: the header says jhfResync (a corrupt journal was discarded and the full
+	// resync that followed has not finished). A checkpoint clears it once no resync region
+	// is pending.
+	needResync bool
+
 	kick     chan struct{} // asks the checkpointer for a checkpoint
 	stop     chan struct{} // closed by stopRun
 	stopOnce sync.Once
@@ -463,7 +506,8 @@ func newJournal(a *Array, m Member, path string, h *journalHeader) *journal {
 	j := &journal{
 		a: a, m: m, path: path, uuid: h.ArrayUUID, ringSize: h.RingSize, created: h.Created,
 		head: h.Tail, tail: h.Tail, seq: h.TailSeq, tailSeq: h.TailSeq, gen: h.Gen, durable: h.TailSeq,
-		inflight: map[uint64]int{}, kick: make(chan struct{}, 1), stop: make(chan struct{}), runDone: make(chan struct{}),
+		needResync: h.Flags&jhfResync != 0,
+		inflight:   map[uint64]int{}, kick: make(chan struct{}, 1), stop: make(chan struct{}), runDone: make(chan struct{}),
 	}
 	j.cond.L = &j.mu
 	return j
@@ -528,13 +572,11 @@ func (j *journal) log(s0, n int64, ops []intentOp) (done func(), err error) {
 	}
 	if pad > 0 {
 		pb := encodePad(j.uuid, int64(pad))
-		sealRecord(pb, j.seq, j.head)
 		j.pending = append(j.pending, pendingRec{j.head, j.seq, pb})
 		j.seq++
 		j.head += pad
 	}
 	my := j.seq
-	sealRecord(rec, my, j.head)
 	j.pending = append(j.pending, pendingRec{j.head, my, rec})
 	j.seq++
 	j.head += L
@@ -552,11 +594,17 @@ func (j *journal) log(s0, n int64, ops []intentOp) (done func(), err error) {
 			j.cond.Wait()
 			continue
 		}
-		// Lead a group: write every record pending now with one write and one sync.
+		// Lead a group: write every record pending now with one write and one sync. The
+		// records are sealed here, with the group's commit point: every record before them
+		// is durable (the previous group's sync has returned).
 		j.flushing = true
 		batch := j.pending
 		j.pending = nil
+		commit := j.durable
 		j.mu.Unlock()
+		for _, r := range batch {
+			sealRecord(r.b, r.seq, r.lsn, commit)
+		}
 		werr := j.write(batch)
 		j.mu.Lock()
 		j.flushing = false
@@ -641,7 +689,10 @@ func (j *journal) checkpoint() error {
 		return err
 	}
 	cp, cpSeq := j.head, j.seq
-	if cp == j.tail {
+	// The resync flag goes once the resync has finished: every region dropped from the
+	// set has been resynced and its members synced.
+	clearFlag := j.needResync && !j.a.resyncPending()
+	if cp == j.tail && !clearFlag {
 		j.mu.Unlock()
 		return nil
 	}
@@ -655,7 +706,13 @@ func (j *journal) checkpoint() error {
 	if err := j.a.syncMembers(); err != nil {
 		return err
 	}
+	if clearFlag {
+		j.needResync = false
+	}
 	if err := j.writeHeader(cp, cpSeq); err != nil {
+		if clearFlag {
+			j.needResync = true
+		}
 		j.mu.Lock()
 		j.err = err
 		j.cond.Broadcast()
@@ -670,11 +727,14 @@ func (j *journal) checkpoint() error {
 	return nil
 }
 
-// writeHeader writes the next header generation, with the tail at lsn (sequence seq), into
-// its slot and syncs it. The caller holds cpMu.
+// writeHeader writes the next header generation, with the tail at lsn (sequence seq) and
+// the flags of needResync, into its slot and syncs it. The caller holds cpMu.
 func (j *journal) writeHeader(lsn, seq uint64) error {
 	h := &journalHeader{ArrayUUID: j.uuid, Size: journalRingOffset + j.ringSize, RingSize: j.ringSize,
 		Tail: lsn, TailSeq: seq, Gen: j.gen + 1, Created: j.created}
+	if j.needResync {
+		h.Flags |= jhfResync
+	}
 	buf := make([]byte, journalHeaderSize)
 	h.encode(buf)
 	off := int64(h.Gen%2) * journalHeaderSize
@@ -706,63 +766,249 @@ func (j *journal) run() {
 
 func (j *journal) stopRun() { j.stopOnce.Do(func() { close(j.stop) }) }
 
-// replay rewrites, in order, every op of every valid record from the tail on — a record is
-// valid if its checksums, array UUID, position and sequence number are right; the first that
-// is not ends the journal — to the member holding its role (a missing or faulty role is
-// skipped: the record's parity already accounts for it), syncs the members and empties the
-// journal. It runs at assembly, before the array serves. It returns the records replayed.
-func (j *journal) replay() (int, error) {
-	a := j.a
+// A replay, and why a damaged record must stop it loudly.
+//
+// Records are written in sequence-number order, a group at a time (one write, one sync), and
+// a record's member writes are issued only once its group is durable. Two records of one
+// stripe are never in one group: the second is logged under the stripe's lock, after the
+// first's member writes. So at a crash the journal holds, from its tail: groups that were
+// durable (their member writes done, in flight or not yet issued), then perhaps one group
+// that was being written — torn, any of its pages missing — none of whose member writes was
+// issued. A replay rewrites every record from the tail, in order, up to the first that is
+// not valid: in the torn group that is safe, as no member holds anything newer than the
+// records before it.
+//
+// A record damaged after its group was synced is another matter. Records after it may have
+// had their member writes done, over stripes that records before it wrote too; replaying
+// those older records and stopping at the damage would put the older data back — flushed
+// writes would silently revert. Every record carries its group's commit point (jrCommit:
+// every record numbered below was durable when it was written), so a valid record past the
+// end whose commit point is above the unreadable record's number proves the unreadable one
+// had been synced: the journal is corrupt, and recover refuses (ErrJournalCorrupt) before
+// writing anything. Past the end the scan looks at every page (the damaged record's length
+// may be unknown); a page counts only if its header checksum, the array's UUID and its
+// position (which changes with every lap of the ring) are right, so records of earlier laps
+// and the leftovers of an earlier replay never count.
+//
+// What the journal cannot tell: a record of the last group written, damaged after that
+// group was synced, looks like a torn write (no later group vouches for it), and ends the
+// replay quietly as a torn record does. See doc.go # Caveats.
+
+// replayRec is a valid record found by scan.
+type replayRec struct {
+	pos, seq uint64 // logical position and sequence number
+	typ      uint32
+}
+
+// journalEnd is where a scan found the valid records to end.
+type journalEnd struct {
+	pos, seq uint64 // the first position, and the number the record there should have
+	why      error  // what is there instead
+	// later is a valid record past pos whose commit point is above seq, laterPos its
+	// position: the record at pos was durable, and is damaged (ErrJournalCorrupt).
+	later    *jrecord
+	laterPos uint64
+	v1       bool   // the record at pos is in the format of journal version 1
+	maxSeq   uint64 // the highest sequence number of a valid header past pos
+}
+
+// readRecord reads and checks the record that should be at logical position pos with
+// sequence number seq, into *buf (grown as needed). why says why it is not valid there (nil:
+// valid); err is a read error.
+func (j *journal) readRecord(pos, seq uint64, buf *[]byte) (r *jrecord, why, err error) {
+	ring := uint64(j.ringSize)
+	phys := int64(pos % ring)
+	maxLen := min(j.ringSize-phys, j.ringSize/2)
+	b := (*buf)[:journalPage]
+	if _, err := j.m.ReadAt(b, journalRingOffset+phys); err != nil {
+		return nil, nil, fmt.Errorf("%w: %s: reading a record at %d: %w", ErrJournal, j.m.Name(), phys, err)
+	}
+	r, why = decodeRecordHeader(b, maxLen)
+	if why == nil && (r.uuid != j.uuid || r.seq != seq || r.lsn != pos) {
+		why = fmt.Errorf("%w: sequence %d at %d, want %d at %d", errBadRecord, r.seq, r.lsn, seq, pos)
+	}
+	if why != nil {
+		return nil, why, nil
+	}
+	if r.typ == jrecPad {
+		return r, r.checkBody(b), nil
+	}
+	if int64(cap(*buf)) < r.length {
+		*buf = append((*buf)[:journalPage], make([]byte, r.length-journalPage)...)
+	}
+	b = (*buf)[:r.length]
+	if _, err := j.m.ReadAt(b[journalPage:], journalRingOffset+phys+journalPage); err != nil {
+		return nil, nil, fmt.Errorf("%w: %s: reading a record at %d: %w", ErrJournal, j.m.Name(), phys, err)
+	}
+	if r, why = decodeRecordHeader(b, maxLen); why == nil {
+		why = r.checkBody(b)
+	}
+	if why != nil {
+		return nil, why, nil
+	}
+	*buf = b
+	return r, nil, nil
+}
+
+// scan reads the journal from its tail and returns its valid records, in order, and where
+// they end; it writes nothing. Past the end it looks for a record that proves the end is
+// damage rather than a torn write (journalEnd.later), and for the old format (v1).
+func (j *journal) scan() ([]replayRec, journalEnd, error) {
 	ring := uint64(j.ringSize)
 	pos, seq := j.tail, j.tailSeq
 	buf := make([]byte, journalPage)
-	n := 0
+	var recs []replayRec
+	var why error
 	for pos-j.tail < ring {
-		phys := int64(pos % ring)
-		maxLen := min(j.ringSize-phys, j.ringSize/2)
-		if _, err := j.m.ReadAt(buf[:journalPage], journalRingOffset+phys); err != nil {
-			return n, fmt.Errorf("%w: %s: reading a record at %d: %w", ErrJournal, j.m.Name(), phys, err)
-		}
-		r, err := decodeRecordHeader(buf[:journalPage], maxLen)
-		if err == nil && (r.uuid != j.uuid || r.seq != seq || r.lsn != pos) {
-			err = fmt.Errorf("%w: sequence %d at %d, want %d at %d", errBadRecord, r.seq, r.lsn, seq, pos)
-		}
+		r, bad, err := j.readRecord(pos, seq, &buf)
 		if err != nil {
-			a.log.Debug("raid: journal ends", "position", pos, "why", err)
+			return nil, journalEnd{}, err
+		}
+		if bad != nil {
+			why = bad
 			break
 		}
-		if r.typ == jrecOps {
-			if int64(cap(buf)) < r.length {
-				buf = append(buf[:journalPage], make([]byte, r.length-journalPage)...)
-			}
-			buf = buf[:r.length]
-			if _, err := j.m.ReadAt(buf[journalPage:], journalRingOffset+phys+journalPage); err != nil {
-				return n, fmt.Errorf("%w: %s: reading a record at %d: %w", ErrJournal, j.m.Name(), phys, err)
-			}
-			if r, err = decodeRecordHeader(buf, maxLen); err == nil {
-				err = r.checkBody(buf)
-			}
-			if err != nil {
-				a.log.Debug("raid: journal ends", "position", pos, "why", err)
-				break
-			}
-			if err := j.apply(r, buf); err != nil {
-				return n, err
-			}
-			n++
-		} else if err := r.checkBody(buf[:journalPage]); err != nil {
-			break
-		}
+		recs = append(recs, replayRec{pos, seq, r.typ})
 		pos += uint64(r.length)
 		seq++
 	}
+	end := journalEnd{pos: pos, seq: seq, why: why}
+	if pos-j.tail >= ring {
+		return recs, end, nil
+	}
+	end.v1 = isV1Record(buf[:journalPage], j.uuid, pos, seq)
+	// Every page from the end to the tail's next lap, read a chunk at a time (a chunk never
+	// crosses the ring's end).
+	chunk := make([]byte, 1<<20)
+	for p := pos; p < j.tail+ring; {
+		phys := int64(p % ring)
+		c := chunk[:min(int64(len(chunk)), j.ringSize-phys, int64(j.tail+ring-p))]
+		if _, err := j.m.ReadAt(c, journalRingOffset+phys); err != nil {
+			return nil, journalEnd{}, fmt.Errorf("%w: %s: reading at %d: %w", ErrJournal, j.m.Name(), phys, err)
+		}
+		for off := 0; off < len(c); off, p = off+journalPage, p+journalPage {
+			pg := c[off : off+journalPage]
+			if [8]byte(pg[:8]) != recordMagic {
+				continue
+			}
+			r, err := decodeRecordHeader(pg, j.ringSize/2)
+			if err != nil || r.uuid != j.uuid || r.lsn != p {
+				continue
+			}
+			end.maxSeq = max(end.maxSeq, r.seq)
+			if r.commit > seq && end.later == nil {
+				end.later, end.laterPos = r, p
+			}
+		}
+	}
+	return recs, end, nil
+}
+
+// isV1Record reports whether b starts with a valid record header of journal version 1 for
+// position pos and sequence number seq: a journal an older raid5d wrote and did not replay.
+func isV1Record(b []byte, uuid UUID, pos, seq uint64) bool {
+	if len(b) < journalPage || [8]byte(b[:8]) != recordMagic {
+		return false
+	}
+	le := binary.LittleEndian
+	typ := le.Uint32(b[jrType:])
+	return (typ == jrecV1Ops || typ == jrecV1Pad) &&
+		le.Uint32(b[jrecV1HdrCRC:]) == crc32.Checksum(b[:jrecV1HdrCRC], crc32c) &&
+		UUID(b[jrUUID:jrUUID+16]) == uuid && le.Uint64(b[jrSeq:]) == seq && le.Uint64(b[jrLSN:]) == pos
+}
+
+// recover is the journal's part of assembling a writable array that was not shut down
+// cleanly. It scans the journal; if the valid records end in a torn write (the crash), it
+// replays them. If the journal is corrupt (a damaged record that later records prove had
+// been durable) or in an old format with records to replay, it refuses (ErrJournalCorrupt,
+// ErrJournal) without writing anything, unless skipCorrupt is set: then it replays nothing,
+// discards the journal's records, and returns resync true — the caller must recompute all
+// parity from the members' data (a full resync), as without a journal. resync is true too
+// when an earlier discard's resync has not finished (the header's jhfResync).
+func (j *journal) recover(skipCorrupt bool) (resync bool, err error) {
+	recs, end, err := j.scan()
+	if err != nil {
+		return false, err
+	}
+	var bad error
+	switch {
+	case end.later != nil:
+		bad = fmt.Errorf("%w: the record at journal position %d (sequence %d) is unreadable (%v), but the "+
+			"record at position %d (sequence %d) was written after it had been synced (its group's commit point is %d): "+
+			"the damage is not a write torn by the crash, and replaying the %d records before it could undo newer "+
+			"writes already on the members; nothing was replayed or written. To assemble anyway, discard the journal "+
+			"and recompute parity from the members' data (SkipCorruptJournal, serve --skip-corrupt-journal)",
+			ErrJournalCorrupt, end.pos, end.seq, end.why, end.laterPos, end.later.seq, end.later.commit, len(recs))
+	case end.v1:
+		bad = fmt.Errorf("%w: %s holds records to replay in journal format 1, written by an older raid5d, which this "+
+			"build does not read: replay them with the raid5d that wrote them (assemble, then stop it cleanly), or "+
+			"discard them and recompute parity from the members' data (SkipCorruptJournal, serve --skip-corrupt-journal)",
+			ErrJournal, j.m.Name())
+	}
+	if bad == nil {
+		n, err := j.replay(recs, end)
+		if err != nil {
+			return false, err
+		}
+		j.a.log.Warn("raid: array was not shut down cleanly; the write journal was replayed, parity is consistent",
+			"journal", j.path, "records", n, "resync_pending", j.needResync)
+		return j.needResync, nil
+	}
+	if !skipCorrupt {
+		return false, bad
+	}
+	j.a.log.Error("raid: DISCARDING the write journal (SkipCorruptJournal): none of its records is replayed; the members' data chunks are "+
+		"trusted as they are and all parity is recomputed from them (a full resync). Writes flushed before the crash are on the members "+
+		"and kept; writes not yet flushed at the crash may be lost or partly applied; degraded, the stripes being written at the crash "+
+		"cannot be resynced (the write hole)",
+		"journal", j.path, "why", bad, "valid_records_not_replayed", len(recs))
+	// Every record the ring holds has a position below tail+ring, so none can pass the
+	// position check from there on; the numbers jump past any seen too.
+	pos := j.tail + uint64(j.ringSize)
+	seq := max(end.seq, end.maxSeq+1) + uint64(j.ringSize/journalPage) + 1
+	j.cpMu.Lock()
+	j.needResync = true
+	err = j.writeHeader(pos, seq)
+	j.cpMu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	j.head, j.tail, j.seq, j.tailSeq, j.durable = pos, pos, seq, seq, seq
+	return true, nil
+}
+
+// replay rewrites, in order, every op of the valid records scan found (recs, ending at end)
+// to the member holding its role (a missing or faulty role is skipped: the record's parity
+// already accounts for it), syncs the members and empties the journal. It runs at assembly,
+// before the array serves. It returns the records replayed.
+func (j *journal) replay(recs []replayRec, end journalEnd) (int, error) {
+	a := j.a
+	buf := make([]byte, journalPage)
+	n := 0
+	for _, rr := range recs {
+		if rr.typ != jrecOps {
+			continue
+		}
+		r, why, err := j.readRecord(rr.pos, rr.seq, &buf)
+		if err == nil && why != nil {
+			err = fmt.Errorf("%w: %s: the record at %d changed during the replay: %w", ErrJournal, j.m.Name(), rr.pos, why)
+		}
+		if err != nil {
+			return n, err
+		}
+		if err := j.apply(r, buf); err != nil {
+			return n, err
+		}
+		n++
+	}
+	a.log.Debug("raid: journal ends", "position", end.pos, "why", end.why)
 	if err := a.syncMembers(); err != nil {
 		return n, err
 	}
 	// Records past the end may still be whole (a group that was being written, torn at
-	// another record), numbered from seq on. Skip more numbers than the ring can hold, so
-	// that none of them can ever pass for a record written after this replay.
-	seq += uint64(j.ringSize/journalPage) + 1
+	// another record), numbered from end.seq on. Skip more numbers than the ring can hold,
+	// so that none of them can ever pass for a record written after this replay.
+	pos, seq := end.pos, end.seq+uint64(j.ringSize/journalPage)+1
 	j.cpMu.Lock()
 	err := j.writeHeader(pos, seq)
 	j.cpMu.Unlock()

@@ -44,9 +44,9 @@ func isPathKey(name string) bool {
 }
 
 // notConfigKey reports whether a serve flag has no configuration key: the flags about the
-// configuration file itself.
+// configuration file itself, and a one-off recovery that must not stay set in a file.
 func notConfigKey(name string) bool {
-	return name == "config" || name == "print-config"
+	return name == "config" || name == "print-config" || name == "skip-corrupt-journal"
 }
 
 // settingSource says where an effective setting came from, for --print-config.

@@ -114,6 +114,8 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	journal := fs.String("journal", "", "write journal `file` or device of an array made with create --consistency journal, when it\n"+
 		"is no longer where the superblocks say (default: the path they record); may be a volatile: spec (testing).\n"+
 		"Refused if it is a member's own file or device")
+	skipCorruptJournal := fs.Bool("skip-corrupt-journal", false, "assemble an array whose write journal is refused as corrupt: replay none of it, discard it and\n"+
+		"recompute all parity from the members' data (a full resync); flushed writes are kept. One-off: not a configuration key")
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
@@ -202,6 +204,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 			SyncSpeedMin:   syncMin.n,
 			SyncSpeedMax:   syncMax.n,
 		},
+		SkipCorruptJournal: *skipCorruptJournal,
 	})
 	if err != nil {
 		return err
