@@ -539,7 +539,7 @@ func (a *Array) syncWorking() error {
 			continue
 		}
 		wg.Go(func() {
-			if err := m.Sync(); err != nil {
+			if err := syncData(m.Member); err != nil {
 				merr := memberErr(m, r, "sync", -1, err)
 				a.fail(m, merr)
 				if a.failed() {

@@ -213,7 +213,11 @@
 // usable. A read that fails is counted in the member's ReadErrors and served as the XOR of the
 // other members' bytes at the same offsets, under the stripe lock; a read that succeeds but
 // takes longer than IOOptions.MemberTimeout (default 30 s) is counted the same way (ErrTimeout
-// in the log) and its data is used. Past IOOptions.ReadErrorLimit (default 20) errors the
+// in the log) and its data is used. A member's read is full or an error: a short one — the end
+// of a file truncated under the array, before the size it had at assembly — is ErrShortRead,
+// a read error like EIO, on every path (pread, preadv, copies from and replies sent from the
+// mappings, rebuild and scrub, which stop at it), never zeroes; a flush fails a member that
+// has shrunk (ErrMemberShrunk). Past IOOptions.ReadErrorLimit (default 20) errors the
 // member is marked faulty. A write that fails (or an fdatasync, or a trim) marks the
 // member faulty at once. Marking faulty sets the member's flag and, under sbMu, rewrites every
 // other working member's superblock with the role marked faulty in the state table and the

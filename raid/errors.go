@@ -21,6 +21,21 @@ var (
 	// roles have no working member, by every write to such an array, and by StartScrub and
 	// Replace on it. Errno EIO.
 	ErrArrayFailed error = &ioError{"raid: array failed (two members lost)", uint32(unix.EIO)}
+	// ErrShortRead is the error, inside a *MemberError, of a member read that returned fewer
+	// bytes than asked: a file truncated (or a block device shrunk) under the array, or a
+	// Member that broke the ReadAt contract. fileMember's ReadAt and ReadvAt return it at the
+	// end of the file, saying how long the file now is, and the array turns any short count
+	// (with io.EOF or none) into it. It is a read error of the member like EIO — the bytes
+	// are rebuilt from parity, and past IOOptions.ReadErrorLimit the member is marked faulty
+	// — never zeroes. The array's I/O methods return it only inside an ErrArrayFailed error.
+	// Errno EIO.
+	ErrShortRead error = &ioError{"raid: member returned less than asked (truncated?)", uint32(unix.EIO)}
+	// ErrMemberShrunk is the error, inside a *MemberError, of a member file or block device
+	// found smaller than when it was opened: every flush checks each member's size after its
+	// fdatasync, and fails a member that shrank, even if no read has met its new end
+	// (ErrShortRead). The array's I/O methods return it only inside an ErrArrayFailed error.
+	// Errno EIO.
+	ErrMemberShrunk error = &ioError{"raid: member is smaller than when it was opened (truncated?)", uint32(unix.EIO)}
 )
 
 // Errors of the management methods (Fail, Remove, AddSpare, Replace, StartScrub, StopScrub,

@@ -261,14 +261,15 @@ func (a *Array) readMember(m *member, buf []byte, off int64) (int, error) {
 }
 
 // readMemberNow reads buf from m at off: a small read of a mapped member file is a copy from
-// its mapping (no system call), anything else, or a copy that faults, m.ReadAt.
+// its mapping (no system call), anything else, or a copy that faults, m.ReadAt (readFull: a
+// short read is ErrShortRead).
 func (a *Array) readMemberNow(m *member, buf []byte, off int64) (int, error) {
 	if a.mapReads && len(buf) <= MappedCopyMax {
 		if fm, ok := m.Member.(*fileMember); ok && fm.copyMapped(buf, off) {
 			return len(buf), nil
 		}
 	}
-	return m.ReadAt(buf, off)
+	return readFull(m.Member, buf, off)
 }
 
 // slowRead counts a read of m at off that took d, longer than the member timeout, as a read

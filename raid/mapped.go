@@ -42,6 +42,16 @@ import (
 //     instead; ReadMapped's slices are only to be handed to the kernel (the socket write), which
 //     returns EFAULT rather than faulting. Callers that would read them in user space (TLS
 //     encrypts in Go) must not use ReadMapped.
+//   - A member file truncated under the array: its pages past the new end leave the page
+//     cache (not resident, so ReadMapped does not hand them out) and fault when touched, but
+//     the page the new end falls in stays, reading as zeroes past that end. Neither path takes
+//     a range whose last byte reads as zero unless fstat says the file covers it (inFile): it
+//     goes to pread, which stops at the end of the file (ErrShortRead), and the chunk is
+//     rebuilt from parity. A truncation that
+//     lands while a reply is being sent from the mapping is not seen: pages past the new end
+//     fail the send (EFAULT: the connection closes, the client gets no wrong bytes), but the
+//     tail of the page the new end falls in goes out as zeroes. The next read of the range
+//     meets the short file. Only the send's own duration is exposed, and only with mapped reads.
 
 // MappedCopyMax is the largest member read that copies from the member's mapping instead of
 // calling pread (IOOptions.MappedReads). A pread of a few KiB costs more in the system call
@@ -94,13 +104,15 @@ func (m *fileMember) remap() error {
 }
 
 // copyMapped copies the member's bytes at off into p from its mapping and reports whether it
-// could: false if the member is not mapped, the range is outside it, or a page faults (a read
-// error, or a file shorter than the member): the caller then reads with pread, which reports
-// the error. The fault arrives as a signal that the runtime turns into a panic for this
-// goroutine only (SetPanicOnFault) and that is recovered here.
+// could: false if the member is not mapped, the range is outside it, a page faults (a read
+// error, or a page wholly past the end of a file truncated under the array), or the range ran
+// past the end of the file (inFile): the caller then reads with pread, which reports
+// the error (ErrShortRead for the end of the file). The fault arrives as a signal that the
+// runtime turns into a panic for this goroutine only (SetPanicOnFault) and that is recovered
+// here.
 func (m *fileMember) copyMapped(p []byte, off int64) (ok bool) {
 	mp := m.mapping()
-	if off < 0 || off > int64(len(mp))-int64(len(p)) {
+	if off < 0 || off > int64(len(mp))-int64(len(p)) || len(p) == 0 {
 		return false
 	}
 	defer func(old bool) {
@@ -110,7 +122,21 @@ func (m *fileMember) copyMapped(p []byte, off int64) (ok bool) {
 		}
 	}(debug.SetPanicOnFault(true))
 	copy(p, mp[off:])
-	return true
+	return m.inFile(mp, off+int64(len(p)))
+}
+
+// inFile reports whether the range of the mapping mp that ends at end lay within the file, as
+// a mapped read must know before it uses the range: a file truncated under the array leaves
+// the page its new end falls in mapped, reading as zeroes past that end (the pages after it
+// fault, which the caller catches). So the range's last byte is loaded again (not taken from
+// a copy, which may load its tail first): not zero, the file reached past it then; zero, the
+// file's size now (fstat) must cover the range. It may fault.
+func (m *fileMember) inFile(mp []byte, end int64) bool {
+	if mp[end-1] != 0 {
+		return true
+	}
+	now, err := m.sizeNow()
+	return err == nil && now >= end
 }
 
 // unmap removes the mapping; the caller guarantees nothing reads it any more.
@@ -239,7 +265,7 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 			continue
 		}
 		var in bool
-		if in, st.vec = resident(mp[lo:hi], st.vec); in {
+		if in, st.vec = resident(mp[lo:hi], st.vec); in && fm.inFileSafe(mp, hi) {
 			st.src[r] = mp
 			some = true
 		}
@@ -273,6 +299,17 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 		a.remapAll()
 	}
 	return v, true
+}
+
+// inFileSafe is inFile with a fault caught (false): a file truncated since the residency check.
+func (m *fileMember) inFileSafe(mp []byte, end int64) (ok bool) {
+	defer func(old bool) {
+		debug.SetPanicOnFault(old)
+		if recover() != nil {
+			ok = false
+		}
+	}(debug.SetPanicOnFault(true))
+	return m.inFile(mp, end)
 }
 
 // ReleaseMapped ends a successful ReadMapped: its slices are no longer read.

@@ -17,6 +17,12 @@ import (
 // ReadAt and WriteAt follow io.ReaderAt and io.WriterAt: a short count comes with an error, and
 // neither keeps p. All methods may be called concurrently, including ReadAt and WriteAt on
 // overlapping ranges (the array never does that for one stripe without holding its lock).
+//
+// A member's ReadAt returns len(p) bytes or an error. The array holds every member to that
+// (readFull, readv): a short count — with io.EOF, as io.ReaderAt allows at the end of its
+// input, or with no error at all — is a read error of the member, ErrShortRead, never bytes
+// to be filled with zeroes. A member has Size bytes from assembly on; one that ends sooner
+// has lost data (a file truncated under the array).
 type Member interface {
 	ReadAt(p []byte, off int64) (int, error)
 	WriteAt(p []byte, off int64) (int, error)
@@ -118,8 +124,10 @@ func (m *fileMember) Name() string { return m.path }
 func (m *fileMember) Size() int64  { return m.size }
 func (m *fileMember) Close() error { return errors.Join(m.unmap(), m.f.Close()) }
 
-// ReadAt reads with pread, retrying EINTR and short reads. A sparse file that ends before the
-// member size (never the case for a member raid5d created) reads as zeroes up to Size.
+// ReadAt reads with pread, retrying EINTR and short reads. The end of the file before Size is
+// ErrShortRead (shortRead), never zeroes: a file is Size bytes when it is opened, and holes
+// within it read as zeroes by pread itself, so an end of file within Size means the file was
+// truncated under the array. A read past Size ends there with io.EOF, as io.ReaderAt's do.
 func (m *fileMember) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, &os.PathError{Op: "read", Path: m.path, Err: unix.EINVAL}
@@ -134,20 +142,58 @@ func (m *fileMember) ReadAt(p []byte, off int64) (int, error) {
 			return n, &os.PathError{Op: "pread", Path: m.path, Err: err}
 		}
 		if k == 0 { // end of file
-			end := min(int64(len(p)), m.size-off)
-			if int64(n) >= end {
+			if off+int64(n) >= m.size {
 				return n, io.EOF
 			}
-			clear(p[n:end])
-			n = int(end)
-			if n < len(p) {
-				return n, io.EOF
-			}
-			break
+			return n, m.shortRead("pread", off, n, len(p))
 		}
 		n += k
 	}
 	return n, nil
+}
+
+// shortRead is the error of a read at off that met the end of the file after n of want bytes:
+// ErrShortRead, saying how long the member is now against its size at open.
+func (m *fileMember) shortRead(op string, off int64, n, want int) error {
+	now := "unknown"
+	if sz, err := m.sizeNow(); err == nil {
+		now = fmt.Sprint(sz)
+	}
+	return &os.PathError{Op: op, Path: m.path, Err: fmt.Errorf("%w: end of file after %d of %d bytes at offset %d; the member is now %s bytes, %d when opened",
+		ErrShortRead, n, want, off, now, m.size)}
+}
+
+// sizeNow is the member's size now: fstat for a file, BLKGETSIZE64 for a block device.
+func (m *fileMember) sizeNow() (int64, error) {
+	if m.block {
+		sz, err := unix.IoctlGetUint64(m.fd, unix.BLKGETSIZE64)
+		return int64(sz), err
+	}
+	var st unix.Stat_t
+	err := retryEINTR(func() error { return unix.Fstat(m.fd, &st) })
+	return st.Size, err
+}
+
+// readFull reads len(p) bytes of m at off with ReadAt, holding m to the Member contract: a
+// short count, with io.EOF or with no error, is ErrShortRead. It is how the array reads members.
+func readFull(m Member, p []byte, off int64) (int, error) {
+	n, err := m.ReadAt(p, off)
+	return n, checkRead(off, n, len(p), err)
+}
+
+// checkRead is the error of a member read at off that returned n of want bytes and err: nil
+// for a full read (io.EOF with a full count too, as io.ReaderAt allows), ErrShortRead for a
+// short one that came with io.EOF or with no error, else err.
+func checkRead(off int64, n, want int, err error) error {
+	switch {
+	case n >= want && (err == nil || err == io.EOF):
+		return nil
+	case err == nil:
+		return fmt.Errorf("%w: %d of %d bytes at offset %d, and no error", ErrShortRead, n, want, off)
+	case errors.Is(err, io.EOF) && !errors.Is(err, ErrShortRead):
+		return fmt.Errorf("%w: %d of %d bytes at offset %d: %w", ErrShortRead, n, want, off, err)
+	}
+	return err
 }
 
 // WriteAt writes with pwrite, retrying EINTR and short writes. Writes past Size are refused.
@@ -187,14 +233,19 @@ type vectorMember interface {
 }
 
 // readv reads bufs from m at consecutive offsets from off: one preadv where m supports it.
-// Like ReadAt, a short count comes with an error.
+// Like readFull, it returns the full length or an error, a short count being ErrShortRead.
 func readv(m Member, bufs [][]byte, off int64, iov []unix.Iovec) (int, error) {
 	if v, ok := m.(vectorMember); ok {
-		return v.ReadvAt(bufs, off, iov)
+		want := 0
+		for _, b := range bufs {
+			want += len(b)
+		}
+		n, err := v.ReadvAt(bufs, off, iov)
+		return n, checkRead(off, n, want, err)
 	}
 	n := 0
 	for _, b := range bufs {
-		k, err := m.ReadAt(b, off+int64(n))
+		k, err := readFull(m, b, off+int64(n))
 		n += k
 		if err != nil {
 			return n, err
@@ -254,7 +305,7 @@ func (m *fileMember) vec(trap uintptr, iov []unix.Iovec, off int64) (int, error)
 }
 
 // ReadvAt reads bufs at consecutive offsets from off with preadv (vectorMember), finishing a
-// short read (end of a sparse file) with ReadAt.
+// short read with ReadAt: its end of file is ErrShortRead, as for ReadAt.
 func (m *fileMember) ReadvAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error) {
 	total := 0
 	for _, b := range bufs {
@@ -325,6 +376,30 @@ func (m *fileMember) Sync() error {
 		}
 		return nil
 	}
+}
+
+// syncData is how a flush syncs a member: Sync, then, for a file or block device, a check that
+// it is still Size bytes (checkSize). One truncated under the array is then failed at the next
+// flush even when no read has met its new end — or when a write past that end has grown the
+// file again, leaving a hole that reads as zeroes. (Superblock updates call Sync alone: a
+// shrunk member must not stop the array from recording state, only be failed itself.)
+func syncData(m Member) error {
+	if err := m.Sync(); err != nil {
+		return err
+	}
+	if fm, ok := m.(*fileMember); ok {
+		return fm.checkSize()
+	}
+	return nil
+}
+
+// checkSize is ErrMemberShrunk if the member is now smaller than when it was opened, else nil
+// (also when its size cannot be read: that is for its I/O to report).
+func (m *fileMember) checkSize() error {
+	if now, err := m.sizeNow(); err == nil && now < m.size {
+		return &os.PathError{Op: "fstat", Path: m.path, Err: fmt.Errorf("%w: %d bytes, %d when opened", ErrMemberShrunk, now, m.size)}
+	}
+	return nil
 }
 
 // Trim punches a hole (FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE). On a block device the kernel

@@ -395,7 +395,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		return err
 	}
 	// Done: the member takes the role.
-	if err := sp.Sync(); err != nil {
+	if err := syncData(sp.Member); err != nil {
 		a.fail(sp, memberErr(sp, role, "sync", -1, err))
 		return err
 	}
@@ -424,7 +424,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 // checkpoint makes the rebuilt part of sp durable, then records the position in the
 // superblocks.
 func (a *Array) checkpoint(sp *member) {
-	if err := sp.Sync(); err != nil {
+	if err := syncData(sp.Member); err != nil {
 		a.fail(sp, memberErr(sp, -1, "sync", -1, err))
 		return
 	}
