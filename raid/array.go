@@ -79,6 +79,11 @@ type Array struct {
 	mapServed atomic.Int64
 	remapMu   sync.Mutex
 
+	// mgmtMu serialises the management methods (Fail, Remove, AddSpare, Replace), so that what
+	// one checks before a change (would it fail the array?) still holds when it makes it.
+	// Taken before sbMu, never by the I/O paths.
+	mgmtMu sync.Mutex
+
 	// sbMu serialises superblock updates and membership changes; it guards every member's sb,
 	// spares, faulty, retired, events, unclean, uuid. It is never held while taking a stripe
 	// lock (a failing member I/O takes it under one).
@@ -268,7 +273,7 @@ const (
 	StateClean    State = iota // no writes since assembly or since the last clean shutdown
 	StateActive                // written to: the superblocks say dirty until Close
 	StateDegraded              // one member missing; reads rebuild its chunks from the others
-	StateFailed                // two or more members missing: the data is not available
+	StateFailed                // two or more roles without a working member (one being rebuilt counts): data is lost
 )
 
 // MarshalText returns the state's name, for logs and JSON.
@@ -348,12 +353,7 @@ func (a *Array) Status() Status {
 			st.Missing = append(st.Missing, r)
 		}
 	}
-	lost := 0
-	for r := range a.roles {
-		if m := a.roles[r].Load(); m == nil || m.faulty.Load() {
-			lost++
-		}
-	}
+	failed := a.failed()
 	var features uint32
 	for _, m := range a.all() {
 		features |= m.sb.Features
@@ -381,7 +381,7 @@ func (a *Array) Status() Status {
 		st.Consistency = ConsistencyNone
 	}
 	switch {
-	case lost > 1:
+	case failed:
 		st.State = StateFailed
 	case len(st.Missing) > 0:
 		st.State = StateDegraded

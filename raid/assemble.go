@@ -145,13 +145,24 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 		}
 	}
 	spares := members[len(paths):]
+	if !opts.Force {
+		// CreateMembers checks the members; the spares are checked here, before anything
+		// is written, so AddSpareMember need not check them again.
+		for _, m := range spares {
+			if sb, err := readSuperblock(m); err == nil {
+				closeMembers(members)
+				return nil, &MemberError{Member: m.Name(), Role: -1, Op: "create", Off: SuperblockOffset,
+					Err: fmt.Errorf("%w: role %d of array %s (use Force to overwrite)", ErrInUse, sb.Role, sb.ArrayUUID)}
+			}
+		}
+	}
 	a, err = CreateMembers(members[:len(paths)], opts)
 	if err != nil {
 		closeMembers(members)
 		return nil, err
 	}
 	for i, m := range spares {
-		if err := a.AddSpareMember(m); err != nil {
+		if err := a.AddSpareMember(m, Force); err != nil {
 			closeMembers(spares[i:])
 			a.Close()
 			return nil, err

@@ -50,8 +50,12 @@ var (
 	// ErrNotFaulty is returned by Remove for an active or rebuilding member (Fail it first).
 	ErrNotFaulty error = &ioError{"raid: member is neither faulty nor a spare", uint32(unix.EBUSY)}
 	// ErrDegraded is returned by StartScrub on a degraded array: parity cannot be checked
-	// without every member; and by Fail for a member whose loss would fail the array.
+	// without every member; and by Replace on a degraded array (with ErrWouldFail).
 	ErrDegraded error = &ioError{"raid: array is degraded", uint32(unix.EIO)}
+	// ErrWouldFail is returned by Fail and Replace, without Force, for a member whose loss
+	// would leave two or more roles without a working member, so that the array would fail.
+	// A role being rebuilt counts as lost, since its member does not yet serve every stripe.
+	ErrWouldFail error = &ioError{"raid: that would leave the array failed", uint32(unix.EBUSY)}
 	// ErrNotRunning is returned by StopScrub when no scrub runs.
 	ErrNotRunning error = &ioError{"raid: no scrub is running", uint32(unix.EINVAL)}
 	// ErrBadSpeed is returned by SetSyncSpeed for a negative speed or min > max.

@@ -47,6 +47,25 @@ func (a *Array) usable(r int, s int64) *member {
 	return m
 }
 
+// lostRoles returns how many roles would have no usable member in the array's last stripe if
+// gone (nil for none) stopped working too. The last stripe is where most roles are lost: a
+// rebuilding member serves only the stripes below recPos, so until its rebuild ends its role
+// counts as lost there. Two or more lost roles is a failed array (failed); Fail and Replace
+// refuse to make one without Force. The caller holds sbMu, or accepts a snapshot.
+func (a *Array) lostRoles(gone *member) int {
+	if gone == nil && a.nBad.Load() == 0 {
+		return 0
+	}
+	last := a.memberData/a.layout.ChunkSize() - 1
+	n := 0
+	for r := range a.roles {
+		if m := a.usable(r, last); m == nil || m == gone {
+			n++
+		}
+	}
+	return n
+}
+
 // missingAt returns the first role with no usable member in stripe s, or -1.
 func (a *Array) missingAt(s int64) int {
 	if a.nBad.Load() == 0 {
@@ -74,17 +93,9 @@ func (a *Array) lostAt(s int64) int {
 	return n
 }
 
-// failed reports whether two or more roles have no working member at all (a role being
-// rebuilt counts as working): the array has lost data.
-func (a *Array) failed() bool {
-	n := 0
-	for r := range a.roles {
-		if m := a.roles[r].Load(); m == nil || m.faulty.Load() {
-			n++
-		}
-	}
-	return n > 1
-}
+// failed reports whether two or more roles have no working member in some stripe (lostRoles;
+// a role being rebuilt counts as lost above the rebuild's position): the array has lost data.
+func (a *Array) failed() bool { return a.lostRoles(nil) > 1 }
 
 // memberIO reads or writes buf at absolute member offset off of role, within one stripe,
 // counting the bytes. locked says whether the caller holds that stripe's lock.
@@ -218,7 +229,7 @@ func (a *Array) fail(m *member, why error) {
 		a.log.Error("raid: array failed: two roles have no working member; data on them is lost")
 	}
 	if wasRebuilding || role >= 0 {
-		a.stopSync(wasRebuilding)
+		a.stopSync(wasRebuilding || failed) // a rebuild cannot go on in a failed array
 	}
 	a.maybeRebuild()
 }

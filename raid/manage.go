@@ -3,6 +3,7 @@ package raid
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -29,18 +30,42 @@ func (a *Array) findMember(name string) (*member, error) {
 	return nil, fmt.Errorf("%w: %s", ErrNoSuchMember, name)
 }
 
+// ManageOption changes what a management method (Fail, AddSpare, AddSpareMember, Replace)
+// allows.
+type ManageOption int
+
+const (
+	// Force is mdadm's --force: Fail and Replace fail the member even if that leaves the array
+	// failed (ErrWouldFail without it), and AddSpare and Replace overwrite a path that carries
+	// another array's raid5d superblock or journal (ErrInUse without it).
+	Force ManageOption = iota + 1
+)
+
+func forced(opts []ManageOption) bool { return slices.Contains(opts, Force) }
+
 // Fail marks a member faulty, as a failing write would (like mdadm --fail): member is a path or
 // a role number. The other superblocks record it before Fail returns; the array continues
 // degraded and a rebuild onto a spare starts if there is one. Failing a spare takes it out of
-// the spares. Failing a second role's member fails the array, as losing the disk would.
-func (a *Array) Fail(member string) error {
+// the spares; failing a faulty member does nothing. A member whose loss would fail the array
+// (lostRoles: a second role without a working member, counting a role whose rebuild has not
+// finished) is refused with ErrWouldFail, unless opts has Force.
+func (a *Array) Fail(member string, opts ...ManageOption) error {
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
 	if err := a.writable(); err != nil && !errors.Is(err, ErrArrayFailed) {
 		return err
 	}
+	a.mgmtMu.Lock()
+	defer a.mgmtMu.Unlock()
 	a.sbMu.Lock()
 	m, err := a.findMember(member)
+	var loss error
+	if err == nil {
+		loss = a.checkLoss(m, "failing "+member)
+		if !forced(opts) {
+			err = loss
+		}
+	}
 	if err == nil {
 		for i, sp := range a.spares {
 			if sp == m {
@@ -53,18 +78,56 @@ func (a *Array) Fail(member string) error {
 	if err != nil {
 		return err
 	}
-	a.fail(m, errors.New("failed by request"))
+	why := errors.New("failed by request")
+	if loss != nil {
+		why = fmt.Errorf("failed by request, with force: %w", loss)
+	}
+	a.fail(m, why)
 	return nil
 }
 
-// Remove drops a faulty member or a spare from the array (like mdadm --remove); name is a path or a role number. It is no
-// longer listed, and its superblock is left as it was. ErrNotFaulty for a working member.
+// checkLoss returns an ErrWouldFail error, saying which roles would be lost, if losing m would
+// leave the array failed when it is not, or more roles lost when it is (lostRoles); nil
+// otherwise. The caller holds sbMu.
+func (a *Array) checkLoss(m *member, what string) error {
+	n := a.lostRoles(m)
+	if n < 2 || n == a.lostRoles(nil) {
+		return nil
+	}
+	C := a.layout.ChunkSize()
+	last := a.memberData/C - 1
+	var lost []string
+	for r := range a.roles {
+		x := a.roles[r].Load()
+		switch {
+		case x == m:
+			lost = append(lost, fmt.Sprintf("role %d: %s", r, m.Name()))
+		case a.usable(r, last) != nil:
+		case x == nil:
+			lost = append(lost, fmt.Sprintf("role %d: no member", r))
+		case x.faulty.Load():
+			lost = append(lost, fmt.Sprintf("role %d: %s is faulty", r, x.Name()))
+		default:
+			lost = append(lost, fmt.Sprintf("role %d: %s is being rebuilt, %.1f%% done", r, x.Name(),
+				100*float64(a.recPos.Load()*C)/float64(a.memberData)))
+		}
+	}
+	return fmt.Errorf("%w: %s would leave %d of %d roles without a working member (%s); RAID-5 survives the loss of one",
+		ErrWouldFail, what, n, len(a.roles), strings.Join(lost, "; "))
+}
+
+// Remove drops a faulty member or a spare from the array (like mdadm --remove); name is a path
+// or a role number. It is no longer listed, its superblock is left as it was, and it may be
+// added again (AddSpare). ErrNotFaulty for a working member, so Remove never takes away
+// redundancy: Fail first.
 func (a *Array) Remove(name string) error {
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
 	if a.closed {
 		return ErrClosed
 	}
+	a.mgmtMu.Lock()
+	defer a.mgmtMu.Unlock()
 	a.sbMu.Lock()
 	defer a.sbMu.Unlock()
 	m, err := a.findMember(name)
@@ -89,6 +152,7 @@ func (a *Array) Remove(name string) error {
 		return kept
 	}
 	a.spares, a.faulty = drop(a.spares), drop(a.faulty)
+	// Kept open until Close: I/O begun before it failed may still be using it.
 	a.retired = append(a.retired, m)
 	a.recount()
 	if m.faulty.Load() {
@@ -101,16 +165,61 @@ func (a *Array) Remove(name string) error {
 // data end), writes a spare superblock on it (role -1, this array's UUID) and adds it as a
 // spare. If a role has no working member a rebuild onto it starts at once. The path must not
 // already be a member, under this name or another (a second path, a hard link, a spec of it),
-// nor the array's journal: ErrDuplicateMember and ErrJournalOnMember, with nothing written.
-func (a *Array) AddSpare(path string) error {
+// nor the array's journal: ErrDuplicateMember and ErrJournalOnMember, with nothing written. A
+// member removed earlier (Remove) may be added again. A path that carries another array's
+// superblock or journal is refused with ErrInUse (as Create refuses it), unless opts has Force.
+func (a *Array) AddSpare(path string, opts ...ManageOption) error {
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if err := a.manageable(); err != nil {
+		return err
+	}
+	a.mgmtMu.Lock()
+	defer a.mgmtMu.Unlock()
+	return a.addSpare(path, forced(opts), false)
+}
+
+// manageable returns why the array cannot take a new member now (closed, read-only), or nil.
+// The caller holds opMu.
+func (a *Array) manageable() error {
+	switch {
+	case a.closed:
+		return ErrClosed
+	case a.readOnly:
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// addSpare is AddSpare (first: at the head of the spares, so the next rebuild takes it) with
+// opMu and mgmtMu held. A removed member's file added again under the same plain path reuses
+// the open file it still has (see Remove).
+func (a *Array) addSpare(path string, force, first bool) error {
 	if err := a.checkNewMember(path); err != nil {
 		return err
+	}
+	a.sbMu.Lock()
+	var old *member
+	for _, x := range a.retired {
+		if fm, ok := x.Member.(*fileMember); ok && fm.path == path {
+			old = x
+		}
+	}
+	a.sbMu.Unlock()
+	if old != nil {
+		if err := a.addSpareMember(old.Member, force, first); err != nil {
+			return err
+		}
+		a.sbMu.Lock()
+		a.retired = slices.DeleteFunc(a.retired, func(x *member) bool { return x == old })
+		a.sbMu.Unlock()
+		return nil
 	}
 	m, err := OpenMember(path, false)
 	if err != nil {
 		return &MemberError{Member: path, Role: -1, Op: "open", Off: -1, Err: err}
 	}
-	if err := a.AddSpareMember(m); err != nil {
+	if err := a.addSpareMember(m, force, first); err != nil {
 		m.Close()
 		return err
 	}
@@ -118,12 +227,12 @@ func (a *Array) AddSpare(path string) error {
 }
 
 // checkNewMember refuses a path for a new spare that is the same file as one of the array's
-// members (active, faulty, spare or retired), whatever it is called, or that shares storage
-// with the journal (checkJournalPlacement).
+// members (active, faulty or spare), whatever it is called, or that shares storage with the
+// journal (checkJournalPlacement). Removed members are no longer the array's.
 func (a *Array) checkNewMember(path string) error {
 	a.sbMu.Lock()
 	var names []string
-	for _, x := range append(a.all(), a.retired...) {
+	for _, x := range a.all() {
 		names = append(names, x.Name())
 	}
 	a.sbMu.Unlock()
@@ -139,21 +248,31 @@ func (a *Array) checkNewMember(path string) error {
 }
 
 // AddSpareMember is AddSpare on a member already open. On success the array owns m.
-func (a *Array) AddSpareMember(m Member) error {
+func (a *Array) AddSpareMember(m Member, opts ...ManageOption) error {
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
-	if a.closed {
-		return ErrClosed
+	if err := a.manageable(); err != nil {
+		return err
 	}
-	if a.readOnly {
-		return ErrReadOnly
-	}
+	a.mgmtMu.Lock()
+	defer a.mgmtMu.Unlock()
+	return a.addSpareMember(m, forced(opts), false)
+}
+
+// addSpareMember is AddSpareMember with opMu and mgmtMu held; first puts m at the head of
+// the spares, so that the next rebuild takes it.
+func (a *Array) addSpareMember(m Member, force, first bool) error {
 	if m.Size() < a.dataOffset+a.memberData {
 		return &MemberError{Member: m.Name(), Role: -1, Op: "add", Off: -1,
 			Err: fmt.Errorf("%w: %d bytes, the array needs %d on each member", ErrMemberTooSmall, m.Size(), a.dataOffset+a.memberData)}
 	}
+	if !force {
+		if err := a.checkForeign(m); err != nil {
+			return err
+		}
+	}
 	a.sbMu.Lock()
-	for _, x := range append(a.all(), a.retired...) {
+	for _, x := range a.all() {
 		if x.Name() == m.Name() {
 			a.sbMu.Unlock()
 			return &MemberError{Member: m.Name(), Role: -1, Op: "add", Off: -1, Err: ErrDuplicateMember}
@@ -169,7 +288,11 @@ func (a *Array) AddSpareMember(m Member) error {
 	sb := *ref
 	sb.DeviceUUID, sb.Role, sb.Dirty = newUUID(), spareRole, a.dirty.Load()
 	sp := &member{Member: m, sb: &sb}
-	a.spares = append(a.spares, sp)
+	if first {
+		a.spares = append([]*member{sp}, a.spares...)
+	} else {
+		a.spares = append(a.spares, sp)
+	}
 	err := a.writeSuperblocks(nil)
 	a.sbMu.Unlock()
 	a.log.Info("raid: spare added", "member", m.Name())
@@ -180,22 +303,49 @@ func (a *Array) AddSpareMember(m Member) error {
 	return nil
 }
 
-// Replace adds path as a spare and rebuilds member's role onto it. This is the simple version:
-// member is failed first (as Fail), so the array runs degraded until the rebuild ends, rather
-// than member serving until its replacement is complete. ErrBusy while a rebuild runs.
-func (a *Array) Replace(member, path string) error {
+// checkForeign refuses m, with ErrInUse, if it carries another array's raid5d superblock (the
+// check Create makes) or is another array's write journal: making it a spare would destroy
+// that array. This array's own superblock (a member removed earlier) is no obstacle.
+func (a *Array) checkForeign(m Member) error {
+	a.sbMu.Lock()
+	own := a.uuid
+	a.sbMu.Unlock()
+	if sb, err := readSuperblock(m); err == nil && sb.ArrayUUID != own {
+		return &MemberError{Member: m.Name(), Role: -1, Op: "add", Off: SuperblockOffset,
+			Err: fmt.Errorf("%w: role %d of array %s (use Force to overwrite)", ErrInUse, sb.Role, sb.ArrayUUID)}
+	}
+	if owner, ok := journalOwner(m); ok && owner != own {
+		return &MemberError{Member: m.Name(), Role: -1, Op: "add", Off: 0,
+			Err: fmt.Errorf("%w: the journal of array %s (use Force to overwrite)", ErrInUse, owner)}
+	}
+	return nil
+}
+
+// Replace adds path as a spare and rebuilds member's role onto it; other spares stay spares.
+// This is the simple version: member is failed first (as Fail), so the array runs degraded
+// until the rebuild ends, rather than member serving until its replacement is complete.
+// ErrBusy while a rebuild runs; ErrWouldFail if failing member would fail the array (it is
+// degraded), and ErrInUse for a path with another array's superblock, unless opts has Force.
+func (a *Array) Replace(member, path string, opts ...ManageOption) error {
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if err := a.manageable(); err != nil {
+		return err
+	}
+	a.mgmtMu.Lock()
+	defer a.mgmtMu.Unlock()
+	force := forced(opts)
 	a.sbMu.Lock()
 	m, err := a.findMember(member)
-	role := -1
-	if err == nil {
-		role = m.sb.Role
+	if err == nil && (m.faulty.Load() || a.roleOf(m) < 0) {
+		err = fmt.Errorf("%w: %s is not an active member", ErrNoSuchMember, member)
+	}
+	if err == nil && !force {
+		err = a.checkLoss(m, "replacing "+member)
 	}
 	a.sbMu.Unlock()
 	if err != nil {
 		return err
-	}
-	if m.faulty.Load() || role < 0 {
-		return fmt.Errorf("%w: %s is not an active member", ErrNoSuchMember, member)
 	}
 	a.syncMu.Lock()
 	busy := a.job != nil && a.job.running && a.job.kind == "rebuild"
@@ -203,14 +353,12 @@ func (a *Array) Replace(member, path string) error {
 	if busy {
 		return ErrBusy
 	}
-	if a.Status().State == StateDegraded {
-		return ErrDegraded // replacing a member now would fail the array
-	}
 	a.stopSync(false)
-	if err := a.AddSpare(path); err != nil {
+	if err := a.addSpare(path, force, true); err != nil {
 		return err
 	}
-	return a.Fail(member)
+	a.fail(m, fmt.Errorf("replaced by %s", path))
+	return nil
 }
 
 // SetSyncSpeed sets the rebuild and scrub speed bounds in bytes/s (see

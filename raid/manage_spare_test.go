@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/raid5d/raid5d/raid"
 )
@@ -66,4 +67,246 @@ func TestAddSpareSameFile(t *testing.T) {
 	if st := a.Status(); len(st.Members) != 3 {
 		t.Errorf("status lists %d members, want the 3 of the array and no spare", len(st.Members))
 	}
+}
+
+// newFileArray creates an array of n member files of chunks chunks (testChunk) each in dir,
+// with spares (paths, created the same size), fills it with random data and flushes it.
+func newFileArray(t *testing.T, dir string, n int, chunks int64, spares ...string) (*raid.Array, []string, []byte) {
+	t.Helper()
+	paths := memberPaths(dir, n)
+	a, err := raid.Create(paths, raid.CreateOptions{Chunk: testChunk, MemberSize: raid.DataOffset + chunks*testChunk, Spares: spares})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	model := make([]byte, mustSize(a))
+	fill(newRand(uint64(n)*uint64(chunks)), model)
+	if _, err := a.WriteAt(model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return a, paths, model
+}
+
+// memberState returns the state and role Status gives the member at path ("" if not listed).
+func memberState(st raid.Status, path string) (string, int) {
+	for _, m := range st.Members {
+		if m.Path == path {
+			return m.State, m.Role
+		}
+	}
+	return "", -1
+}
+
+// waitStatus polls a's status until cond holds (bounded).
+func waitStatus(t *testing.T, a *raid.Array, what string, cond func(raid.Status) bool) raid.Status {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := a.Status()
+		if cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %v, sync %+v, members %+v", what, st.State, st.Sync, st.Members)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestFailDuringRebuild: a Fail that would leave two roles without a working member is
+// refused with ErrWouldFail — also while a role is being rebuilt, whose member serves only the
+// stripes the rebuild has reached — and nothing changes; with raid.Force it is done, and then
+// the array says failed (Status, Flush), serves every chunk it still can byte for byte, and
+// Close does not mark the superblocks clean. Before, the Fail was accepted, Status said
+// "degraded", and Close marked the failed array clean.
+func TestFailDuringRebuild(t *testing.T) {
+	dir := t.TempDir()
+	a, paths, model := newFileArray(t, dir, 4, 64)
+	if err := a.Fail("1"); err != nil {
+		t.Fatal(err)
+	}
+	// A degraded array: failing another member would fail it.
+	if err := a.Fail("2"); !errors.Is(err, raid.ErrWouldFail) {
+		t.Fatalf("Fail(2) of a degraded array: %v, want ErrWouldFail", err)
+	}
+	if err := a.Fail("1"); err != nil {
+		t.Fatalf("Fail of the member already faulty: %v", err)
+	}
+	// A rebuild of role 1 onto a spare that stops after its first batch (1 byte/s).
+	if err := a.SetSyncSpeed(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	spare := filepath.Join(dir, "spare.img")
+	if err := os.WriteFile(spare, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(spare, raid.DataOffset+64*testChunk); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSpare(spare); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, a, "the rebuild to begin", func(st raid.Status) bool {
+		return st.Sync != nil && st.Sync.Kind == "rebuild" && st.Sync.Done > 0
+	})
+	for _, m := range []string{"3", paths[3], "0", "2"} {
+		if err := a.Fail(m); !errors.Is(err, raid.ErrWouldFail) {
+			t.Fatalf("Fail(%s) during the rebuild of role 1: %v, want ErrWouldFail", m, err)
+		}
+	}
+	st := a.Status()
+	if st.State != raid.StateDegraded || st.Sync == nil {
+		t.Fatalf("after the refused Fail: %v, sync %+v", st.State, st.Sync)
+	}
+	if state, _ := memberState(st, paths[3]); state != raid.MemberActive {
+		t.Fatalf("after the refused Fail member 3 is %q", state)
+	}
+
+	if err := a.Fail("3", raid.Force); err != nil {
+		t.Fatalf("Fail(3, Force): %v", err)
+	}
+	st = waitStatus(t, a, "the rebuild to stop", func(st raid.Status) bool { return st.Sync == nil && st.LastRebuild != nil })
+	if st.State != raid.StateFailed {
+		t.Fatalf("after the forced Fail: state %v, members %+v", st.State, st.Members)
+	}
+	if err := a.Flush(); !errors.Is(err, raid.ErrArrayFailed) {
+		t.Fatalf("Flush of the failed array: %v, want ErrArrayFailed", err)
+	}
+	// Below the rebuild's position every chunk reads right; above it those of roles 1 and 3
+	// are lost (EIO) and the others read right.
+	l := a.Layout()
+	rebuilt := st.LastRebuild.Done / l.ChunkSize()
+	if rebuilt <= 0 || rebuilt >= 64 {
+		t.Fatalf("rebuild stopped at %d stripes of 64", rebuilt)
+	}
+	got := make([]byte, testChunk)
+	for off := int64(0); off < int64(len(model)); off += testChunk {
+		loc := l.Map(off)
+		_, err := a.ReadAt(got, off)
+		if off/l.StripeSize() >= rebuilt && (loc.Member == 1 || loc.Member == 3) {
+			if !errors.Is(err, raid.ErrArrayFailed) {
+				t.Fatalf("read of a lost chunk at %d (role %d): %v, want ErrArrayFailed", off, loc.Member, err)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(got, model[off:off+testChunk]) {
+			t.Fatalf("read at %d (stripe %d, role %d): %v, or not the data written", off, off/l.StripeSize(), loc.Member, err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("Close of the failed array: %v", err)
+	}
+	rep, err := raid.Examine(append(paths, spare))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Dirty {
+		t.Errorf("after Close of the failed array its superblocks say clean")
+	}
+}
+
+// TestReplaceNamedSpare: Replace rebuilds onto the member it names, not onto a spare that was
+// there before, which stays a spare; the new member's chunks are the old member's, byte for
+// byte. Before, the existing spare took the role and the named member was left a spare.
+func TestReplaceNamedSpare(t *testing.T) {
+	dir := t.TempDir()
+	spareA := filepath.Join(dir, "a.img")
+	a, paths, model := newFileArray(t, dir, 3, 64, spareA)
+	repl := filepath.Join(dir, "b.img")
+	if err := os.WriteFile(repl, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(repl, raid.DataOffset+64*testChunk); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Replace("0", repl); err != nil {
+		t.Fatal(err)
+	}
+	st := waitStatus(t, a, "the rebuild to finish", func(st raid.Status) bool {
+		return st.LastRebuild != nil && st.Sync == nil && len(st.Missing) == 0
+	})
+	if state, role := memberState(st, repl); state != raid.MemberActive || role != 0 {
+		t.Errorf("replacement %s: %q in role %d, want active in role 0", repl, state, role)
+	}
+	if state, role := memberState(st, spareA); state != raid.MemberSpare || role != -1 {
+		t.Errorf("spare %s: %q in role %d, want it still a spare", spareA, state, role)
+	}
+	if state, _ := memberState(st, paths[0]); state == raid.MemberActive {
+		t.Errorf("replaced member %s still active", paths[0])
+	}
+	compareArray(t, a, model)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkMembers(t, []string{repl, paths[1], paths[2]}, a.Layout(), model, -1)
+}
+
+// TestAddAfterRemove: a member failed and removed can be added back at once (as a spare,
+// rebuilt into its role). Before, the removed member was still counted and AddSpare refused
+// it as ErrDuplicateMember until the array was reassembled.
+func TestAddAfterRemove(t *testing.T) {
+	a, paths, model := newFileArray(t, t.TempDir(), 3, 64)
+	if err := a.Fail(paths[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Remove(paths[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSpare(paths[1]); err != nil {
+		t.Fatalf("AddSpare of the removed member: %v", err)
+	}
+	st := waitStatus(t, a, "the rebuild to finish", func(st raid.Status) bool {
+		return st.LastRebuild != nil && st.Sync == nil && len(st.Missing) == 0
+	})
+	if state, role := memberState(st, paths[1]); state != raid.MemberActive || role != 1 {
+		t.Errorf("re-added %s: %q in role %d, want active in role 1", paths[1], state, role)
+	}
+	compareArray(t, a, model)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkMembers(t, paths, a.Layout(), model, -1)
+}
+
+// TestAddForeignSuperblock: AddSpare and Replace refuse a path that carries another array's
+// raid5d superblock (ErrInUse, as Create does), writing nothing to it and changing nothing in
+// the array; with raid.Force they take it.
+func TestAddForeignSuperblock(t *testing.T) {
+	dir := t.TempDir()
+	a, _, model := newFileArray(t, dir, 3, 64)
+	other := []string{filepath.Join(dir, "x0.img"), filepath.Join(dir, "x1.img"), filepath.Join(dir, "x2.img")}
+	b, err := raid.Create(other, raid.CreateOptions{Chunk: testChunk, MemberSize: raid.DataOffset + 64*testChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(other[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSpare(other[0]); !errors.Is(err, raid.ErrInUse) {
+		t.Errorf("AddSpare of another array's member: %v, want ErrInUse", err)
+	}
+	if err := a.Replace("0", other[0]); !errors.Is(err, raid.ErrInUse) {
+		t.Errorf("Replace with another array's member: %v, want ErrInUse", err)
+	}
+	if after, err := os.ReadFile(other[0]); err != nil || !bytes.Equal(before, after) {
+		t.Errorf("the refused member changed (%v)", err)
+	}
+	st := a.Status()
+	if st.State == raid.StateDegraded || len(st.Members) != 3 {
+		t.Fatalf("after the refusals: %v, %+v", st.State, st.Members)
+	}
+	if err := a.AddSpare(other[0], raid.Force); err != nil {
+		t.Fatalf("AddSpare(Force) of another array's member: %v", err)
+	}
+	if state, role := memberState(a.Status(), other[0]); state != raid.MemberSpare || role != -1 {
+		t.Errorf("forced spare: %q in role %d", state, role)
+	}
+	compareArray(t, a, model)
 }

@@ -16,7 +16,7 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 RAID-5 array of them. Existing member files and block devices are used at their size (the smallest
 sets the array's size); with --size, member files that do not exist are created sparse. The data
 area of every member is made to read as zeroes, so parity is consistent from the start.
-Members that already carry a raid5d superblock are refused unless --force is given. Spares
+Members and spares that already carry a raid5d superblock are refused unless --force is given. Spares
 (--spare) are made like members and recorded in the superblocks; serve finds them by their
 superblock, so give them to serve with the members.`, stdout)
 	chunk := sizeFlag{n: stripe.DefaultChunk}
@@ -40,7 +40,7 @@ superblock, so give them to serve with the members.`, stdout)
 	var bitmapRegion sizeFlag
 	fs.Var(&bitmapRegion, "bitmap-region", "array bytes each bitmap bit covers (`size`, rounded up to a power-of-two number of stripes);\n"+
 		"default: the smallest giving at most 4096 bits")
-	force := fs.Bool("force", false, "overwrite members that already carry a raid5d superblock (destroys that array)")
+	force := fs.Bool("force", false, "overwrite members and spares that already carry a raid5d superblock (destroys that array)")
 	members, err := parseFlags(fs, args)
 	if err != nil {
 		return err

@@ -107,10 +107,25 @@ func newManageFlagSet(name, synopsis, description string, stdout io.Writer) (*fl
 	return fs, addControlFlags(fs, "export `name` of the daemon, to find its default control socket")
 }
 
-// runMemberOp is fail and remove: one MEMBER, one request.
-func runMemberOp(op, synopsis, description, did string) func(args []string, stdout, stderr io.Writer) error {
+// forceHint adds to a refusal that --force would override what --force would do.
+func forceHint(err error) error {
+	switch {
+	case errors.Is(err, control.ErrWouldFail):
+		return fmt.Errorf("%w\n(--force does it anyway: the array fails, and the data of its lost roles can no longer be read)", err)
+	case errors.Is(err, control.ErrInUse):
+		return fmt.Errorf("%w\n(--force overwrites it, destroying that array's copy there)", err)
+	}
+	return err
+}
+
+// runMemberOp is fail and remove: one MEMBER, one request; withForce adds --force.
+func runMemberOp(op, synopsis, description, did string, withForce bool) func(args []string, stdout, stderr io.Writer) error {
 	return func(args []string, stdout, stderr io.Writer) error {
 		fs, cf := newManageFlagSet(op, synopsis, description, stdout)
+		var force *bool
+		if withForce {
+			force = fs.Bool("force", false, "fail MEMBER even if that fails the array (two roles without a working member)")
+		}
 		args, err := parseFlags(fs, args)
 		if err != nil {
 			return err
@@ -122,9 +137,10 @@ func runMemberOp(op, synopsis, description, did string) func(args []string, stdo
 		if err != nil {
 			return err
 		}
-		st, err := ask(cf.socket(), control.Request{Op: op, Member: m})
+		req := control.Request{Op: op, Member: m, Force: force != nil && *force}
+		st, err := ask(cf.socket(), req)
 		if err != nil {
-			return err
+			return forceHint(err)
 		}
 		fmt.Fprintf(stdout, "%s %s\n", did, args[0])
 		printSummary(stdout, st)
@@ -135,20 +151,25 @@ func runMemberOp(op, synopsis, description, did string) func(args []string, stdo
 var runFail = runMemberOp(control.OpFail, "[flags] MEMBER",
 	`Marks MEMBER of the running array faulty, as if it had failed: it is no longer read or written,
 the other members' superblocks record it, and the array runs degraded. If a spare is present its
-rebuild starts at once. MEMBER is a member's path or its role number (0, 1, ...). Failing a second
-member fails the array; the daemon refuses that.`, "marked faulty:")
+rebuild starts at once. MEMBER is a member's path or its role number (0, 1, ...). A MEMBER whose
+loss would fail the array is refused (exit 1) unless --force is given: a second role without a
+working member, counting a role still being rebuilt onto a spare (its member does not yet hold the
+stripes the rebuild has not reached).`, "marked faulty:", true)
 
 var runRemove = runMemberOp(control.OpRemove, "[flags] MEMBER",
 	`Removes MEMBER, a faulty member or a spare, from the running array: the daemon closes it and
-no longer lists it. Active members are refused (fail them first). MEMBER is a path or a role
-number.`, "removed:")
+no longer lists it, and it may be added again (raid5d add). Active and rebuilding members are
+refused (fail them first), so remove never takes redundancy away. MEMBER is a path or a role
+number.`, "removed:", false)
 
 func runAdd(args []string, stdout, stderr io.Writer) error {
 	fs, cf := newManageFlagSet("add", "[flags] PATH",
 		`Adds PATH (an existing file or block device at least as large as the other members) to the
 running array as a spare: the daemon writes a spare superblock on it. If the array is degraded,
 the rebuild onto it starts at once; watch it with raid5d status. Whatever PATH held is
-overwritten.`, stdout)
+overwritten, but a PATH that carries another array's raid5d superblock or journal is refused
+unless --force is given (as raid5d create refuses it). A member removed earlier may be added again.`, stdout)
+	force := fs.Bool("force", false, "overwrite PATH even if it belongs to another array")
 	args, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -160,9 +181,9 @@ overwritten.`, stdout)
 	if err != nil {
 		return err
 	}
-	st, err := ask(cf.socket(), control.Request{Op: control.OpAdd, Path: p})
+	st, err := ask(cf.socket(), control.Request{Op: control.OpAdd, Path: p, Force: *force})
 	if err != nil {
-		return err
+		return forceHint(err)
 	}
 	fmt.Fprintf(stdout, "added spare: %s\n", p)
 	printSummary(stdout, st)
@@ -172,10 +193,12 @@ overwritten.`, stdout)
 func runReplace(args []string, stdout, stderr io.Writer) error {
 	fs, cf := newManageFlagSet("replace", "[flags] MEMBER PATH",
 		`Replaces MEMBER (a path or role number) with PATH: PATH is added as a spare (its contents are
-overwritten), MEMBER is failed, and MEMBER's role is rebuilt onto PATH. This is the simple
-version: the array runs degraded, with no redundancy, until the rebuild ends (watch it with
-raid5d status); MEMBER is dropped when it does. Refused while a rebuild runs or the array is
-degraded.`, stdout)
+overwritten), MEMBER is failed, and MEMBER's role is rebuilt onto PATH; spares already there stay
+spares. This is the simple version: the array runs degraded, with no redundancy, until the rebuild
+ends (watch it with raid5d status); MEMBER is dropped when it does. Refused while a rebuild runs;
+refused, unless --force is given, when the array is degraded (failing MEMBER would fail it) and
+when PATH carries another array's raid5d superblock or journal.`, stdout)
+	force := fs.Bool("force", false, "replace even if that fails the array, or PATH belongs to another array")
 	args, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -191,9 +214,9 @@ degraded.`, stdout)
 	if err != nil {
 		return err
 	}
-	st, err := ask(cf.socket(), control.Request{Op: control.OpReplace, Member: m, Path: p})
+	st, err := ask(cf.socket(), control.Request{Op: control.OpReplace, Member: m, Path: p, Force: *force})
 	if err != nil {
-		return err
+		return forceHint(err)
 	}
 	fmt.Fprintf(stdout, "replacing %s with %s\n", args[0], p)
 	printSummary(stdout, st)

@@ -11,12 +11,34 @@ import (
 )
 
 // The control socket drives the array's management methods.
-var _ control.Array = (*raid.Array)(nil)
+var _ control.Array = controlArray{}
+
+// controlArray is the array as the control server drives it: its force flags are raid.Force.
+type controlArray struct{ *raid.Array }
+
+func forceOpt(force bool) []raid.ManageOption {
+	if force {
+		return []raid.ManageOption{raid.Force}
+	}
+	return nil
+}
+
+func (c controlArray) Fail(member string, force bool) error {
+	return c.Array.Fail(member, forceOpt(force)...)
+}
+
+func (c controlArray) AddSpare(path string, force bool) error {
+	return c.Array.AddSpare(path, forceOpt(force)...)
+}
+
+func (c controlArray) Replace(member, path string, force bool) error {
+	return c.Array.Replace(member, path, forceOpt(force)...)
+}
 
 // controlServer is the daemon's management endpoint for array a.
 func controlServer(a *raid.Array, d control.Daemon, log *slog.Logger) *control.Server {
 	return &control.Server{
-		Array:    a,
+		Array:    controlArray{a},
 		Status:   func() control.Status { return statusOf(a, d) },
 		Classify: classify,
 		Logger:   log,
@@ -26,6 +48,8 @@ func controlServer(a *raid.Array, d control.Daemon, log *slog.Logger) *control.S
 // classify maps the array's management errors to the control protocol's codes.
 func classify(err error) error {
 	for _, m := range []struct{ raid, control error }{
+		{raid.ErrWouldFail, control.ErrWouldFail},
+		{raid.ErrInUse, control.ErrInUse},
 		{raid.ErrBusy, control.ErrBusy},
 		{raid.ErrNoSuchMember, control.ErrNoSuchMember},
 		{raid.ErrNotFaulty, control.ErrNotFaulty},

@@ -29,17 +29,30 @@ func (f *fakeArray) record(s string) {
 	f.calls = append(f.calls, s)
 }
 
-func (f *fakeArray) Fail(m string) error   { f.record("fail " + m); return nil }
+func (f *fakeArray) Fail(m string, force bool) error {
+	f.record("fail " + m + forceWord(force))
+	return nil
+}
 func (f *fakeArray) Remove(m string) error { f.record("remove " + m); return nil }
-func (f *fakeArray) AddSpare(p string) error {
-	f.record("add " + p)
+func (f *fakeArray) AddSpare(p string, force bool) error {
+	f.record("add " + p + forceWord(force))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.st.Members = append(f.st.Members, control.MemberStatus{Path: p, Role: 1, State: control.StateRebuilding})
 	f.st.Sync = &control.Progress{Kind: "rebuild", Role: 1, Done: 452, Total: 1000, BytesPerSec: 50 << 20, ETASeconds: 3}
 	return nil
 }
-func (f *fakeArray) Replace(m, p string) error { f.record("replace " + m + " " + p); return nil }
+func (f *fakeArray) Replace(m, p string, force bool) error {
+	f.record("replace " + m + " " + p + forceWord(force))
+	return nil
+}
+
+func forceWord(force bool) string {
+	if force {
+		return " --force"
+	}
+	return ""
+}
 func (f *fakeArray) StartScrub(repair bool) error {
 	kind := "check"
 	if repair {
@@ -146,6 +159,9 @@ func TestManageCommands(t *testing.T) {
 		{[]string{"remove", "/m2"}, "remove /m2", "removed: /m2"},
 		{[]string{"add", "spare.img"}, "add " + abs, "added spare: " + abs},
 		{[]string{"replace", "1", "spare.img"}, "replace 1 " + abs, "replacing 1 with " + abs},
+		{[]string{"fail", "--force", "3"}, "fail 3 --force", "marked faulty: 3"},
+		{[]string{"add", "--force", "spare.img"}, "add " + abs + " --force", "added spare: " + abs},
+		{[]string{"replace", "--force", "1", "spare.img"}, "replace 1 " + abs + " --force", "replacing 1 with " + abs},
 		{[]string{"scrub", "stop"}, "scrub stop", "scrub stopped"},
 		{[]string{"rebuild", "--speed-min", "2M", "--speed-max", "300M"}, fmt.Sprint("speed ", 2<<20, " ", 300<<20), "min 2M/s, max 300M/s"},
 		{[]string{"rebuild", "--speed-max", "10M"}, fmt.Sprint("speed 0 ", 10<<20), "min 2M/s, max 10M/s"},
@@ -250,7 +266,7 @@ func TestStatusOnline(t *testing.T) {
 	f.st.Members[1].State = control.StateFaulty
 	f.st.Members[1].ReadErrors = 17
 	f.st.Missing = []int{1}
-	if err := f.AddSpare("/spare"); err != nil {
+	if err := f.AddSpare("/spare", false); err != nil {
 		t.Fatal(err)
 	}
 	f.st.LastScrub = &control.Progress{Kind: "check", Role: -1, Done: 10, Total: 10, Mismatches: 2, MismatchAt: []int64{4, 9}}

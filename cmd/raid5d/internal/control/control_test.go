@@ -34,14 +34,25 @@ func (f *fakeArray) call(s string) error {
 	return nil
 }
 
-func (f *fakeArray) Fail(m string) error          { return f.call("fail " + m) }
-func (f *fakeArray) Remove(m string) error        { return f.call("remove " + m) }
-func (f *fakeArray) AddSpare(p string) error      { return f.call("add " + p) }
-func (f *fakeArray) Replace(m, p string) error    { return f.call("replace " + m + " " + p) }
+func (f *fakeArray) Fail(m string, force bool) error { return f.call("fail " + m + forceWord(force)) }
+func (f *fakeArray) Remove(m string) error           { return f.call("remove " + m) }
+func (f *fakeArray) AddSpare(p string, force bool) error {
+	return f.call("add " + p + forceWord(force))
+}
+func (f *fakeArray) Replace(m, p string, force bool) error {
+	return f.call("replace " + m + " " + p + forceWord(force))
+}
 func (f *fakeArray) StartScrub(repair bool) error { return f.call(fmt.Sprint("scrub repair=", repair)) }
 func (f *fakeArray) StopScrub() error             { return f.call("scrub stop") }
 func (f *fakeArray) SetSyncSpeed(lo, hi int64) error {
 	return f.call(fmt.Sprint("speed ", lo, " ", hi))
+}
+
+func forceWord(force bool) string {
+	if force {
+		return " --force"
+	}
+	return ""
 }
 
 func (f *fakeArray) status() Status {
@@ -101,6 +112,9 @@ func TestRoundTrips(t *testing.T) {
 		{Request{Op: OpStatus}, ""},
 		{Request{Op: OpFail, Member: "2"}, "fail 2"},
 		{Request{Op: OpFail, Member: "/dev/sdb"}, "fail /dev/sdb"},
+		{Request{Op: OpFail, Member: "3", Force: true}, "fail 3 --force"},
+		{Request{Op: OpAdd, Path: "/other", Force: true}, "add /other --force"},
+		{Request{Op: OpReplace, Member: "1", Path: "/other", Force: true}, "replace 1 /other --force"},
 		{Request{Op: OpRemove, Member: "/m1"}, "remove /m1"},
 		{Request{Op: OpAdd, Path: "/spare"}, "add /spare"},
 		{Request{Op: OpReplace, Member: "1", Path: "/new"}, "replace 1 /new"},
@@ -149,6 +163,8 @@ func TestErrors(t *testing.T) {
 		{"not faulty", ErrNotFaulty, nil, Request{Op: OpRemove, Member: "0"}, ErrNotFaulty},
 		{"array failed", ErrArrayFailed, nil, Request{Op: OpFail, Member: "1"}, ErrArrayFailed},
 		{"degraded", ErrDegraded, nil, Request{Op: OpScrub, Action: ScrubRepair}, ErrDegraded},
+		{"would fail", ErrWouldFail, nil, Request{Op: OpFail, Member: "3"}, ErrWouldFail},
+		{"in use", ErrInUse, nil, Request{Op: OpAdd, Path: "/other"}, ErrInUse},
 		{"not running", ErrNotRunning, nil, Request{Op: OpScrub, Action: ScrubStop}, ErrNotRunning},
 		{"classified", errOther, func(error) error { return ErrBusy }, Request{Op: OpAdd, Path: "/x"}, ErrBusy},
 		{"other", errOther, nil, Request{Op: OpAdd, Path: "/x"}, ErrFailed},

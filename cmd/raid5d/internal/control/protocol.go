@@ -12,6 +12,8 @@
 //	{"op":"remove","member":"/dev/sdc"}
 //	{"op":"add","path":"/dev/sde"}
 //	{"op":"replace","member":"1","path":"/dev/sde"}
+//	{"op":"fail","member":"3","force":true} fail, add, replace: do it although it fails the
+//	                                      array or overwrites another array's member
 //	{"op":"scrub","action":"check"}       action: check, repair or stop
 //	{"op":"speed","min":1048576,"max":0}  bytes/s, 0 leaves a bound unchanged
 //
@@ -30,12 +32,12 @@ import (
 )
 
 // Array is what the control server drives: the management methods of *raid.Array, with the
-// same signatures and meanings.
+// same meanings; force is raid.Force (Request.Force).
 type Array interface {
-	Fail(member string) error
+	Fail(member string, force bool) error
 	Remove(member string) error
-	AddSpare(path string) error
-	Replace(member, path string) error
+	AddSpare(path string, force bool) error
+	Replace(member, path string, force bool) error
 	StartScrub(repair bool) error
 	StopScrub() error
 	SetSyncSpeed(min, max int64) error
@@ -67,6 +69,9 @@ type Request struct {
 	Action string `json:"action,omitempty"` // scrub: check, repair or stop
 	Min    int64  `json:"min,omitempty"`    // speed: bytes/s, 0 = unchanged
 	Max    int64  `json:"max,omitempty"`    // speed: bytes/s, 0 = unchanged
+	// Force: fail, replace: even if the array fails (else ErrWouldFail); add, replace:
+	// even over another array's superblock (else ErrInUse). mdadm's --force.
+	Force bool `json:"force,omitempty"`
 }
 
 // Response is the answer to one Request: the status after it, or an error.
@@ -93,9 +98,14 @@ var (
 	ErrNotFaulty = errors.New("control: member is not faulty")
 	// ErrArrayFailed: the request would fail (or found failed) the array.
 	ErrArrayFailed = errors.New("control: array failed")
-	// ErrDegraded: the request needs every member (scrub), or would leave no redundancy at all
-	// (failing a member of a degraded array).
+	// ErrDegraded: the request needs every member (scrub).
 	ErrDegraded = errors.New("control: array is degraded")
+	// ErrWouldFail: fail or replace named a member whose loss would fail the array (a second
+	// role without a working member, counting one being rebuilt); Force does it anyway.
+	ErrWouldFail = errors.New("control: that would leave the array failed")
+	// ErrInUse: add or replace named a path that carries another array's superblock or
+	// journal; Force overwrites it.
+	ErrInUse = errors.New("control: path belongs to another array")
 	// ErrNotRunning: scrub stop with no scrub running.
 	ErrNotRunning = errors.New("control: no scrub is running")
 	// ErrBadRequest: the request was malformed (unknown op, missing field, bad value).
@@ -116,6 +126,8 @@ var codes = []struct {
 	{"not-faulty", ErrNotFaulty},
 	{"array-failed", ErrArrayFailed},
 	{"degraded", ErrDegraded},
+	{"would-fail", ErrWouldFail},
+	{"in-use", ErrInUse},
 	{"not-running", ErrNotRunning},
 	{"bad-request", ErrBadRequest},
 	{"unsupported", ErrUnsupported},

@@ -160,10 +160,10 @@ func (s *Server) Handle(req Request) Response {
 		if req.Op != OpStatus {
 			if err != nil {
 				s.log().Warn("control: request refused", "op", req.Op, "member", req.Member, "path", req.Path,
-					"action", req.Action, "error", err)
+					"action", req.Action, "force", req.Force, "error", err)
 			} else {
 				s.log().Info("control: request done", "op", req.Op, "member", req.Member, "path", req.Path,
-					"action", req.Action, "min", req.Min, "max", req.Max)
+					"action", req.Action, "min", req.Min, "max", req.Max, "force", req.Force)
 			}
 		}
 	}
@@ -192,13 +192,13 @@ func (s *Server) do(req Request) error {
 	case OpStatus:
 		return nil
 	case OpFail:
-		return a.Fail(req.Member)
+		return a.Fail(req.Member, req.Force)
 	case OpRemove:
 		return a.Remove(req.Member)
 	case OpAdd:
-		return a.AddSpare(req.Path)
+		return a.AddSpare(req.Path, req.Force)
 	case OpReplace:
-		return a.Replace(req.Member, req.Path)
+		return a.Replace(req.Member, req.Path, req.Force)
 	case OpScrub:
 		if req.Action == ScrubStop {
 			return a.StopScrub()
