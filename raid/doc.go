@@ -228,7 +228,11 @@
 // is what parity implies). Cache write-outs behave the same way, so nothing stays dirty
 // forever. With a second role lost the array is failed: reads of chunks on the lost members
 // return ErrArrayFailed (EIO, never a guess), other chunks are still read from their members,
-// and every write returns ErrArrayFailed without touching any member.
+// and every write returns ErrArrayFailed without touching any member. A role being rebuilt
+// counts as lost above the rebuild position, so a second loss during a rebuild fails the array
+// too: lostRoles is the one decision, used by the I/O paths, Status (StateFailed), Close
+// (which never marks a failed array clean) and Fail and Replace, which refuse to fail the array
+// (ErrWouldFail) unless given Force.
 //
 // Spares carry a superblock with role -1 and the array's UUID (CreateOptions.Spares, AddSpare)
 // and are found by Assemble. When a role has no working member and a spare is idle, a rebuild
@@ -477,7 +481,9 @@
 //   - While clients are busy, a sync runs at its minimum speed (md yields a little less
 //     strictly: it checks its own in-flight I/O); idle, at its maximum.
 //   - A faulty member stays open until Close (I/O in flight may still use it), even after
-//     Remove or a finished rebuild drops it from the array.
+//     Remove or a finished rebuild drops it from the array. Added again under the same path
+//     (AddSpare after Remove), its open file is reused. A write still in flight from before
+//     its failure (a hung member) can land after that, over what the rebuild wrote there.
 //   - In a failed array, dirty cached data that cannot be written out stays in the cache
 //     (readable) until Close, and is then lost.
 //   - A crash in the middle of a superblock update can leave members one event apart; Assemble
