@@ -91,8 +91,9 @@ var (
 	ErrGeometry = errors.New("raid: members disagree on the array geometry")
 	// ErrMemberTooSmall is returned by Create and Assemble for a member too small for the array.
 	ErrMemberTooSmall = errors.New("raid: member too small")
-	// ErrInUse is returned by Create for a member that already carries a valid raid5d
-	// superblock, unless CreateOptions.Force is set.
+	// ErrInUse is returned by Create for a member or spare that already carries a valid raid5d
+	// superblock, unless CreateOptions.Force is set; and by AddSpare and Replace for a path
+	// that carries another array's superblock or journal, unless given Force.
 	ErrInUse = errors.New("raid: member already carries a raid5d superblock")
 	// ErrJournalOnMember is returned by Create and Assemble, before anything is written, when
 	// the write journal is a member's own storage: the same file (a hard link, another path)
