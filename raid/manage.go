@@ -193,21 +193,23 @@ func (a *Array) manageable() error {
 
 // addSpare is AddSpare (first: at the head of the spares, so the next rebuild takes it) with
 // opMu and mgmtMu held. A removed member's file added again under the same plain path reuses
-// the open file it still has (see Remove).
+// the open file it still has (see Remove; a second open would meet its lock), without the
+// faulty: or volatile: wrapper it may have had.
 func (a *Array) addSpare(path string, force, first bool) error {
 	if err := a.checkNewMember(path); err != nil {
 		return err
 	}
 	a.sbMu.Lock()
 	var old *member
+	var file *fileMember
 	for _, x := range a.retired {
-		if fm, ok := x.Member.(*fileMember); ok && fm.path == path {
-			old = x
+		if fm := baseFile(x.Member); fm != nil && fm.path == path {
+			old, file = x, fm
 		}
 	}
 	a.sbMu.Unlock()
 	if old != nil {
-		if err := a.addSpareMember(old.Member, force, first); err != nil {
+		if err := a.addSpareMember(file, force, first); err != nil {
 			return err
 		}
 		a.sbMu.Lock()
@@ -224,6 +226,23 @@ func (a *Array) addSpare(path string, force, first bool) error {
 		return err
 	}
 	return nil
+}
+
+// baseFile returns the member file under m's faulty: and volatile: wrappers, nil if there is
+// none (an in-memory member).
+func baseFile(m Member) *fileMember {
+	for {
+		switch x := m.(type) {
+		case *fileMember:
+			return x
+		case *specMember:
+			m = x.Member
+		case *volatileMember:
+			m = x.Member
+		default:
+			return nil
+		}
+	}
 }
 
 // checkNewMember refuses a path for a new spare that is the same file as one of the array's

@@ -244,31 +244,48 @@ func TestReplaceNamedSpare(t *testing.T) {
 	checkMembers(t, []string{repl, paths[1], paths[2]}, a.Layout(), model, -1)
 }
 
-// TestAddAfterRemove: a member failed and removed can be added back at once (as a spare,
-// rebuilt into its role). Before, the removed member was still counted and AddSpare refused
-// it as ErrDuplicateMember until the array was reassembled.
+// TestAddAfterRemove: a member failed and removed can be added again at once, under its plain
+// path, as a spare that is rebuilt into its role — also one that was opened as a faulty: or
+// volatile: spec. Before, the removed member was still counted and AddSpare refused it as
+// ErrDuplicateMember until the array was reassembled; a second open of its file would meet the
+// lock the first still holds (ErrMemberBusy).
 func TestAddAfterRemove(t *testing.T) {
-	a, paths, model := newFileArray(t, t.TempDir(), 3, 64)
-	if err := a.Fail(paths[1]); err != nil {
-		t.Fatal(err)
+	for _, spec := range []string{"", "faulty:", "volatile:"} {
+		t.Run("as "+spec+"path", func(t *testing.T) {
+			a, paths, model := newFileArray(t, t.TempDir(), 3, 64)
+			if spec != "" {
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				var err error
+				a, err = raid.Assemble([]string{paths[0], spec + paths[1], paths[2]}, raid.AssembleOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { a.Close() })
+			}
+			if err := a.Fail("1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Remove("1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.AddSpare(paths[1]); err != nil {
+				t.Fatalf("AddSpare of the removed member: %v", err)
+			}
+			st := waitStatus(t, a, "the rebuild to finish", func(st raid.Status) bool {
+				return st.LastRebuild != nil && st.Sync == nil && len(st.Missing) == 0
+			})
+			if state, role := memberState(st, paths[1]); state != raid.MemberActive || role != 1 {
+				t.Errorf("re-added %s: %q in role %d, want active in role 1", paths[1], state, role)
+			}
+			compareArray(t, a, model)
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			checkMembers(t, paths, a.Layout(), model, -1)
+		})
 	}
-	if err := a.Remove(paths[1]); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.AddSpare(paths[1]); err != nil {
-		t.Fatalf("AddSpare of the removed member: %v", err)
-	}
-	st := waitStatus(t, a, "the rebuild to finish", func(st raid.Status) bool {
-		return st.LastRebuild != nil && st.Sync == nil && len(st.Missing) == 0
-	})
-	if state, role := memberState(st, paths[1]); state != raid.MemberActive || role != 1 {
-		t.Errorf("re-added %s: %q in role %d, want active in role 1", paths[1], state, role)
-	}
-	compareArray(t, a, model)
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	checkMembers(t, paths, a.Layout(), model, -1)
 }
 
 // TestAddForeignSuperblock: AddSpare and Replace refuse a path that carries another array's
