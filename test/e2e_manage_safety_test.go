@@ -148,3 +148,34 @@ func TestReplaceWithSpare(t *testing.T) {
 	s.stop()
 	checkParity(t, a.withRole(0, repl))
 }
+
+// TestAddRemovedAndForeign: `raid5d add` takes back a member just failed and removed (before,
+// it was refused as given twice until a restart), and refuses a file that carries another
+// array's superblock unless --force (before, it overwrote it).
+func TestAddRemovedAndForeign(t *testing.T) {
+	needRaid5d(t)
+	a := newArray(t)
+	other := newArray(t)
+	s := a.serve(t)
+	s.mustManage("fail", a.members[2])
+	s.mustManage("remove", a.members[2])
+	s.mustManage("add", a.members[2])
+	st := s.waitStatus("the rebuild of the member added back", 60*time.Second, (*r5Status).healthy)
+	if state, role, _ := st.member(a.members[2]); state != "active" || role != 2 {
+		t.Errorf("member added back: %q in role %d, want active in role 2", state, role)
+	}
+
+	out, code := s.manage("add", other.members[0])
+	if code != 1 || !strings.Contains(out, "superblock") || !strings.Contains(out, "--force") {
+		t.Errorf("add of another array's member: exit %d, want 1, the reason and the --force hint\n%s", code, out)
+	}
+	if state, _, _ := s.status().member(other.members[0]); state != "" {
+		t.Errorf("the refused file is listed as %q", state)
+	}
+	s.mustManage("add", "--force", other.members[0])
+	if state, role, _ := s.status().member(other.members[0]); state != "spare" || role != -1 {
+		t.Errorf("add --force: %q in role %d, want a spare", state, role)
+	}
+	s.stop()
+	checkParity(t, a)
+}
