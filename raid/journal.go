@@ -935,7 +935,7 @@ func (j *journal) recover(skipCorrupt bool) (resync bool, err error) {
 	case end.later != nil:
 		bad = fmt.Errorf("%w: the record at journal position %d (sequence %d) is unreadable (%v), but the "+
 			"record at position %d (sequence %d) was written after it had been synced (its group's commit point is %d): "+
-			"the damage is not a write torn by the crash, and replaying the %d records before it could undo newer "+
+			"the damage is not a write torn by the crash, and replaying the records before it (%d) could undo newer "+
 			"writes already on the members; nothing was replayed or written. To assemble anyway, discard the journal "+
 			"and recompute parity from the members' data (SkipCorruptJournal, serve --skip-corrupt-journal)",
 			ErrJournalCorrupt, end.pos, end.seq, end.why, end.laterPos, end.later.seq, end.later.commit, len(recs))
@@ -950,8 +950,16 @@ func (j *journal) recover(skipCorrupt bool) (resync bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		j.a.log.Warn("raid: array was not shut down cleanly; the write journal was replayed, parity is consistent",
-			"journal", j.path, "records", n, "resync_pending", j.needResync)
+		if skipCorrupt {
+			j.a.log.Info("raid: SkipCorruptJournal given, but the write journal is not corrupt: replaying it as usual", "journal", j.path)
+		}
+		if j.needResync {
+			j.a.log.Warn("raid: array was not shut down cleanly; the write journal was replayed, and the full resync that followed a discarded journal had not finished: resyncing again",
+				"journal", j.path, "records", n)
+		} else {
+			j.a.log.Warn("raid: array was not shut down cleanly; the write journal was replayed, parity is consistent",
+				"journal", j.path, "records", n)
+		}
 		return j.needResync, nil
 	}
 	if !skipCorrupt {
