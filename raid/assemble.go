@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -341,10 +342,27 @@ func openJournalFile(path string, size int64) (m Member, made bool, err error) {
 type AssembleOptions struct {
 	ReadOnly bool         // open members read-only; never write (superblocks included)
 	Logger   *slog.Logger // nil: discard
-	// RebuildStale turns a stale member (one whose events counter is behind: it missed
-	// writes) into a fresh spare, rebuilt from the others, instead of refusing it with
-	// ErrStaleMember. Either way the log names it and says which.
+	// RebuildStale turns a stale member (one whose events counter is behind, or whose role
+	// the others record as faulty: it missed writes) into a fresh spare, rebuilt from the
+	// others. Without it a stale member is left out (closed) and the array assembled without
+	// it, if it can be. Either way the log names it and says which.
 	RebuildStale bool
+	// Force assembles a failed array (two or more roles without a current member) from the
+	// members that stopped only when it failed, as mdadm --assemble --force does: a member
+	// the others record as faulty is trusted if its own superblock already records another
+	// role faulty (and none rebuilding, and every role it calls faulty is faulty in the
+	// freshest superblock), so the array had failed when it stopped and no write was
+	// acknowledged after. Never a member whose role another member holds or is being
+	// rebuilt into, nor one that failed while the array still had every role: it missed
+	// the writes acknowledged degraded. The trusted members get one events counter and the
+	// array is marked dirty, so the stripes being written at the failure are resynced (with
+	// the journal policy: the journal is replayed); stale members become spares and are
+	// rebuilt from the trusted ones, as with RebuildStale. The log says which members and
+	// events counters it trusts. Without Force such an array is refused with ErrNeedsForce
+	// (and ErrTooManyMissing), which says what Force would do. A no-op for an array that
+	// can be assembled without it. With ReadOnly nothing is written: the forced array can
+	// be looked at before the decision is made permanent.
+	Force bool
 	// JournalPath overrides where the write journal of an array with the journal policy is
 	// ("": the path its superblocks record). Ignored for other policies.
 	JournalPath string
@@ -478,8 +496,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		}
 	}
 	byRole := make([]*member, ref.Members)
-	var spares []*member
-	stale := 0
+	var spares, stale []*member
 	for i, sb := range sbs {
 		m := &member{Member: members[i], sb: sb}
 		isStale := behind(sb, ref) && sb.Role >= 0 ||
@@ -489,16 +506,8 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 				"member", members[i].Name(), "role", sb.Role, "events", sb.Events, "array_events", ref.Events)
 		}
 		switch {
-		case isStale && !opts.RebuildStale:
-			return nil, &MemberError{Member: members[i].Name(), Role: sb.Role, Op: "assemble", Off: -1,
-				Err: fmt.Errorf("%w: its events counter is %d, the others' %d: it was out of the array while the array changed, missed writes and needs a rebuild (assemble without it to run degraded, or with RebuildStale to rebuild it as a spare)",
-					ErrStaleMember, sb.Events, ref.Events)}
 		case isStale:
-			log.Warn("raid: stale member (missed writes): refusing its data; it becomes a fresh spare and is rebuilt",
-				"member", members[i].Name(), "role", sb.Role, "events", sb.Events, "array_events", ref.Events)
-			sb.Role = spareRole
-			spares = append(spares, m)
-			stale++
+			stale = append(stale, m)
 		case sb.Role == spareRole:
 			spares = append(spares, m)
 		default:
@@ -512,15 +521,59 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 			byRole[sb.Role] = m
 		}
 	}
-	var missing []int
-	for r, m := range byRole {
-		if m == nil || m.rebuilding.Load() {
-			missing = append(missing, r)
+	missing := missingRoles(byRole)
+	var forced []*member
+	if len(missing) > 1 {
+		plan := forcePlan(ref, byRole, stale)
+		rest := slices.DeleteFunc(slices.Clone(stale), func(m *member) bool { return slices.Contains(plan, m) })
+		if len(missing)-len(plan) > 1 {
+			err := fmt.Errorf("%w: roles %v of array %s have no current member; RAID-5 runs with at most one missing",
+				ErrTooManyMissing, missing, ref.ArrayUUID)
+			if len(stale) > 0 {
+				err = fmt.Errorf("%w; %w: %s (their events counters are behind, or the others record them as faulty: they missed writes)",
+					err, ErrStaleMember, describeMembers(stale))
+			}
+			if len(plan) > 0 {
+				err = fmt.Errorf("%w; Force could trust only %s, which stopped only when the array failed: not enough", err, describeMembers(plan))
+			}
+			return nil, err
+		}
+		fresh := describeMembers(presentMembers(byRole))
+		for _, m := range plan {
+			byRole[m.sb.Role] = m
+		}
+		if !opts.Force {
+			return nil, fmt.Errorf("%w: roles %v of array %s have no current member; %w: %s stopped only when the array failed (its own superblock records the array already degraded, so no write was acknowledged after it stopped); Force (serve --force) would trust its data with that of %s, give them all one events counter, mark the array dirty, %s and resync the stripes being written at the failure",
+				ErrTooManyMissing, missing, ref.ArrayUUID, ErrNeedsForce, describeMembers(plan), fresh, forceRest(missingRoles(byRole), rest))
+		}
+		log.Warn("raid: FORCED assembly of a failed array: trusting the data of members that stopped only when the array failed, as they were then; the stripes being written at the failure are resynced",
+			"array", ref.ArrayUUID, "forced", describeMembers(plan), "trusted", fresh, "array_events", ref.Events,
+			"then", forceRest(missingRoles(byRole), rest), "read_only", opts.ReadOnly)
+		forced, stale, missing = plan, rest, missingRoles(byRole)
+		// The forced members are current from now on, and every stripe being written when
+		// the array failed may be torn: the array is dirty (written below with one events
+		// counter on every member; read-only: in memory only).
+		for _, m := range append(presentMembers(byRole), stale...) {
+			m.sb.Dirty = true
 		}
 	}
-	if len(missing) > 1 {
-		return nil, fmt.Errorf("%w: roles %v of array %s have no member; RAID-5 runs with at most one missing",
-			ErrTooManyMissing, missing, ref.ArrayUUID)
+	// A stale member missed writes. It is left out, as md kicks a device that is not fresh,
+	// or taken as a fresh spare and rebuilt (RebuildStale; Force too: a forced array
+	// rebuilds what it cannot trust).
+	rebuilt := 0
+	var leftOut []*member
+	for _, m := range stale {
+		if opts.RebuildStale || len(forced) > 0 {
+			log.Warn("raid: stale member (missed writes): refusing its data; it becomes a fresh spare and is rebuilt",
+				"member", m.Name(), "role", m.sb.Role, "events", m.sb.Events, "array_events", ref.Events)
+			m.sb.Role = spareRole
+			spares = append(spares, m)
+			rebuilt++
+			continue
+		}
+		log.Warn("raid: stale member (missed writes while out of the array) left out; assembling without it (RebuildStale, serve --rebuild-stale, rebuilds it as a spare)",
+			"member", m.Name(), "role", m.sb.Role, "events", m.sb.Events, "array_events", ref.Events)
+		leftOut = append(leftOut, m)
 	}
 	for _, m := range append(byRole[:len(byRole):len(byRole)], spares...) {
 		if m != nil && m.Size() < ref.DataOffset+ref.DataSize {
@@ -548,8 +601,9 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		}
 		a.jr = newJournal(a, jm, jpath, jh)
 	}
+	dirty := ref.Dirty || len(forced) > 0
 	switch {
-	case ref.Dirty && a.jr != nil && !opts.ReadOnly:
+	case dirty && a.jr != nil && !opts.ReadOnly:
 		// Every stripe write since the last checkpoint is in the journal: replaying it
 		// completes each one, so parity matches data everywhere, degraded or not.
 		a.dirty.Store(true)
@@ -564,21 +618,22 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 				a.noteWriteHole()
 			}
 		}
-	case ref.Dirty:
+	case dirty:
 		a.unclean = true
 		a.dirty.Store(true)
 		a.resync = a.newResync(a.resumePoint(ref, opts.ReadOnly))
 		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent until the resync ends",
 			"array", ref.ArrayUUID, "regions", a.resync.count(), "of", len(a.resync.pending), "full", a.resync.full,
 			"resume_at", a.resync.from*ref.Chunk)
-		if len(missing) == 1 && !opts.ReadOnly {
+		if len(missing) == 1 {
+			// Read-only too: reads of the missing member's chunks use that parity.
 			a.noteWriteHole()
 		}
 	}
 	if a.bm != nil {
 		a.bm.hold(a.resync)
 	}
-	if len(missing) == 1 || stale > 0 {
+	if len(missing) == 1 || rebuilt > 0 || len(forced) > 0 {
 		if len(missing) == 1 {
 			log.Warn("raid: assembled degraded", "array", ref.ArrayUUID, "missing_role", missing[0], "spares", len(spares))
 		}
@@ -594,6 +649,9 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		}
 	}
 	assembled = true
+	for _, m := range leftOut {
+		m.Close() // not the array's: closed, so that it can be added back as a spare
+	}
 	a.startJournal()
 	a.start()
 	return a, nil
@@ -884,4 +942,103 @@ func behind(sb, ref *superblock) bool {
 	}
 	torn := sb.Events+1 == ref.Events && sb.Role >= 0 && sb.Role < len(ref.States) && ref.States[sb.Role] != roleFaulty
 	return !torn
+}
+
+// missingRoles returns the roles with no member in byRole, or only one being rebuilt.
+func missingRoles(byRole []*member) []int {
+	var missing []int
+	for r, m := range byRole {
+		if m == nil || m.rebuilding.Load() {
+			missing = append(missing, r)
+		}
+	}
+	return missing
+}
+
+// presentMembers returns the members of byRole that hold their role (not being rebuilt).
+func presentMembers(byRole []*member) []*member {
+	var ms []*member
+	for _, m := range byRole {
+		if m != nil && !m.rebuilding.Load() {
+			ms = append(ms, m)
+		}
+	}
+	return ms
+}
+
+// forcePlan returns the stale members that AssembleOptions.Force may put back into their
+// roles, at most one per role (the one with the highest events counter): for each role that
+// the freshest superblock ref records as faulty and no member of byRole holds, a member of
+// that role that failedWithArray.
+func forcePlan(ref *superblock, byRole []*member, stale []*member) []*member {
+	var plan []*member
+	for r, holder := range byRole {
+		if holder != nil || ref.States[r] != roleFaulty {
+			continue
+		}
+		var best *member
+		for _, m := range stale {
+			if m.sb.Role == r && failedWithArray(m.sb, ref) && (best == nil || m.sb.Events > best.sb.Events) {
+				best = m
+			}
+		}
+		if best != nil {
+			plan = append(plan, best)
+		}
+	}
+	return plan
+}
+
+// failedWithArray reports whether the member whose superblock is sb stopped only once the array
+// had failed, so that its data holds every write the array acknowledged. sb is the last
+// superblock update it received; the next one, which it missed, is the one that recorded it
+// faulty (a member misses a superblock update only by failing, or by being absent from an
+// assembly, which records it faulty the same way). If sb already records another
+// role faulty, the member's failure was the array's second loss: from then on every write was
+// refused (ErrArrayFailed), so nothing was written without it. Its history must agree with
+// ref's: every role it records faulty is faulty in ref, and no role was being rebuilt (a
+// partly rebuilt role still serves the stripes below its checkpoint, so the array took writes
+// there after this member had stopped).
+func failedWithArray(sb, ref *superblock) bool {
+	lost := 0
+	for r := range sb.Members {
+		switch {
+		case r == sb.Role:
+			if sb.States[r] != roleActive {
+				return false
+			}
+		case sb.States[r] == roleRebuilding:
+			return false
+		case sb.States[r] == roleFaulty:
+			if ref.States[r] != roleFaulty {
+				return false
+			}
+			lost++
+		}
+	}
+	return lost > 0
+}
+
+// describeMembers lists members for a log line or an error: "PATH (role R, events E), ...".
+func describeMembers(ms []*member) string {
+	if len(ms) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(ms))
+	for i, m := range ms {
+		parts[i] = fmt.Sprintf("%s (role %d, events %d)", m.Name(), m.sb.Role, m.sb.Events)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// forceRest says what a forced assembly does about the roles still missing after it: rebuild
+// the stale members given (rest) as spares, or run degraded.
+func forceRest(missing []int, rest []*member) string {
+	switch {
+	case len(rest) > 0:
+		return "rebuild " + describeMembers(rest) + " from them as a fresh spare"
+	case len(missing) > 0:
+		return fmt.Sprintf("run degraded without role %v (add a spare to rebuild it)", missing)
+	}
+	return "run with every role"
 }

@@ -80,12 +80,21 @@ var (
 	ErrForeignMember = errors.New("raid: member belongs to another array")
 	// ErrDuplicateRole is returned by Assemble when two members claim the same role.
 	ErrDuplicateRole = errors.New("raid: two members claim the same role")
-	// ErrStaleMember is returned by Assemble for a member whose events counter is behind the
-	// others': it missed writes while it was out of the array and needs a rebuild.
+	// ErrStaleMember is returned by Assemble, with ErrTooManyMissing, when members whose events
+	// counter is behind the others' (or whom the others record as faulty) were left out and
+	// too few were left: they missed writes while out of the array and need a rebuild. A stale
+	// member that the array can do without is left out (or, with RebuildStale, rebuilt), not
+	// refused.
 	ErrStaleMember = errors.New("raid: member is stale (missed writes)")
 	// ErrTooManyMissing is returned by Assemble when two or more roles have no member: RAID-5
-	// survives the loss of one member only.
+	// survives the loss of one member only. Wrapped with ErrStaleMember when members given
+	// were left out as stale, and with ErrNeedsForce when Force would assemble it.
 	ErrTooManyMissing = errors.New("raid: too many members missing")
+	// ErrNeedsForce is returned by Assemble, with ErrTooManyMissing, for a failed array that
+	// AssembleOptions.Force (serve --force) can bring back: members the others record as
+	// faulty stopped only when the array failed, so their data holds every acknowledged
+	// write. The message names them and says what Force would do.
+	ErrNeedsForce = errors.New("raid: the array failed; it can be assembled with Force")
 	// ErrGeometry is returned by Assemble for a member whose superblock disagrees with the
 	// others on the geometry (level, layout, chunk, member count, data offset or size).
 	ErrGeometry = errors.New("raid: members disagree on the array geometry")

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -169,8 +170,18 @@ func TestWriteFailure(t *testing.T) {
 			for _, m := range ms {
 				m.Reopen()
 			}
-			if _, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{}); !errors.Is(err, raid.ErrStaleMember) {
-				t.Fatalf("assemble with the faulty member: %v; want ErrStaleMember", err)
+			// Given with the others, the faulty member is left out as stale (and closed).
+			all, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{})
+			if err != nil {
+				t.Fatalf("assemble with the faulty member: %v", err)
+			}
+			if st := all.Status(); st.State != raid.StateDegraded || len(st.Members) != 3 || !slices.Equal(st.Missing, []int{bad}) {
+				t.Fatalf("assembled with the faulty member: %v, missing %v, members %+v; want it left out", st.State, st.Missing, st.Members)
+			}
+			compareArray(t, all, model)
+			all.Close()
+			for _, m := range ms {
+				m.Reopen()
 			}
 			rest := append(asMembers(ms[:bad:bad]), asMembers(ms[bad+1:])...)
 			a2, err := raid.AssembleMembers(rest, raid.AssembleOptions{})
@@ -459,12 +470,22 @@ func TestRebuildResume(t *testing.T) {
 	}
 	checkMembers(t, []string{paths[0], spare, paths[2]}, rep.Layout, model, -1)
 
-	// The old member of role 1 is stale.
+	// The old member of role 1 is stale, superseded by the spare: left out (as a
+	// configuration file listing every path assembles), or taken as a spare.
 	all := []string{paths[0], paths[1], paths[2], spare}
-	if _, err := raid.Assemble(all, raid.AssembleOptions{}); !errors.Is(err, raid.ErrStaleMember) {
-		t.Fatalf("assemble with the stale member: %v; want ErrStaleMember", err)
-	}
 	var logs recorder
+	a, err = raid.Assemble(all, raid.AssembleOptions{Logger: slog.New(&logs)})
+	if err != nil {
+		t.Fatalf("assemble with the stale member: %v", err)
+	}
+	if st := a.Status(); st.State != raid.StateClean || len(st.Members) != 3 || logs.count(slog.LevelWarn) == 0 {
+		t.Fatalf("with the stale member: %v, members %+v, %d warnings; want it left out, and said", st.State, st.Members, logs.count(slog.LevelWarn))
+	}
+	compareArray(t, a, model)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	logs = recorder{}
 	a, err = raid.Assemble(all, raid.AssembleOptions{RebuildStale: true, Logger: slog.New(&logs)})
 	if err != nil {
 		t.Fatal(err)

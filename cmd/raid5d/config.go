@@ -44,9 +44,10 @@ func isPathKey(name string) bool {
 }
 
 // notConfigKey reports whether a serve flag has no configuration key: the flags about the
-// configuration file itself, and a one-off recovery that must not stay set in a file.
+// configuration file itself, and the one-off recoveries that must not stay set in a file
+// (--force left in a file would force every later failure through without a decision).
 func notConfigKey(name string) bool {
-	return name == "config" || name == "print-config" || name == "skip-corrupt-journal"
+	return name == "config" || name == "print-config" || name == "skip-corrupt-journal" || name == "force"
 }
 
 // settingSource says where an effective setting came from, for --print-config.

@@ -116,7 +116,10 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		"Refused if it is a member's own file or device")
 	skipCorruptJournal := fs.Bool("skip-corrupt-journal", false, "assemble an array whose write journal is refused as corrupt: replay none of it, discard it and\n"+
 		"recompute all parity from the members' data (a full resync); flushed writes are kept. One-off: not a configuration key")
-	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being refused")
+	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being left out")
+	force := fs.Bool("force", false, "assemble a failed array from the members that stopped only when it failed (as mdadm --assemble\n"+
+		"--force): the log says which it trusts; they get one events counter, the array is marked dirty and\n"+
+		"resynced, stale members are rebuilt. With --read-only nothing is written. One-off: not a configuration key")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
 	members, err := parseFlags(fs, args)
@@ -193,6 +196,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		ReadOnly:     *readOnly,
 		Logger:       log,
 		RebuildStale: *rebuildStale,
+		Force:        *force,
 		JournalPath:  journalPath,
 		IOOptions: raid.IOOptions{
 			StablePages:    *stablePages,

@@ -1,0 +1,278 @@
+package raid_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/raidtest"
+)
+
+// attrLog is a slog.Handler that keeps every record's message and attributes (as text).
+type attrLog struct {
+	mu   sync.Mutex
+	recs []map[string]string
+}
+
+func (l *attrLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *attrLog) Handle(_ context.Context, rec slog.Record) error {
+	m := map[string]string{"msg": rec.Message, "level": rec.Level.String()}
+	rec.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	l.mu.Lock()
+	l.recs = append(l.recs, m)
+	l.mu.Unlock()
+	return nil
+}
+func (l *attrLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *attrLog) WithGroup(string) slog.Handler      { return l }
+
+// with returns the records that have attribute key.
+func (l *attrLog) with(key string) []map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]string
+	for _, r := range l.recs {
+		if _, ok := r[key]; ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// twoFailures builds the failure of issue 13 item 6 on four in-memory members: role 0 fails a
+// write (ENOSPC, say) and the array goes on degraded, taking writes that rewrite the whole
+// array — role 0 misses them all — and a FLUSH; then role 1 fails a write too (the same
+// full filesystem) and the array fails. It returns the members (closed), the model of every
+// flushed byte, and the range [foff, foff+fn) of the write that failed the array (never
+// acknowledged: it may hold anything).
+func twoFailures(t *testing.T, io raid.IOOptions) (ms []*raidtest.Mem, model []byte, foff, fn int64) {
+	t.Helper()
+	const chunks = 64
+	a, fs, ms, model := faultyArray(t, 4, chunks, raid.AssembleOptions{IOOptions: io})
+	l := a.Layout()
+	rng := newRand(13)
+	fs[0].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
+	for off := int64(0); off < int64(len(model)); off += 3 * testChunk / 2 { // partial and whole stripes
+		n := min(3*testChunk/2, int64(len(model))-off)
+		fill(rng, model[off:off+n])
+		if _, err := a.WriteAt(model[off:off+n], off); err != nil {
+			t.Fatalf("degraded write at %d: %v", off, err)
+		}
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Status(); st.State != raid.StateDegraded || !slices.Equal(st.Missing, []int{0}) {
+		t.Fatalf("after role 0 failed: %v, missing %v", st.State, st.Missing)
+	}
+	fs[1].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
+	foff, fn = 5*l.StripeSize(), l.StripeSize()
+	if _, err := a.WriteAtFUA(bytes.Repeat([]byte{0xEE}, int(fn)), foff); !errors.Is(err, raid.ErrArrayFailed) {
+		t.Fatalf("write that fails role 1 too: %v; want ErrArrayFailed", err)
+	}
+	if st := a.Status(); st.State != raid.StateFailed {
+		t.Fatalf("after two failures: %v", st.State)
+	}
+	a.Close()
+	for _, m := range ms {
+		m.Reopen()
+	}
+	return ms, model, foff, fn
+}
+
+// compareExcept compares every byte of a with model but [skip, skip+n).
+func compareExcept(t *testing.T, a *raid.Array, model []byte, skip, n int64) {
+	t.Helper()
+	got := make([]byte, len(model))
+	if _, err := a.ReadAt(got, 0); err != nil {
+		t.Fatalf("read of the whole array: %v", err)
+	}
+	copy(got[skip:skip+n], model[skip:skip+n])
+	if i := firstDiff(got, model); i < len(model) {
+		t.Fatalf("array differs from the flushed data at byte %d (of %d)", i, len(model))
+	}
+}
+
+// TestForceAssemble (issue 13 item 6): after a two-member failure that lost nothing, Assemble
+// refuses with ErrNeedsForce (and ErrTooManyMissing), writing nothing; with Force it trusts
+// role 1 — which stopped only when the array failed — with roles 2 and 3, and rebuilds role 0,
+// which missed every write since it failed, from them; every flushed byte reads back, before
+// and after the rebuild and resync, and afterwards every stripe's parity is right.
+func TestForceAssemble(t *testing.T) {
+	for _, mode := range cacheModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			ms, model, foff, fn := twoFailures(t, mode.io)
+			before := make([][]byte, len(ms))
+			for i, m := range ms {
+				before[i] = bytes.Clone(m.Bytes())
+			}
+			_, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{})
+			if !errors.Is(err, raid.ErrNeedsForce) || !errors.Is(err, raid.ErrTooManyMissing) {
+				t.Fatalf("assemble without Force: %v; want ErrNeedsForce and ErrTooManyMissing", err)
+			}
+			t.Log(err)
+			for i, m := range ms {
+				if !bytes.Equal(before[i], m.Bytes()) {
+					t.Fatalf("the refused assembly wrote member %d", i)
+				}
+			}
+			// RebuildStale alone does not force anything either.
+			if _, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{RebuildStale: true}); !errors.Is(err, raid.ErrNeedsForce) {
+				t.Fatalf("assemble with RebuildStale: %v; want ErrNeedsForce", err)
+			}
+
+			var logs attrLog
+			opts := raid.AssembleOptions{Force: true, Logger: slog.New(&logs), IOOptions: mode.io}
+			opts.SyncSpeedMin, opts.SyncSpeedMax = fastSync.SyncSpeedMin, fastSync.SyncSpeedMax
+			a, err := raid.AssembleMembers(asMembers(ms), opts)
+			if err != nil {
+				t.Fatalf("assemble with Force: %v", err)
+			}
+			defer a.Close()
+			compareExcept(t, a, model, foff, fn)
+			forced := logs.with("forced")
+			if len(forced) != 1 || !strings.Contains(forced[0]["forced"], ms[1].Name()+" (role 1, events ") ||
+				!strings.Contains(forced[0]["trusted"], ms[2].Name()) || !strings.Contains(forced[0]["trusted"], ms[3].Name()) ||
+				strings.Contains(forced[0]["trusted"], ms[0].Name()) || !strings.Contains(forced[0]["then"], ms[0].Name()) {
+				t.Fatalf("the forced assembly's log: %v; want it to name what it trusts and what it rebuilds", forced)
+			}
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				st := a.Status()
+				if st.State == raid.StateActive && st.Sync == nil && !st.Unclean && st.LastRebuild != nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no rebuild and resync after the forced assembly: %+v", st)
+				}
+			}
+			compareExcept(t, a, model, foff, fn)
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				m.Reopen()
+			}
+			if bad := inconsistent(t, asMembers(ms), a.Layout()); len(bad) != 0 {
+				t.Fatalf("stripes %v have wrong parity after the rebuild and resync", bad)
+			}
+			b, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{})
+			if err != nil {
+				t.Fatalf("assemble after the forced one: %v", err)
+			}
+			defer b.Close()
+			if st := b.Status(); st.State != raid.StateClean || len(st.Members) != 4 {
+				t.Fatalf("after the forced assembly and a clean stop: %v, members %+v", st.State, st.Members)
+			}
+			compareExcept(t, b, model, foff, fn)
+		})
+	}
+}
+
+// TestForceAssembleReadOnly: Force with ReadOnly serves the forced array without writing a
+// byte: every flushed byte reads back (degraded, role 0 left out), the write hole of the
+// stripes being written at the failure is reported, and the members are as they were.
+func TestForceAssembleReadOnly(t *testing.T) {
+	ms, model, foff, fn := twoFailures(t, raid.IOOptions{StripeCache: -1})
+	before := make([][]byte, len(ms))
+	for i, m := range ms {
+		before[i] = bytes.Clone(m.Bytes())
+	}
+	a, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{Force: true, ReadOnly: true})
+	if err != nil {
+		t.Fatalf("assemble with Force, read-only: %v", err)
+	}
+	st := a.Status()
+	if st.State != raid.StateDegraded || !slices.Equal(st.Missing, []int{0}) || !st.WriteHole || !st.ReadOnly {
+		t.Fatalf("forced read-only: %v, missing %v, write hole %v, read-only %v", st.State, st.Missing, st.WriteHole, st.ReadOnly)
+	}
+	compareExcept(t, a, model, foff, fn)
+	a.Close()
+	for i, m := range ms {
+		if !bytes.Equal(before[i], m.Bytes()) {
+			t.Fatalf("the read-only forced assembly wrote member %d", i)
+		}
+	}
+}
+
+// TestForceRefusals: Force trusts only members that stopped with the array. Role 0, which
+// failed while the array still had every role (it missed the writes taken degraded), is
+// never forced, nor is a member whose role another member holds or is being rebuilt into.
+func TestForceRefusals(t *testing.T) {
+	t.Run("first failure only", func(t *testing.T) {
+		ms, _, _, _ := twoFailures(t, raid.IOOptions{StripeCache: -1})
+		_, err := raid.AssembleMembers([]raid.Member{ms[0], ms[2], ms[3]}, raid.AssembleOptions{Force: true})
+		if !errors.Is(err, raid.ErrTooManyMissing) || !errors.Is(err, raid.ErrStaleMember) || errors.Is(err, raid.ErrNeedsForce) {
+			t.Fatalf("Force with the first member to fail: %v; want ErrTooManyMissing, ErrStaleMember, not ErrNeedsForce", err)
+		}
+	})
+	t.Run("role being rebuilt", func(t *testing.T) {
+		const chunks = 64
+		a, fs, ms, _ := faultyArray(t, 4, chunks, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1, SyncSpeedMin: 1 << 16, SyncSpeedMax: 1 << 16}})
+		spare := raidtest.NewMem("spare", raid.DataOffset+chunks*testChunk)
+		if err := a.AddSpareMember(spare); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Fail("0"); err != nil { // the spare starts rebuilding into role 0, slowly
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); a.Status().Sync == nil; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no rebuild started")
+			}
+		}
+		fs[1].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
+		a.WriteAtFUA(bytes.Repeat([]byte{1}, int(a.Layout().StripeSize())), 40*a.Layout().StripeSize())
+		if st := a.Status(); len(st.Missing) < 2 {
+			t.Fatalf("role 1 did not fail: %+v", st)
+		}
+		a.Close()
+		for _, m := range append(ms, spare) {
+			m.Reopen()
+		}
+		_, err := raid.AssembleMembers(append(asMembers(ms), spare), raid.AssembleOptions{Force: true})
+		if !errors.Is(err, raid.ErrTooManyMissing) || errors.Is(err, raid.ErrNeedsForce) {
+			t.Fatalf("Force while role 0 was being rebuilt: %v; want ErrTooManyMissing, not ErrNeedsForce", err)
+		}
+		t.Log(err)
+	})
+}
+
+// TestWriteHoleReadOnly (issue 13 item 11): a dirty array assembled degraded and read-only
+// reports the write hole as a read-write assembly does (Status.WriteHole, an error logged):
+// reads of the missing member's chunks use parity that may not match.
+func TestWriteHoleReadOnly(t *testing.T) {
+	ms := createMem(t, "w", 3)
+	a, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteAt([]byte("dirty"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// A crash: the members as they are now, superblocks dirty.
+	crashed := []*raidtest.Mem{clone(ms[0], "w0"), clone(ms[2], "w2")}
+	a.Close()
+	for _, ro := range []bool{false, true} {
+		t.Run(fmt.Sprintf("read-only=%v", ro), func(t *testing.T) {
+			c := []*raidtest.Mem{clone(crashed[0], "w0"), clone(crashed[1], "w2")}
+			var logs recorder
+			b, err := raid.AssembleMembers(asMembers(c), raid.AssembleOptions{ReadOnly: ro, Logger: slog.New(&logs)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if st := b.Status(); !st.WriteHole || !st.Unclean || st.State != raid.StateDegraded || logs.count(slog.LevelError) == 0 {
+				t.Fatalf("dirty and degraded: write hole %v, unclean %v, %v, %d errors logged", st.WriteHole, st.Unclean, st.State, logs.count(slog.LevelError))
+			}
+		})
+	}
+}
