@@ -114,9 +114,29 @@
 // is issued), a member marked faulty, a spare added or removed, a rebuild started, its
 // checkpoints and its end, and Close (dirty → clean). All working members therefore carry the
 // same count; a member that shows a lower one, or whose role the others record as faulty, was
-// out of the array while it changed, and Assemble refuses it as stale (ErrStaleMember) — or,
-// with AssembleOptions.RebuildStale, takes it as a fresh spare and rebuilds it; the log says
-// which.
+// out of the array while it changed (stale). Assemble leaves it out (closed), as md kicks a
+// device that is not fresh, and assembles the array without it if it can — degraded, or whole
+// if a spare took its role over — or, with AssembleOptions.RebuildStale, takes it as a fresh
+// spare and rebuilds it; the log says which. If too few members are left, Assemble refuses
+// with ErrTooManyMissing (and ErrStaleMember when stale members were given).
+//
+// A failed array — two roles without a current member — can often be brought back whole
+// (AssembleOptions.Force, serve --force, like mdadm --assemble --force). A member misses a
+// superblock update only by failing (or being absent from an assembly, which records it the
+// same way), so its own superblock shows the array as it was when it stopped. If that
+// already records another role faulty (none rebuilding, and agreeing with the freshest
+// superblock), its failure was the array's second loss: every later write was refused
+// (ErrArrayFailed), so its data holds every acknowledged write. Force trusts such members
+// with the fresh ones, gives them all one events counter, marks the array dirty and rebuilds
+// the stale members (the first to fail: it missed the writes taken degraded) as fresh spares;
+// the resync that follows a dirty assembly then fixes the stripes being written at the
+// failure (with the journal policy, the replay does). The WARN log line "FORCED assembly"
+// names every member trusted, forced and rebuilt, with its events counter. Never trusted: a
+// member that failed while the array had every role, one whose role another member holds or
+// is being rebuilt into. Without Force, Assemble refuses with ErrNeedsForce (and
+// ErrTooManyMissing), saying what Force would do; Force with ReadOnly writes nothing.
+// Trusting the first member to fail instead, as "XOR every member and recompute parity"
+// would, loses what was written degraded (TestForceAssemble fails so).
 //
 // The write-intent bitmap is the same on every member of a role: bit r (byte r/8, bit r%8,
 // least significant first) set means stripes [r×R, (r+1)×R) — R the region in stripes — may
@@ -486,8 +506,12 @@
 //     its failure (a hung member) can land after that, over what the rebuild wrote there.
 //   - In a failed array, dirty cached data that cannot be written out stays in the cache
 //     (readable) until Close, and is then lost.
-//   - A crash in the middle of a superblock update can leave members one event apart; Assemble
-//     then refuses the one behind as stale, and the array must be assembled without it.
+//   - A crash in the middle of a superblock update can leave members one event apart; the one
+//     behind is accepted if the others still call it working, else left out as stale.
+//   - A forced assembly (Force) rebuilds the first member to fail from the others while the
+//     array is dirty: stripes being written when the array failed may be torn, and that
+//     member's chunks rebuilt from them may be wrong (the write hole; Status.WriteHole). A
+//     rebuild writes every chunk, holes included, so a sparse member grows to its full size.
 //   - The counters are plain atomics shared by all goroutines, not sharded.
 //   - A journal record damaged after it was synced is told from a record torn by the crash
 //     only by a later group's record (# Crash consistency). A damaged record in the last
