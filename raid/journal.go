@@ -769,12 +769,10 @@ func (j *journal) stopRun() { j.stopOnce.Do(func() { close(j.stop) }) }
 // A replay, and why a damaged record must stop it loudly.
 //
 // Records are written in sequence-number order, a group at a time (one write, one sync), and
-// a record's member writes are issued only once its group is durable. Two records of one
-// stripe are never in one group: the second is logged under the stripe's lock, after the
-// first's member writes. So at a crash the journal holds, from its tail: groups that were
-// durable (their member writes done, in flight or not yet issued), then perhaps one group
-// that was being written — torn, any of its pages missing — none of whose member writes was
-// issued. A replay rewrites every record from the tail, in order, up to the first that is
+// a record's member writes are issued only once its group is durable. So at a crash the
+// journal holds, from its tail: groups that were durable (their member writes done, in
+// flight or not yet issued), then perhaps one group that was being written — torn, any of
+// its pages missing — none of whose member writes was issued. A replay rewrites every record from the tail, in order, up to the first that is
 // not valid: in the torn group that is safe, as no member holds anything newer than the
 // records before it.
 //
@@ -788,7 +786,8 @@ func (j *journal) stopRun() { j.stopOnce.Do(func() { close(j.stop) }) }
 // writing anything. Past the end the scan looks at every page (the damaged record's length
 // may be unknown); a page counts only if its header checksum, the array's UUID and its
 // position (which changes with every lap of the ring) are right, so records of earlier laps
-// and the leftovers of an earlier replay never count.
+// never count; whole records left past the end of an earlier replay carry numbers, and so
+// commit points, below those used since (replay skips ahead), and never count either.
 //
 // What the journal cannot tell: a record of the last group written, damaged after that
 // group was synced, looks like a torn write (no later group vouches for it), and ends the
