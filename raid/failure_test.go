@@ -448,8 +448,9 @@ func TestRebuildResume(t *testing.T) {
 	}
 	var last *raid.Progress
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		// The member is active a moment before the job ends and records LastRebuild.
 		st := a.Status()
-		if st.State == raid.StateClean || st.State == raid.StateActive {
+		if (st.State == raid.StateClean || st.State == raid.StateActive) && st.Sync == nil {
 			last = st.LastRebuild
 			break
 		}
