@@ -827,6 +827,9 @@ type Report struct {
 	Members    []ExaminedMember // one per path, in the order given
 	Missing    []int            // roles with no usable (present, current) member
 	Stale      []string         // paths of members whose events counter is behind
+	// Forceable: the array has failed, and these stale members stopped only when it did;
+	// AssembleOptions.Force (serve --force) would trust them (the decision Assemble makes).
+	Forceable []string
 	// Consistency is the crash-consistency policy (ConsistencyBitmap, ConsistencyNone or
 	// ConsistencyJournal); JournalPath where the superblocks say the journal is.
 	Consistency string
@@ -894,6 +897,9 @@ func Examine(paths []string) (*Report, error) {
 		rep.Consistency = ConsistencyNone
 	}
 	present := make([]bool, ref.Members)
+	holders := make([]*member, ref.Members) // for forcePlan: superblocks only
+	var stale []*member
+	pathOf := map[*member]string{}
 	for i, sb := range byPath {
 		em := &rep.Members[i]
 		switch {
@@ -906,14 +912,23 @@ func Examine(paths []string) (*Report, error) {
 		case behind(sb, ref) || ref.States[sb.Role] == roleFaulty:
 			em.Stale = true
 			rep.Stale = append(rep.Stale, em.Path)
+			m := &member{sb: sb}
+			stale, pathOf[m] = append(stale, m), em.Path
 		case ref.States[sb.Role] == roleRebuilding:
+			holders[sb.Role] = &member{sb: sb}
 		default:
 			present[sb.Role] = true
+			holders[sb.Role] = &member{sb: sb}
 		}
 	}
 	for r, ok := range present {
 		if !ok {
 			rep.Missing = append(rep.Missing, r)
+		}
+	}
+	if plan := forcePlan(ref, holders, stale); len(rep.Missing) > 1 && len(rep.Missing)-len(plan) <= 1 {
+		for _, m := range plan {
+			rep.Forceable = append(rep.Forceable, pathOf[m])
 		}
 	}
 	switch {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -274,5 +276,28 @@ func TestWriteHoleReadOnly(t *testing.T) {
 				t.Fatalf("dirty and degraded: write hole %v, unclean %v, %v, %d errors logged", st.WriteHole, st.Unclean, st.State, logs.count(slog.LevelError))
 			}
 		})
+	}
+}
+
+// TestExamineForceable: Examine of a failed array that Force can bring back names the members
+// Force would trust, as Assemble decides (offline status shows it); of the first member to
+// fail alone with the fresh ones, none.
+func TestExamineForceable(t *testing.T) {
+	ms, _, _, _ := twoFailures(t, raid.IOOptions{StripeCache: -1})
+	dir := t.TempDir()
+	paths := make([]string, len(ms))
+	for i, m := range ms {
+		paths[i] = filepath.Join(dir, fmt.Sprintf("m%d.img", i))
+		if err := os.WriteFile(paths[i], m.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := raid.Examine(paths)
+	if err != nil || rep.State != raid.StateFailed || !slices.Equal(rep.Forceable, []string{paths[1]}) {
+		t.Fatalf("Examine of the failed array: %v, %v, forceable %v; want failed, %s forceable", err, rep.State, rep.Forceable, paths[1])
+	}
+	rep, err = raid.Examine([]string{paths[0], paths[2], paths[3]})
+	if err != nil || rep.State != raid.StateFailed || len(rep.Forceable) != 0 {
+		t.Fatalf("Examine without role 1: %v, %v, forceable %v; want failed, none forceable", err, rep.State, rep.Forceable)
 	}
 }

@@ -106,6 +106,11 @@ func TestForceAfterENOSPC(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Offline status says the array failed and that serve --force can assemble it.
+	if out, err := runToolErr(raid5dBin, append([]string{"status"}, a.members...)...); err == nil ||
+		!strings.Contains(out, "failed") || !strings.Contains(out, "serve --force can assemble it") {
+		t.Errorf("offline status of the failed array: %v; want failed, naming serve --force\n%s", err, out)
+	}
 	// Without --force: refused, saying what --force would do; nothing is written.
 	var sums [][32]byte
 	for _, m := range a.members {

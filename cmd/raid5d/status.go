@@ -206,6 +206,9 @@ func printReport(w io.Writer, rep *raid.Report) {
 
 func stateNote(rep *raid.Report) string {
 	switch {
+	case rep.Failed() && len(rep.Forceable) > 0:
+		return fmt.Sprintf(" (%d members missing; %s stopped only when the array failed: serve --force can assemble it, see what serve says it would do)",
+			len(rep.Missing), strings.Join(rep.Forceable, ", "))
 	case rep.Failed():
 		return fmt.Sprintf(" (%d members missing: the data cannot be served)", len(rep.Missing))
 	case rep.Degraded():
