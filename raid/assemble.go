@@ -1010,10 +1010,11 @@ func forcePlan(ref *superblock, byRole []*member, stale []*member) []*member {
 // faulty (a member misses a superblock update only by failing, or by being absent from an
 // assembly, which records it faulty the same way). If sb already records another
 // role faulty, the member's failure was the array's second loss: from then on every write was
-// refused (ErrArrayFailed), so nothing was written without it. Its history must agree with
-// ref's: every role it records faulty is faulty in ref, and no role was being rebuilt (a
-// partly rebuilt role still serves the stripes below its checkpoint, so the array took writes
-// there after this member had stopped).
+// refused (ErrArrayFailed), so nothing was written without it. A role it records as being
+// rebuilt counts as lost too (lostRoles: losing a member during a rebuild fails the array, so
+// the array took no writes after it; raid5d before that rule kept writing the stripes below
+// the rebuild's position). Its history must agree with ref's: every role it records faulty is
+// faulty in ref, and every role it records rebuilding is still rebuilding (or faulty) in ref.
 func failedWithArray(sb, ref *superblock) bool {
 	lost := 0
 	for r := range sb.Members {
@@ -1023,7 +1024,10 @@ func failedWithArray(sb, ref *superblock) bool {
 				return false
 			}
 		case sb.States[r] == roleRebuilding:
-			return false
+			if ref.States[r] == roleActive {
+				return false
+			}
+			lost++
 		case sb.States[r] == roleFaulty:
 			if ref.States[r] != roleFaulty {
 				return false

@@ -124,8 +124,9 @@
 // (AssembleOptions.Force, serve --force, like mdadm --assemble --force). A member misses a
 // superblock update only by failing (or being absent from an assembly, which records it the
 // same way), so its own superblock shows the array as it was when it stopped. If that
-// already records another role faulty (none rebuilding, and agreeing with the freshest
-// superblock), its failure was the array's second loss: every later write was refused
+// already records another role faulty or rebuilding (agreeing with the freshest superblock:
+// a role being rebuilt counts as lost, see # Failure and rebuild), its failure was the
+// array's second loss: every later write was refused
 // (ErrArrayFailed), so its data holds every acknowledged write. Force trusts such members
 // with the fresh ones, gives them all one events counter, marks the array dirty and rebuilds
 // the stale members (the first to fail: it missed the writes taken degraded) as fresh spares;

@@ -207,45 +207,72 @@ func TestForceAssembleReadOnly(t *testing.T) {
 
 // TestForceRefusals: Force trusts only members that stopped with the array. Role 0, which
 // failed while the array still had every role (it missed the writes taken degraded), is
-// never forced, nor is a member whose role another member holds or is being rebuilt into.
+// never forced.
 func TestForceRefusals(t *testing.T) {
-	t.Run("first failure only", func(t *testing.T) {
-		ms, _, _, _ := twoFailures(t, raid.IOOptions{StripeCache: -1})
-		_, err := raid.AssembleMembers([]raid.Member{ms[0], ms[2], ms[3]}, raid.AssembleOptions{Force: true})
-		if !errors.Is(err, raid.ErrTooManyMissing) || !errors.Is(err, raid.ErrStaleMember) || errors.Is(err, raid.ErrNeedsForce) {
-			t.Fatalf("Force with the first member to fail: %v; want ErrTooManyMissing, ErrStaleMember, not ErrNeedsForce", err)
+	ms, _, _, _ := twoFailures(t, raid.IOOptions{StripeCache: -1})
+	_, err := raid.AssembleMembers([]raid.Member{ms[0], ms[2], ms[3]}, raid.AssembleOptions{Force: true})
+	if !errors.Is(err, raid.ErrTooManyMissing) || !errors.Is(err, raid.ErrStaleMember) || errors.Is(err, raid.ErrNeedsForce) {
+		t.Fatalf("Force with the first member to fail: %v; want ErrTooManyMissing, ErrStaleMember, not ErrNeedsForce", err)
+	}
+}
+
+// TestForceDuringRebuild: a member that fails while another role is being rebuilt fails the
+// array (the role being rebuilt counts as lost), so the array takes no write after it and
+// Force may trust it: the assembly resumes the rebuild onto the spare, and every byte but
+// those of the write that failed reads back, with every stripe's parity right after the
+// rebuild and resync.
+func TestForceDuringRebuild(t *testing.T) {
+	const chunks = 64
+	a, fs, ms, model := faultyArray(t, 4, chunks, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1, SyncSpeedMin: 1 << 16, SyncSpeedMax: 1 << 16}})
+	spare := raidtest.NewMem("spare", raid.DataOffset+chunks*testChunk)
+	if err := a.AddSpareMember(spare); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Fail("0"); err != nil { // the spare starts rebuilding into role 0, slowly
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); a.Status().Sync == nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no rebuild started")
 		}
-	})
-	t.Run("role being rebuilt", func(t *testing.T) {
-		const chunks = 64
-		a, fs, ms, _ := faultyArray(t, 4, chunks, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1, SyncSpeedMin: 1 << 16, SyncSpeedMax: 1 << 16}})
-		spare := raidtest.NewMem("spare", raid.DataOffset+chunks*testChunk)
-		if err := a.AddSpareMember(spare); err != nil {
-			t.Fatal(err)
+	}
+	fs[1].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
+	S := a.Layout().StripeSize()
+	if _, err := a.WriteAtFUA(bytes.Repeat([]byte{1}, int(S)), 40*S); !errors.Is(err, raid.ErrArrayFailed) {
+		t.Fatalf("the write that fails role 1 during the rebuild of role 0: %v, want ErrArrayFailed", err)
+	}
+	if st := a.Status(); st.State != raid.StateFailed {
+		t.Fatalf("role 1 failed during the rebuild of role 0: %v, %+v", st.State, st.Members)
+	}
+	a.Close()
+	for _, m := range append(ms, spare) {
+		m.Reopen()
+	}
+	b, err := raid.AssembleMembers(append(asMembers(ms), spare), raid.AssembleOptions{Force: true, IOOptions: fastSync})
+	if err != nil {
+		t.Fatalf("Force after a failure during a rebuild: %v", err)
+	}
+	defer b.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st := b.Status()
+		if st.State == raid.StateActive && st.Sync == nil && !st.Unclean && len(st.Missing) == 0 {
+			break
 		}
-		if err := a.Fail("0"); err != nil { // the spare starts rebuilding into role 0, slowly
-			t.Fatal(err)
+		if time.Now().After(deadline) {
+			t.Fatalf("no rebuild and resync after the forced assembly: %+v", st)
 		}
-		for deadline := time.Now().Add(10 * time.Second); a.Status().Sync == nil; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("no rebuild started")
-			}
-		}
-		fs[1].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
-		a.WriteAtFUA(bytes.Repeat([]byte{1}, int(a.Layout().StripeSize())), 40*a.Layout().StripeSize())
-		if st := a.Status(); len(st.Missing) < 2 {
-			t.Fatalf("role 1 did not fail: %+v", st)
-		}
-		a.Close()
-		for _, m := range append(ms, spare) {
-			m.Reopen()
-		}
-		_, err := raid.AssembleMembers(append(asMembers(ms), spare), raid.AssembleOptions{Force: true})
-		if !errors.Is(err, raid.ErrTooManyMissing) || errors.Is(err, raid.ErrNeedsForce) {
-			t.Fatalf("Force while role 0 was being rebuilt: %v; want ErrTooManyMissing, not ErrNeedsForce", err)
-		}
-		t.Log(err)
-	})
+	}
+	compareExcept(t, b, model, 40*S, S)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	members := []*raidtest.Mem{spare, ms[1], ms[2], ms[3]}
+	for _, m := range members {
+		m.Reopen()
+	}
+	if bad := inconsistent(t, asMembers(members), a.Layout()); len(bad) != 0 {
+		t.Fatalf("stripes %v have wrong parity after the rebuild and resync", bad)
+	}
 }
 
 // TestWriteHoleReadOnly (issue 13 item 11): a dirty array assembled degraded and read-only

@@ -206,6 +206,33 @@ func TestFailDuringRebuild(t *testing.T) {
 	if !rep.Dirty {
 		t.Errorf("after Close of the failed array its superblocks say clean")
 	}
+
+	// Nothing was written after the failure, so member 3 still holds its role's data: the
+	// array can be assembled with Force (trusting member 3) and the rebuild of role 1 resumes;
+	// every byte written before the failure reads back, and the members check.
+	all := append(paths, spare)
+	if _, err := raid.Assemble(all, raid.AssembleOptions{}); !errors.Is(err, raid.ErrNeedsForce) {
+		t.Fatalf("Assemble of the failed array: %v, want ErrNeedsForce", err)
+	}
+	b, err := raid.Assemble(all, raid.AssembleOptions{Force: true})
+	if err != nil {
+		t.Fatalf("Assemble with Force after the forced Fail: %v", err)
+	}
+	defer b.Close()
+	if err := b.SetSyncSpeed(0, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	st = waitStatus(t, b, "the resumed rebuild and the resync", func(st raid.Status) bool {
+		return st.Sync == nil && len(st.Missing) == 0
+	})
+	if state, role := memberState(st, spare); state != raid.MemberActive || role != 1 {
+		t.Errorf("after the forced assembly the spare is %q in role %d, want active in role 1", state, role)
+	}
+	compareArray(t, b, model)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkMembers(t, []string{paths[0], spare, paths[2], paths[3]}, l, model, -1)
 }
 
 // TestReplaceNamedSpare: Replace rebuilds onto the member it names, not onto a spare that was
