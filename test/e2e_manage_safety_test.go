@@ -3,6 +3,8 @@ package test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -99,6 +101,31 @@ func TestFailDuringRebuild(t *testing.T) {
 	if code != 1 || off.Source != "offline" || off.State != "failed" || !off.Dirty {
 		t.Errorf("offline status after the stop: exit %d, %+v; want 1, offline, failed and dirty (never marked clean)\n%s", code, off, out)
 	}
+
+	// The stop left an array serve --force can bring back: member 3 stopped with the array, the
+	// rebuild of role 1 resumes, and everything written reads back.
+	all := &array{dir: a.dir, members: append(append([]string(nil), a.members...), spare)}
+	out, err = runToolErr(raid5dBin, append([]string{"serve", "--socket", filepath.Join(a.dir, "refused.sock"), "--control", s.control}, all.members...)...)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out, "--force") {
+		t.Errorf("serve of the failed array without --force: %v, want exit 1 naming --force\n%s", err, out)
+	}
+	s = all.serve(t, "--force")
+	s.mustManage("rebuild", "--speed-min", "200M", "--speed-max", "1G")
+	s.waitStatus("the resumed rebuild and the resync", 60*time.Second, (*r5Status).healthy)
+	c, err = wireConnect(s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.readAt(0, stripeData); err != nil || !bytes.Equal(got, low) {
+		t.Errorf("stripe 0 after serve --force: %v, or not the data written", err)
+	}
+	if got, err := c.readAt(highOff, stripeData); err != nil || !bytes.Equal(got, high) {
+		t.Errorf("stripe 500 after serve --force: %v, or not the data written", err)
+	}
+	c.disconnect()
+	s.stop()
+	checkParity(t, &array{dir: a.dir, members: []string{a.members[0], spare, a.members[2], a.members[3]}})
 }
 
 // TestReplaceWithSpare: on an array created with --spare A, `raid5d replace 0 B` rebuilds role
