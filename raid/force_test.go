@@ -59,6 +59,16 @@ func twoFailures(t *testing.T, io raid.IOOptions) (ms []*raidtest.Mem, model []b
 	t.Helper()
 	const chunks = 64
 	a, fs, ms, model := faultyArray(t, 4, chunks, raid.AssembleOptions{IOOptions: io})
+	foff, fn = failTwo(t, a, fs, model)
+	for _, m := range ms {
+		m.Reopen()
+	}
+	return ms, model, foff, fn
+}
+
+// failTwo is the failure of twoFailures on a, whose members are fs; it closes a.
+func failTwo(t *testing.T, a *raid.Array, fs []*raidtest.Faulty, model []byte) (foff, fn int64) {
+	t.Helper()
 	l := a.Layout()
 	rng := newRand(13)
 	fs[0].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
@@ -84,10 +94,7 @@ func twoFailures(t *testing.T, io raid.IOOptions) (ms []*raidtest.Mem, model []b
 		t.Fatalf("after two failures: %v", st.State)
 	}
 	a.Close()
-	for _, m := range ms {
-		m.Reopen()
-	}
-	return ms, model, foff, fn
+	return foff, fn
 }
 
 // compareExcept compares every byte of a with model but [skip, skip+n).
@@ -326,5 +333,67 @@ func TestExamineForceable(t *testing.T) {
 	rep, err = raid.Examine([]string{paths[0], paths[2], paths[3]})
 	if err != nil || rep.State != raid.StateFailed || len(rep.Forceable) != 0 {
 		t.Fatalf("Examine without role 1: %v, %v, forceable %v; want failed, none forceable", err, rep.State, rep.Forceable)
+	}
+}
+
+// TestForceAssembleJournal: Force on an array with the journal policy replays the journal
+// onto the trusted members (instead of a resync) and rebuilds the first member to fail;
+// every flushed byte reads back and afterwards every stripe's parity is right.
+func TestForceAssembleJournal(t *testing.T) {
+	const chunks = 64
+	ms := newMems("j", 4, raid.DataOffset+chunks*testChunk)
+	jm := raidtest.NewMem("/nonexistent/j-journal", 2<<20)
+	io := raid.IOOptions{StripeCache: -1, SyncSpeedMin: 1 << 40, SyncSpeedMax: 1 << 40}
+	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: testChunk, Consistency: raid.ConsistencyJournal, Journal: jm, IOOptions: io})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := make([]byte, mustSize(a))
+	fill(newRand(5), model)
+	if _, err := a.WriteAt(model, 0); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	fs := make([]*raidtest.Faulty, len(ms))
+	for i, m := range ms {
+		m.Reopen()
+		fs[i] = raidtest.NewFaulty(m)
+	}
+	jm.Reopen()
+	a, err = raid.AssembleMembers(asMembers(fs), raid.AssembleOptions{Journal: jm, IOOptions: io})
+	if err != nil {
+		t.Fatal(err)
+	}
+	foff, fn := failTwo(t, a, fs, model)
+	for _, m := range append(ms, jm) {
+		m.Reopen()
+	}
+	if _, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{Journal: jm}); !errors.Is(err, raid.ErrNeedsForce) {
+		t.Fatalf("assemble without Force: %v; want ErrNeedsForce", err)
+	}
+	b, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{Journal: jm, Force: true, IOOptions: io})
+	if err != nil {
+		t.Fatalf("assemble with Force: %v", err)
+	}
+	defer b.Close()
+	compareExcept(t, b, model, foff, fn)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st := b.Status()
+		if st.State == raid.StateActive && st.Sync == nil && st.LastRebuild != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no rebuild after the forced assembly: %+v", st)
+		}
+	}
+	compareExcept(t, b, model, foff, fn)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		m.Reopen()
+	}
+	if bad := inconsistent(t, asMembers(ms), b.Layout()); len(bad) != 0 {
+		t.Fatalf("stripes %v have wrong parity after the replay and rebuild", bad)
 	}
 }
