@@ -350,9 +350,9 @@ type AssembleOptions struct {
 	// Force assembles a failed array (two or more roles without a current member) from the
 	// members that stopped only when it failed, as mdadm --assemble --force does: a member
 	// the others record as faulty is trusted if its own superblock already records another
-	// role faulty (and none rebuilding, and every role it calls faulty is faulty in the
-	// freshest superblock), so the array had failed when it stopped and no write was
-	// acknowledged after. Never a member whose role another member holds or is being
+	// role faulty or being rebuilt (failedWithArray; its history agreeing with the freshest
+	// superblock), so the array had failed when it stopped and no write was acknowledged
+	// after. Never a member whose role another member holds or is being
 	// rebuilt into, nor one that failed while the array still had every role: it missed
 	// the writes acknowledged degraded. The trusted members get one events counter and the
 	// array is marked dirty, so the stripes being written at the failure are resynced (with
