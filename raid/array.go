@@ -40,6 +40,8 @@ type Array struct {
 	recPos atomic.Int64
 	// recording counts fail calls in progress (see awaitRecord).
 	recording atomic.Int32
+	// gate admits every member data write; recount shuts it when the array fails (gate.go).
+	gate writeGate
 	// clientOps counts client requests, so a rebuild or scrub can tell whether clients are busy.
 	clientOps atomic.Uint64
 
@@ -221,7 +223,10 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	return a, nil
 }
 
-// recount recomputes nBad. The caller holds sbMu (or owns the array alone).
+// recount recomputes nBad after a change of membership, and decides whether the array has
+// failed: two or more roles with no working member in some stripe (lostRoles: a role being
+// rebuilt is lost above the rebuild's position, so a second failure then fails the array). That decision is made here only; it shuts the write gate for good, and failed()
+// reports it. The caller holds sbMu (or owns the array alone).
 func (a *Array) recount() {
 	n := int32(0)
 	for r := range a.roles {
@@ -230,6 +235,9 @@ func (a *Array) recount() {
 		}
 	}
 	a.nBad.Store(n)
+	if a.lostRoles(nil) > 1 {
+		a.gate.close()
+	}
 }
 
 // all returns every member the array tracks: by role, then faulty ones out of their role,

@@ -93,9 +93,39 @@ func (a *Array) lostAt(s int64) int {
 	return n
 }
 
-// failed reports whether two or more roles have no working member in some stripe (lostRoles;
-// a role being rebuilt counts as lost above the rebuild's position): the array has lost data.
-func (a *Array) failed() bool { return a.lostRoles(nil) > 1 }
+// failed reports whether the array has failed: two or more roles have no working member in
+// some stripe (lostRoles), so data is lost; decided by recount, which shuts the write gate then. Once true it stays true.
+// It is a report, not a guard: what must not happen on a failed array goes through the gate.
+func (a *Array) failed() bool { return a.gate.closed() }
+
+// drainWrites waits, once the array has failed, until no member write admitted before the
+// failure is still under way on a member that works (gate.drain). Every path that reports
+// ErrArrayFailed for a write waits here first (fail, awaitRecord), so that when a client
+// learns of the failure, the survivors hold what they will hold from then on.
+func (a *Array) drainWrites() {
+	if !a.gate.closed() {
+		return
+	}
+	a.gate.drain(len(a.roles), func(r int) bool {
+		m := a.roles[r].Load()
+		return m != nil && !m.faulty.Load()
+	})
+}
+
+// memberWrite writes buf at off to m, which serves role, through the write gate; it returns
+// errGateShut, writing nothing, once the array has failed.
+func (a *Array) memberWrite(m *member, role int, buf []byte, off int64) (int, error) {
+	if !a.gate.enter(role) {
+		return 0, errGateShut
+	}
+	n, err := m.WriteAt(buf, off)
+	a.gate.leave(role)
+	return n, err
+}
+
+// errGateShut is what a member write refused by the shut write gate returns: the array has
+// failed (wrapped by writeRefused; never counted against the member).
+var errGateShut = fmt.Errorf("%w: member writes refused", ErrArrayFailed)
 
 // memberIO reads or writes buf at absolute member offset off of role, within one stripe,
 // counting the bytes. locked says whether the caller holds that stripe's lock.
@@ -115,10 +145,13 @@ func (a *Array) memberIO(role int, buf []byte, off int64, write, locked bool) er
 		if m == nil {
 			return a.skipWrite(role, s, nil)
 		}
-		n, err := m.WriteAt(buf, off)
+		n, err := a.memberWrite(m, role, buf, off)
 		a.ctr.memberWrit.Add(uint64(n))
 		if err == nil {
 			return nil
+		}
+		if err == errGateShut {
+			return fmt.Errorf("%w (stripe %d, role %d)", err, s, role)
 		}
 		m.writeErrs.Add(1)
 		merr := memberErr(m, role, "write", off, err)
@@ -199,6 +232,7 @@ func (a *Array) fail(m *member, why error) {
 	a.sbMu.Lock()
 	if m.faulty.Swap(true) {
 		a.sbMu.Unlock()
+		a.drainWrites() // if that failure failed the array, its caller learns of it after the drain
 		return
 	}
 	role := a.roleOf(m)
@@ -226,7 +260,8 @@ func (a *Array) fail(m *member, why error) {
 	failed := a.failed()
 	a.sbMu.Unlock()
 	if failed {
-		a.log.Error("raid: array failed: two roles have no working member; data on them is lost")
+		a.drainWrites()
+		a.log.Error("raid: array failed: two roles have no working member; data on them is lost; member writes stopped")
 	}
 	if wasRebuilding || role >= 0 {
 		a.stopSync(wasRebuilding || failed) // a rebuild cannot go on in a failed array
@@ -236,12 +271,14 @@ func (a *Array) fail(m *member, why error) {
 
 // awaitRecord waits until any superblock update recording a faulty member is durable. Writing
 // methods call it before they return, so that no write that skipped a faulty member is
-// acknowledged before the superblocks say the member is faulty.
+// acknowledged before the superblocks say the member is faulty, and no write that failed with
+// the array returns before the gate has drained (drainWrites).
 func (a *Array) awaitRecord() {
 	if a.recording.Load() > 0 {
 		a.sbMu.Lock()
 		a.sbMu.Unlock() //nolint:staticcheck // an empty critical section: wait for fail
 	}
+	a.drainWrites()
 }
 
 // roleOf returns the role m holds or is being rebuilt into, or -1 (spare, retired). The caller

@@ -617,7 +617,13 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 			for r := range a.roles {
 				if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
 					moff := a.dataOffset + s*C
-					if err := m.Trim(moff, n*C); err != nil {
+					if !a.gate.enter(r) {
+						errs = append(errs, fmt.Errorf("%w (trim of stripes %d-%d)", errGateShut, s, s+n-1))
+						break
+					}
+					err := m.Trim(moff, n*C)
+					a.gate.leave(r)
+					if err != nil {
 						merr := memberErr(m, r, "trim", moff, err)
 						m.writeErrs.Add(1)
 						a.fail(m, merr)

@@ -116,12 +116,6 @@ func (a *Array) runRole(b *ioBatch, role int) {
 		if op.Role != role {
 			continue
 		}
-		if op.Write && a.failed() {
-			// The array failed while this batch was under way (Do checked before it
-			// began): write nothing more, so that the survivors keep what they held.
-			b.errs[role] = fmt.Errorf("%w: the write-out of member offset %d refused", ErrArrayFailed, op.Off)
-			return
-		}
 		var err error
 		if op.Vec != nil {
 			if cap(b.iov[role]) < len(op.Vec) {
@@ -160,7 +154,11 @@ func (a *Array) memberWritev(role int, bufs [][]byte, off int64, iov []unix.Iove
 		}
 		return nil
 	}
+	if !a.gate.enter(role) {
+		return fmt.Errorf("%w (stripes %d-%d, role %d)", errGateShut, s0, s1, role)
+	}
 	n, err := writev(m.Member, bufs, off, iov)
+	a.gate.leave(role)
 	a.ctr.memberWrit.Add(uint64(n))
 	if err == nil {
 		return nil
@@ -188,7 +186,8 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 		// Nothing is written to a failed array, not even data acknowledged before it failed
 		// and still dirty in the cache: the surviving members keep what they held at the
 		// failure (what a forced reassembly or a recovery tool would work from). The data
-		// stays readable in the cache until Close.
+		// stays readable in the cache until Close. The write gate makes that hold for a
+		// batch already under way; this early refusal only spares the journal a record.
 		for i := range ops {
 			if ops[i].Write {
 				return fmt.Errorf("%w: the stripe cache's write-out of stripe %d refused", ErrArrayFailed, ops[i].Off/a.layout.ChunkSize())

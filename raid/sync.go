@@ -479,8 +479,11 @@ func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) er
 	if err := a.coder.Encode(append(shards, target)); err != nil {
 		return err
 	}
-	n, err := sp.WriteAt(target, off)
+	n, err := a.memberWrite(sp, role, target, off)
 	a.ctr.memberWrit.Add(uint64(n))
+	if err == errGateShut {
+		return err
+	}
 	if err != nil {
 		sp.writeErrs.Add(1)
 		merr := memberErr(sp, role, "write", off, err)
