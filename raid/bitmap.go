@@ -198,7 +198,13 @@ func (b *bitmap) flushLocked() error {
 			var err error
 			for i, p := range pages {
 				off := BitmapOffset + int64(p)*bitmapPage
-				if err = writeDurable(m, img[i*bitmapPage:(i+1)*bitmapPage], off, i == len(pages)-1); err != nil {
+				if !a.gate.enter(r) { // the array has failed: its survivors stay as they were
+					errs[r] = errGateShut
+					return
+				}
+				err = writeDurable(m, img[i*bitmapPage:(i+1)*bitmapPage], off, i == len(pages)-1)
+				a.gate.leave(r)
+				if err != nil {
 					err = memberErr(m, r, "write bitmap", off, err)
 					break
 				}

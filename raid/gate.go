@@ -9,8 +9,9 @@ import (
 
 // writeGate is the one door every write of member data goes through: a client write's member
 // writes, the stripe cache's write-outs, trims of a member's data area, a rebuild's writes to
-// its spare and a scrub's parity repairs. Metadata (superblocks, the bitmap, the journal) does
-// not pass it: recording a failure must still be possible after the array has failed.
+// its spare, a scrub's parity repairs, and the write-intent bitmap's pages. The superblocks do
+// not pass it (recording a failure must still be possible after the array has failed), nor
+// does the journal, which lives on a device of its own.
 //
 // The array's failed state is decided in one place, recount, which shuts the gate the moment
 // two roles have no working member. Shutting is final. A writer enters before each member
