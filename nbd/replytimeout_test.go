@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,13 +55,19 @@ func replyTimeout(t *testing.T, structured bool) {
 	for i := range 16 {
 		good.roundTrip(uint64(i), uint64(i)*65536, 65536)
 	}
-	if !logs.loggedErr(ErrReplyTimeout) || !logs.loggedLimit("ReplyTimeout") {
-		t.Error("no log line with ErrReplyTimeout and limit=ReplyTimeout")
+	// The stuck connection logs why it closed once it is done, which may be after its buffers
+	// came back and the good client was served.
+	for deadline := time.Now().Add(10 * time.Second); !logs.loggedErr(ErrReplyTimeout) || !logs.loggedLimit("ReplyTimeout"); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Error("no log line with ErrReplyTimeout and limit=ReplyTimeout")
+			break
+		}
 	}
-	// The stuck client finds its connection closed after the replies that made it out.
+	// The stuck client finds its connection closed after the replies that made it out (reset
+	// if the server had not read all its requests).
 	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	n, err := io.Copy(io.Discard, bad.r)
-	if err != nil {
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("stuck client: %v after %d bytes, want EOF", err, n)
 	}
 	if n >= reads*bs {
