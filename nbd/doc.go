@@ -38,8 +38,9 @@
 // failed Device call is answered with the error's own value (an Errno() uint32 method, see
 // Device) or the nearest one for a syscall.Errno, else EIO. Only a broken stream closes the
 // connection, with a log line saying why: a bad request magic (ErrBadRequestMagic), a WRITE
-// payload above MaxBlock (ErrPayloadTooLarge: the server will neither buffer nor skip it), or
-// an I/O error on the socket, or a reply write that takes longer than Options.ReplyTimeout.
+// payload above MaxBlock (ErrPayloadTooLarge: the server will neither buffer nor skip it), a
+// WRITE payload that does not arrive within Options.PayloadTimeout (ErrPayloadTimeout), an I/O
+// error on the socket, or a reply write that takes longer than Options.ReplyTimeout.
 //
 // # Structured replies
 //
@@ -101,6 +102,12 @@
 //     wrong parity. (A test can catch it as a panic with runtime/debug.SetPanicOnFault.)
 //   - With Options.MlockBuffers every buffer is mlocked when it is mapped.
 //
+// Server-wide, Options.MaxTotalInFlightBytes is shared by every connection (see Limits): a
+// READ is charged in full when its header is read, a WRITE as its payload arrives, 1 MiB
+// ahead of it (a WRITE of up to 1 MiB in full), so a client that announces a large WRITE and
+// then stalls holds no more of the server-wide budget than it has sent, plus 1 MiB. Its own
+// connection's MaxInFlightBytes is charged in full at once.
+//
 // Buffers a device holds after their reply stay charged to their connection's
 // MaxInFlightBytes: a slow device makes its clients wait instead of making the server map
 // memory without bound. Per connection, the buffers out of the pool map at most twice
@@ -150,10 +157,26 @@
 //     (ErrReplyTimeout), and the buffers its replies held go back, instead of staying
 //     charged to MaxInFlightBytes and MaxTotalInFlightBytes. During shutdown, the earlier of
 //     it and ShutdownTimeout applies.
+//   - Options.PayloadTimeout (DefaultPayloadTimeout, 30 s) for each WRITE payload, from the
+//     first read that waits for it (time the reader spends waiting for the server-wide budget
+//     does not count): a payload not complete by then closes the connection with a log line
+//     giving the bytes received and expected and the offset (ErrPayloadTimeout), and its
+//     budget returns. It is a fixed bound rather than a deadline pushed back by each byte
+//     that arrives: with that, a client trickling a byte now and then would hold its buffer
+//     for as long as it liked. 30 s asks about 1 MiB/s of a 32 MiB write; raise it for
+//     clients on slow links that send large writes. The payload of a refused WRITE, skipped
+//     to stay in sync, has the same bound.
 //   - Options.MaxInFlightBytes and MaxInFlightRequests per connection (see Concurrency), and
 //     Options.MaxTotalInFlightBytes (DefaultMaxTotalInFlightBytes, 1 GiB) across connections:
 //     a reader whose READ or WRITE would pass it waits for other requests to finish (logged
-//     at most once a second).
+//     at most once a second). While readers wait they are served in order, except that a
+//     connection holding more than its share (the budget divided by the connections in the
+//     transmission phase; one holding nothing is always within it) waits until no
+//     connection within its share is waiting: under contention one connection, or each of
+//     many, gets about its share. A payload already being received goes first, and one at a
+//     time may pass the bound, by at most its own length, so that payloads charged as they
+//     arrive never wait for one another. Every wait ends: what is held comes back when
+//     requests complete, when a payload misses its deadline, or when a reply write gives up.
 //   - Request sizes: a READ or WRITE is at most Export.MaxBlock (32 MiB by default); a WRITE
 //     announcing more closes the connection before its payload is read. TRIM and
 //     WRITE_ZEROES carry no payload and get no buffer; their length (32 bits, so under 4 GiB)
@@ -176,7 +199,9 @@ package nbd
 //
 // BUG(nbd): A client that stops reading its replies keeps its requests' buffers charged to
 // MaxInFlightBytes and MaxTotalInFlightBytes for up to ReplyTimeout; enough such clients can
-// fill the server-wide budget and make the others wait that long.
+// fill the server-wide budget and make the others wait that long. Likewise clients that send
+// most of large WRITE payloads and then stall hold what they sent for up to PayloadTimeout.
+// Shares order the waiting readers; they do not take back what a connection already holds.
 //
 // BUG(nbd): Refused clients (access denied, TLS required) are logged each time, without the
 // rate limit the connection and memory limits have; HandshakeTimeout bounds how many
@@ -186,15 +211,17 @@ package nbd
 // hole sends its zeroes); a failed READ carries no partial data; no metadata context but
 // base:allocation.
 //
-// BUG(nbd): NBD_CMD_CACHE is accepted and ignored, and not advertised; NBD_FLAG_SEND_FAST_ZERO,
-// NBD_FLAG_SEND_DF and NBD_FLAG_ROTATIONAL are never set.
+// BUG(nbd): NBD_CMD_CACHE is accepted and ignored, and not advertised; NBD_FLAG_SEND_FAST_ZERO
+// and NBD_FLAG_ROTATIONAL are never set.
 //
 // BUG(nbd): Shutdown does not answer requests still unread with ESHUTDOWN; it stops reading
 // them, and the client sees the connection close.
 //
 // BUG(nbd): MaxTotalInFlightBytes bounds the buffers in use server-wide, not those mapped:
 // each connection's pool keeps up to 2 × MaxInFlightBytes free on top (so up to
-// MaxConnections × 4 × MaxInFlightBytes of address space, touched only as clients use it).
+// MaxConnections × 4 × MaxInFlightBytes of address space, touched only as clients use it). A
+// WRITE's buffer is mapped (or taken from the pool) whole when its header arrives, though its
+// budget is charged as the payload comes.
 //
 // BUG(nbd): A PinnedWriter that never releases a buffer holds its connection, and Serve, for
 // ever (with a warning after ShutdownTimeout); one that releases only on FLUSH can stall a client

@@ -64,6 +64,8 @@ var (
 	// ErrReplyTimeout: writing one reply took longer than Options.ReplyTimeout; the client
 	// stopped reading its socket.
 	ErrReplyTimeout = errors.New("nbd: client stopped reading replies")
+	// ErrPayloadTimeout: a WRITE's payload did not arrive within Options.PayloadTimeout.
+	ErrPayloadTimeout = errors.New("nbd: write payload did not arrive in time")
 )
 
 // errClientAbort ends a handshake on NBD_OPT_ABORT; it is not a failure.

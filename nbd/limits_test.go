@@ -254,26 +254,144 @@ func TestMaxTotalInFlightBytes(t *testing.T) {
 	}
 }
 
+// queuedTake starts h's take of n bytes in the background and waits until it is queued; the
+// channel yields take's result once it is granted.
+func queuedTake(t *testing.T, b *budget, h *holder, n int64, mid bool) <-chan bool {
+	t.Helper()
+	got := make(chan bool, 1)
+	go func() { got <- b.take(h, n, mid) }()
+	for deadline := time.Now().Add(10 * time.Second); !b.isWaiting(h); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a take of %d bytes never queued", n)
+		}
+	}
+	return got
+}
+
+// isWaiting reports whether h has a take queued. grant runs within give and endPayload, so
+// right after them this says whether it was granted.
+func (b *budget) isWaiting(h *holder) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return h.waiting
+}
+
+func granted(t *testing.T, got <-chan bool) {
+	t.Helper()
+	select {
+	case waited := <-got:
+		if !waited {
+			t.Error("a queued take reported that it did not wait")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a granted take did not return")
+	}
+}
+
+// takeNow reports whether h's take of n bytes is granted without queueing; if it queues, it
+// is left to finish in the background.
+func takeNow(b *budget, h *holder, n int64, mid bool) bool {
+	got := make(chan bool, 1)
+	go func() { got <- b.take(h, n, mid) }()
+	select {
+	case waited := <-got:
+		return !waited
+	case <-time.After(10 * time.Second):
+		return false
+	}
+}
+
+func newBudget(max int64, conns int) *budget {
+	b := &budget{max: max}
+	for range conns {
+		b.join()
+	}
+	return b
+}
+
 // TestBudget: take admits what fits, or anything when nothing is taken, and waits otherwise
 // until give makes room.
 func TestBudget(t *testing.T) {
-	b := &budget{max: 100}
-	b.cond.L = &b.mu
-	if b.take(300) || b.used.Load() != 300 {
+	b := newBudget(100, 2)
+	h1, h2 := newHolder(), newHolder()
+	if b.take(h1, 300, false) || b.used.Load() != 300 {
 		t.Fatal("an oversized take on an empty budget should pass at once")
 	}
-	got := make(chan bool)
-	go func() { got <- b.take(50) }()
-	select {
-	case <-got:
-		t.Fatal("take passed over the limit")
-	case <-time.After(20 * time.Millisecond):
+	got := queuedTake(t, b, h2, 50, false)
+	b.give(h1, 300)
+	granted(t, got)
+	if b.take(h2, 50, false) || b.used.Load() != 100 || h2.held.Load() != 100 || h1.held.Load() != 0 {
+		t.Fatalf("used %d, held %d and %d; want 100, 0 and 100", b.used.Load(), h1.held.Load(), h2.held.Load())
 	}
-	b.give(300)
-	if waited := <-got; !waited || b.used.Load() != 50 {
-		t.Fatalf("waited %v, used %d; want true, 50", waited, b.used.Load())
+}
+
+// TestBudgetShares: while takes wait, a connection under its share (max / connections) goes
+// before one over it, even one that came first; one under its share that does not fit holds
+// up those behind it, so large requests are not starved by small ones.
+func TestBudgetShares(t *testing.T) {
+	b := newBudget(100, 2) // shares of 50
+	hog, fair := newHolder(), newHolder()
+	b.take(hog, 90, false)
+	hogMore := queuedTake(t, b, hog, 20, false)
+	fairGot := queuedTake(t, b, fair, 20, false)
+	b.give(hog, 20) // room for one of them: the one under its share
+	if b.isWaiting(fair) || !b.isWaiting(hog) {
+		t.Fatalf("after room for one: fair waiting %v, hog waiting %v; want the fair one served", b.isWaiting(fair), b.isWaiting(hog))
 	}
-	if b.take(50) || b.used.Load() != 100 {
-		t.Fatal("a take that fits should pass at once")
+	granted(t, fairGot)
+	b.give(fair, 20)
+	granted(t, hogMore)
+
+	// A large request under its share waits for room; a small one behind it waits too.
+	big, small := newHolder(), newHolder()
+	b.join()
+	b.join() // four connections: shares of 25
+	// used: hog 90 of 100
+	bigGot := queuedTake(t, b, big, 20, false)
+	smallGot := queuedTake(t, b, small, 5, false) // would fit, but does not pass big
+	if !b.isWaiting(small) {
+		t.Fatal("a small take passed a larger one under its share that waits")
+	}
+	b.give(hog, 30)
+	granted(t, bigGot)
+	granted(t, smallGot)
+	if u := b.used.Load(); u != 85 {
+		t.Errorf("used %d, want 85", u)
+	}
+}
+
+// TestBudgetLane: a payload being received waits for no one while the lane is free: it passes
+// the bound, one at a time, until endPayload; the next one gets the lane once the budget is
+// back within its bound; requests waiting for a header never get it.
+func TestBudgetLane(t *testing.T) {
+	b := newBudget(100, 3)
+	full, hdr, p1, p2 := newHolder(), newHolder(), newHolder(), newHolder()
+	b.take(full, 100, false)
+	hdrGot := queuedTake(t, b, hdr, 10, false)
+	if !takeNow(b, p1, 30, true) || !p1.lane || b.used.Load() != 130 {
+		t.Fatalf("a payload on a full budget: lane %v, used %d; want it admitted at once, the lane and 130", p1.lane, b.used.Load())
+	}
+	p2Got := queuedTake(t, b, p2, 30, true)
+	if !takeNow(b, p1, 30, true) { // the lane holder's next piece
+		t.Fatal("the lane holder's next piece waited")
+	}
+	if !b.isWaiting(p2) || !b.isWaiting(hdr) || b.used.Load() != 160 {
+		t.Fatalf("with the lane taken: p2 waiting %v, header waiting %v, used %d", b.isWaiting(p2), b.isWaiting(hdr), b.used.Load())
+	}
+	b.endPayload(p1)
+	if !b.isWaiting(p2) {
+		t.Fatal("the lane was taken again while the last lane payload's bytes were still past the bound")
+	}
+	b.give(p1, 60) // its request is done: back within the bound
+	granted(t, p2Got)
+	if !p2.lane || !b.isWaiting(hdr) || b.used.Load() != 130 {
+		t.Fatalf("after the lane came back: p2 lane %v, header waiting %v, used %d", p2.lane, b.isWaiting(hdr), b.used.Load())
+	}
+	b.endPayload(p2)
+	b.give(p2, 30)
+	b.give(full, 100)
+	granted(t, hdrGot)
+	if u := b.used.Load(); u != 10 {
+		t.Errorf("used %d, want 10", u)
 	}
 }

@@ -37,10 +37,13 @@ type buffer struct {
 	refs atomic.Int32 // references held: the request's and the device's
 	held atomic.Bool  // a PinnedWriter holds the buffer (WritePinned called, release not yet)
 
-	// charge is the number of bytes counted in c.inflightBytes for this buffer, and protected
-	// whether mem is read-only (DebugImmutable). Both are set by the request's owner before the
-	// buffer is pinned and read by whoever drops the last reference.
+	// charge is the number of bytes counted in c.inflightBytes for this buffer, shared the
+	// part of them charged to the server-wide budget so far (a WRITE's payload is charged as
+	// it arrives: see readPayload), and protected whether mem is read-only (DebugImmutable).
+	// They are set by the request's owner before the buffer is pinned and read by whoever
+	// drops the last reference.
 	charge    int64
+	shared    int64
 	protected bool
 
 	release func() // b.devRelease, bound once when the buffer is mapped

@@ -104,8 +104,13 @@ type Options struct {
 	MaxConnections int
 	// MaxTotalInFlightBytes bounds the request buffers of all connections together, on top of
 	// each connection's MaxInFlightBytes: a reader whose READ or WRITE would exceed it waits
-	// (logged at most once per second). A single request larger than the bound is served when
-	// nothing else is in flight. Zero means DefaultMaxTotalInFlightBytes.
+	// (logged at most once per second). A WRITE is charged as its payload arrives, 1 MiB
+	// ahead, not in full when its header comes. While readers wait, a connection holding more
+	// than its share (the bound divided by the connections being served) is served after
+	// those holding less. A single request larger than the bound is served when nothing else
+	// is in flight, and one payload at a time may pass the bound by up to its length, so that
+	// payloads being received never wait for one another. Zero means
+	// DefaultMaxTotalInFlightBytes.
 	MaxTotalInFlightBytes int64
 	// HandshakeTimeout bounds the handshake, from accepting the connection to the end of
 	// option haggling, TLS included; a client that takes longer is dropped (ErrHandshakeTimeout).
@@ -121,6 +126,14 @@ type Options struct {
 	// staying charged to MaxInFlightBytes and MaxTotalInFlightBytes for as long as the client
 	// keeps the socket open. Zero means DefaultReplyTimeout (30 s); there is no "never".
 	ReplyTimeout time.Duration
+	// PayloadTimeout bounds how long a WRITE's payload may take to arrive, from the first read
+	// that waits for it (time the server spends waiting for MaxTotalInFlightBytes does not
+	// count). It is a fixed bound, not reset as bytes arrive, so a client that trickles its
+	// payload cannot hold its buffer for long either; the default asks for about 1 MiB/s of a
+	// 32 MiB write. A payload not complete by then closes the connection with a log line
+	// giving the bytes received of those expected (ErrPayloadTimeout), and the request's
+	// buffer returns. Zero means DefaultPayloadTimeout (30 s); there is no "never".
+	PayloadTimeout time.Duration
 }
 
 // Server serves exports over NBD. Create it with NewServer; it is safe for concurrent use, and
@@ -140,6 +153,7 @@ type Server struct {
 	handshakeTimeout time.Duration
 	idleTimeout      time.Duration
 	replyTimeout     time.Duration
+	payloadTimeout   time.Duration
 
 	conns       atomic.Int64 // connections being served (ServeConn calls past the limit check)
 	mem         budget       // request bytes in flight, server-wide
@@ -157,7 +171,7 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.MaxInFlightBytes < 0 || opts.MaxInFlightRequests < 0 || opts.ShutdownTimeout < 0 ||
 		opts.MaxConnections < 0 || opts.MaxTotalInFlightBytes < 0 || opts.HandshakeTimeout < 0 ||
-		opts.IdleTimeout < 0 || opts.ReplyTimeout < 0 {
+		opts.IdleTimeout < 0 || opts.ReplyTimeout < 0 || opts.PayloadTimeout < 0 {
 		return nil, fmt.Errorf("%w: negative limit", ErrInvalidOptions)
 	}
 	s := &Server{
@@ -173,6 +187,7 @@ func NewServer(opts Options) (*Server, error) {
 		handshakeTimeout: opts.HandshakeTimeout,
 		idleTimeout:      opts.IdleTimeout,
 		replyTimeout:     opts.ReplyTimeout,
+		payloadTimeout:   opts.PayloadTimeout,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -202,12 +217,14 @@ func NewServer(opts Options) (*Server, error) {
 	if s.mem.max == 0 {
 		s.mem.max = DefaultMaxTotalInFlightBytes
 	}
-	s.mem.cond.L = &s.mem.mu
 	if s.handshakeTimeout == 0 {
 		s.handshakeTimeout = DefaultHandshakeTimeout
 	}
 	if s.replyTimeout == 0 {
 		s.replyTimeout = DefaultReplyTimeout
+	}
+	if s.payloadTimeout == 0 {
+		s.payloadTimeout = DefaultPayloadTimeout
 	}
 	if s.maxInFlightBytes == 0 {
 		s.maxInFlightBytes = DefaultMaxInFlightBytes
@@ -439,7 +456,7 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 func (c *conn) shutdownDeadlines() {
 	d := time.Now().Add(c.srv.shutdownTimeout)
 	c.shutdownAt.Store(d.UnixNano())
-	c.raw.SetReadDeadline(aLongTimeAgo)
+	c.stopReading()
 	c.raw.SetWriteDeadline(d)
 }
 

@@ -72,6 +72,13 @@ type conn struct {
 	work    chan *request // reader → workers; closed when the reader stops
 	workers sync.WaitGroup
 
+	// hold is the connection's part of the server-wide budget (Server.mem).
+	hold *holder
+	// stopped is set before the read deadline is moved into the past to stop the reader (idle
+	// timeout, a failed reply write, shutdown), so that the reader, which sets deadlines of its
+	// own for payloads, does not lift it again (see setReadDeadline).
+	stopped atomic.Bool
+
 	// Idle timeout (Options.IdleTimeout > 0): lastActive is the time (UnixNano) of the last
 	// request read or of the last request finishing; idleTimer checks it. idleTimer and
 	// idleDone are guarded by mu; idled is set when the timer stopped the reader.
@@ -113,7 +120,7 @@ const (
 )
 
 func newConn(s *Server, nc net.Conn, log *slog.Logger) *conn {
-	c := &conn{srv: s, nc: nc, raw: nc, br: bufio.NewReaderSize(nc, 64<<10), log: log}
+	c := &conn{srv: s, nc: nc, raw: nc, br: bufio.NewReaderSize(nc, 64<<10), log: log, hold: newHolder()}
 	c.cond.L = &c.mu
 	return c
 }
@@ -137,6 +144,8 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 		c.mu.Unlock()
 	}
 
+	c.srv.mem.join()
+	defer c.srv.mem.leave() // after waitBuffers: the connection holds nothing by then
 	err := c.readRequests()
 	if c.srv.idleTimeout > 0 {
 		c.mu.Lock()
@@ -152,7 +161,11 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	c.writeMu.Lock()
 	werr := c.writeErr
 	c.writeMu.Unlock()
+	var pe *payloadTimeoutError
 	switch {
+	case errors.As(err, &pe) && werr == nil:
+		c.log.Warn("nbd: closing connection: a WRITE payload did not arrive in time", "limit", "PayloadTimeout",
+			"offset", pe.offset, "received", pe.received, "expected", pe.expected, "err", err)
 	case c.idled.Load() && werr == nil:
 		c.log.Warn("nbd: closing idle connection", "limit", "IdleTimeout", "err",
 			fmt.Errorf("%w: no request for %v (IdleTimeout)", ErrIdleTimeout, c.srv.idleTimeout))
@@ -211,7 +224,7 @@ func (c *conn) readRequests() error {
 		if errno != 0 {
 			if h.Type == cmdWrite {
 				// Stay in sync: the payload follows whatever we think of the request.
-				if _, err := io.CopyN(io.Discard, c.br, int64(h.Length)); err != nil {
+				if err := c.discardPayload(&h); err != nil {
 					return err
 				}
 			}
@@ -224,7 +237,7 @@ func (c *conn) readRequests() error {
 		if err != nil {
 			// No memory for the buffer: refuse this request, keep the stream in sync.
 			if h.Type == cmdWrite {
-				if _, err := io.CopyN(io.Discard, c.br, int64(h.Length)); err != nil {
+				if err := c.discardPayload(&h); err != nil {
 					return err
 				}
 			}
@@ -235,7 +248,9 @@ func (c *conn) readRequests() error {
 		}
 		direct = false
 		if h.Type == cmdWrite && h.Length > 0 {
-			if err := c.readPayload(req.buf.mem[:h.Length]); err != nil {
+			err := c.readPayload(req)
+			c.srv.mem.endPayload(c.hold)
+			if err != nil {
 				c.release(req)
 				return err
 			}
@@ -254,19 +269,115 @@ func (c *conn) readRequests() error {
 // For 48 KiB writes the copy through the buffer was 9% of the daemon's CPU.
 const directReadMin = 16 << 10
 
-// readPayload reads a WRITE's payload into p: what the buffered reader already holds, then the
-// rest straight from the connection if it is long (directReadMin), else through the reader.
-func (c *conn) readPayload(p []byte) error {
+// payloadPiece is how much of a WRITE's payload is charged to the server-wide budget ahead of
+// its arrival: acquire charges a WRITE up to this long in full, a longer one this much, and
+// readPayload charges each further piece before reading it. So a client that sends a header
+// and then stalls holds at most one piece that it has not sent.
+const payloadPiece = 1 << 20
+
+// readPayload reads req's WRITE payload into its buffer: what the buffered reader already
+// holds, then the rest straight from the connection if it is long (directReadMin), else
+// through the reader. The payload must arrive within PayloadTimeout of the first read that
+// waits for it, not counting the time spent waiting for the budget; past it the read fails
+// with a *payloadTimeoutError. The caller calls endPayload afterwards.
+func (c *conn) readPayload(req *request) error {
+	b := req.buf
+	p := b.mem[:req.length]
 	n := 0
-	if k := c.br.Buffered(); k > 0 {
-		n, _ = c.br.Read(p[:min(k, len(p))]) // a copy from the buffer: cannot fail
+	var deadline time.Time // zero until the first read from the socket sets it
+	defer func() {
+		if !deadline.IsZero() {
+			c.setReadDeadline(time.Time{})
+		}
+	}()
+	for n < len(p) {
+		if int64(n) == b.shared {
+			k := int64(min(payloadPiece, len(p)-n))
+			t0 := time.Now()
+			if c.srv.mem.take(c.hold, k, true) && !deadline.IsZero() {
+				deadline = deadline.Add(time.Since(t0)) // the client was not keeping us waiting
+				c.setReadDeadline(deadline)
+			}
+			b.shared += k
+		}
+		end := int(b.shared)
+		if k := c.br.Buffered(); k > 0 {
+			m, _ := c.br.Read(p[n:min(n+k, end)]) // a copy from the buffer: cannot fail
+			n += m
+			continue
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(c.srv.payloadTimeout)
+			c.setReadDeadline(deadline)
+		}
+		var m int
+		var err error
+		if len(p)-n >= directReadMin {
+			m, err = io.ReadFull(c.nc, p[n:end])
+		} else {
+			m, err = io.ReadFull(c.br, p[n:end])
+		}
+		n += m
+		if err != nil {
+			return c.payloadError(req.off, n, len(p), err)
+		}
 	}
-	if len(p)-n >= directReadMin {
-		_, err := io.ReadFull(c.nc, p[n:])
-		return err
+	return nil
+}
+
+// discardPayload reads and drops the payload of a WRITE the reader refused, within
+// PayloadTimeout like readPayload.
+func (c *conn) discardPayload(h *protocol.TransmissionRequestHeader) error {
+	if int64(c.br.Buffered()) < int64(h.Length) {
+		c.setReadDeadline(time.Now().Add(c.srv.payloadTimeout))
+		defer c.setReadDeadline(time.Time{})
 	}
-	_, err := io.ReadFull(c.br, p[n:])
-	return err
+	n, err := io.CopyN(io.Discard, c.br, int64(h.Length))
+	if err != nil {
+		return c.payloadError(h.Offset, int(n), int(h.Length), err)
+	}
+	return nil
+}
+
+// payloadError returns err, the reason a payload read stopped after received of expected
+// bytes, as a *payloadTimeoutError if its deadline passed.
+func (c *conn) payloadError(off uint64, received, expected int, err error) error {
+	if !isTimeout(err) || c.stopped.Load() {
+		return err // the client went away, or the reader was stopped
+	}
+	return &payloadTimeoutError{offset: off, received: received, expected: expected,
+		timeout: c.srv.payloadTimeout, err: err}
+}
+
+// payloadTimeoutError says that a WRITE payload did not arrive within PayloadTimeout. It is
+// ErrPayloadTimeout (errors.Is) and wraps the read's own error.
+type payloadTimeoutError struct {
+	offset             uint64
+	received, expected int
+	timeout            time.Duration
+	err                error
+}
+
+func (e *payloadTimeoutError) Error() string {
+	return fmt.Sprintf("%v: %d of %d bytes of a WRITE at offset %d within %v (PayloadTimeout): %v",
+		ErrPayloadTimeout, e.received, e.expected, e.offset, e.timeout, e.err)
+}
+
+func (e *payloadTimeoutError) Unwrap() []error { return []error{ErrPayloadTimeout, e.err} }
+
+// setReadDeadline sets the reader's read deadline, unless the reader has been stopped: then it
+// leaves (puts back) the deadline in the past. Called by the reader only.
+func (c *conn) setReadDeadline(t time.Time) {
+	c.raw.SetReadDeadline(t)
+	if c.stopped.Load() { // stopReading's store came first, its deadline maybe not
+		c.raw.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+// stopReading makes the reader's pending and future reads fail at once.
+func (c *conn) stopReading() {
+	c.stopped.Store(true)
+	c.raw.SetReadDeadline(aLongTimeAgo)
 }
 
 // checkRequest validates a request header against the session. It returns an error if the
@@ -383,7 +494,11 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) 
 		c.workers.Go(c.worker)
 	}
 	c.mu.Unlock()
-	if n > 0 && c.srv.mem.take(n) {
+	shared := n // what the server-wide budget is charged now: a long WRITE, its first piece
+	if h.Type == cmdWrite {
+		shared = min(n, payloadPiece)
+	}
+	if n > 0 && c.srv.mem.take(c.hold, shared, false) {
 		c.srv.memLog.warn(c.log, "nbd: server-wide in-flight bytes reached MaxTotalInFlightBytes; "+
 			"a request waited for other connections' requests to finish",
 			"limit", "MaxTotalInFlightBytes", "max", c.srv.mem.max, "length", n)
@@ -399,14 +514,14 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) 
 				c.inflightBytes -= n
 				c.bufsOut--
 				c.mu.Unlock()
-				c.srv.mem.give(n)
+				c.srv.mem.give(c.hold, shared)
 				c.finish(req, nil)
 				return nil, err
 			}
 		}
 		c.srv.bufStats.out.Add(1)
 		b.refs.Store(1)
-		b.charge = n
+		b.charge, b.shared = n, shared
 		req.buf = b
 	}
 	return req, nil
@@ -468,7 +583,7 @@ func (c *conn) finish(req *request, b *buffer) {
 		c.srv.bufStats.out.Add(-1)
 	}
 	if b != nil {
-		c.srv.mem.give(b.charge)
+		c.srv.mem.give(c.hold, b.shared)
 	}
 	var drop *buffer
 	c.mu.Lock()
@@ -543,7 +658,7 @@ func (c *conn) checkIdle() {
 		c.idleTimer.Reset(c.srv.idleTimeout - idle)
 	default:
 		c.idled.Store(true)
-		c.nc.SetReadDeadline(aLongTimeAgo)
+		c.stopReading()
 	}
 }
 
@@ -859,7 +974,7 @@ func (c *conn) setWriteDeadline() {
 // reply in it is lost. Called with writeMu held.
 func (c *conn) failWrite(err error) {
 	c.writeErr = err
-	c.nc.SetReadDeadline(aLongTimeAgo)
+	c.stopReading()
 }
 
 // isTimeout reports whether err is a deadline passing.

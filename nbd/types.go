@@ -167,6 +167,8 @@ const (
 	DefaultHandshakeTimeout      = 10 * time.Second
 	// DefaultReplyTimeout bounds one reply write (Options.ReplyTimeout).
 	DefaultReplyTimeout = 30 * time.Second
+	// DefaultPayloadTimeout bounds the arrival of one WRITE payload (Options.PayloadTimeout).
+	DefaultPayloadTimeout = 30 * time.Second
 )
 
 // Bounds of one NBD_CMD_BLOCK_STATUS reply. The protocol asks for at most 2^20 extents; a
