@@ -111,6 +111,8 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	handshakeTimeout := fs.Duration("handshake-timeout", nbd.DefaultHandshakeTimeout, "a client must finish the NBD handshake within this `duration`")
 	idleTimeout := fs.Duration("idle-timeout", 0, "close a connection with nothing in flight after this `duration` without a request (0: never)")
 	replyTimeout := fs.Duration("reply-timeout", nbd.DefaultReplyTimeout, "close a connection whose client stops reading: one reply write may block this long (`duration`)")
+	payloadTimeout := fs.Duration("payload-timeout", nbd.DefaultPayloadTimeout, "close a connection whose WRITE payload has not all arrived this `duration` after it began\n"+
+		"(a fixed bound, not reset as bytes come: 30s asks about 1 MiB/s of a 32 MiB write)")
 	journal := fs.String("journal", "", "write journal `file` or device of an array made with create --consistency journal, when it\n"+
 		"is no longer where the superblocks say (default: the path they record); may be a volatile: spec (testing).\n"+
 		"Refused if it is a member's own file or device")
@@ -253,6 +255,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		HandshakeTimeout: *handshakeTimeout,
 		IdleTimeout:      *idleTimeout,
 		ReplyTimeout:     *replyTimeout,
+		PayloadTimeout:   *payloadTimeout,
 		Exports: []nbd.Export{{
 			StablePages:    *stablePages,
 			MappedReads:    *mappedReads,
