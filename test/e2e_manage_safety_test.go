@@ -89,6 +89,9 @@ func TestFailDuringRebuild(t *testing.T) {
 	}
 	c.disconnect()
 	s.stop()
+	if log := s.out.String(); !strings.Contains(log, "the array has failed") || strings.Contains(log, "array marked clean") {
+		t.Errorf("the daemon's last words do not say the failed array was left as it was:\n%s", log)
+	}
 
 	out, errOut, code := s.manageSplit(append([]string{"status", "--json", spare}, a.members...)...)
 	var off struct {

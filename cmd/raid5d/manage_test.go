@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
+	"github.com/raid5d/raid5d/raid"
 )
 
 // fakeArray stands in for a running array behind the control socket. A scrub advances by a
@@ -417,5 +418,23 @@ func TestCreateWithSpares(t *testing.T) {
 	_, out, _ = runCLI(t, append([]string{"status", "--control", none, s0}, ms...)...)
 	if !regexpLine(out, "-", s0, "spare") {
 		t.Errorf("status does not show %s as a spare:\n%s", s0, out)
+	}
+}
+
+// TestStoppedMessage: serve's last log line says what the stop left in the superblocks, and
+// never that a failed (or still dirty, or read-only) array was marked clean.
+func TestStoppedMessage(t *testing.T) {
+	for _, tc := range []struct {
+		st   raid.Status
+		want string
+	}{
+		{raid.Status{State: raid.StateFailed, Dirty: true}, "not marked clean"},
+		{raid.Status{State: raid.StateDegraded, ReadOnly: true}, "nothing written"},
+		{raid.Status{State: raid.StateActive, Dirty: true, Unclean: true}, "stays marked dirty"},
+		{raid.Status{State: raid.StateClean}, "array marked clean"},
+	} {
+		if got := stoppedMessage(tc.st); !strings.Contains(got, tc.want) {
+			t.Errorf("%v (dirty %v, read-only %v): %q, want %q in it", tc.st.State, tc.st.Dirty, tc.st.ReadOnly, got, tc.want)
+		}
 	}
 }

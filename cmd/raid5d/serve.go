@@ -317,7 +317,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		return fmt.Errorf("closing array: %w", closeErr)
 	}
 	c := a.Counters()
-	log.Info("stopped: requests drained, members flushed, array marked clean",
+	log.Info(stoppedMessage(a.Status()),
 		"full_stripe_writes", c.FullStripeWrites, "rmw_writes", c.RMWWrites, "rcw_writes", c.RCWWrites,
 		"member_bytes_read", c.MemberBytesRead, "mapped_bytes_read", c.MappedBytesRead, "member_bytes_written", c.MemberBytesWritten,
 		"bytes_copied", c.CopiedBytes, "cache_hits", c.CacheHits, "cache_misses", c.CacheMisses,

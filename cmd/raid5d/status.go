@@ -218,3 +218,17 @@ func stateNote(rep *raid.Report) string {
 	}
 	return ""
 }
+
+// stoppedMessage is serve's last log line after the array closed: what the stop left in the
+// superblocks. A failed array is never marked clean, nor one whose resync has not finished.
+func stoppedMessage(st raid.Status) string {
+	switch {
+	case st.State == raid.StateFailed:
+		return "stopped: the array has failed; its members are left as they were at the failure, not marked clean (serve --force may bring it back)"
+	case st.ReadOnly:
+		return "stopped: requests drained; read-only, nothing written"
+	case st.Dirty:
+		return "stopped: requests drained, members flushed; the array stays marked dirty (its resync after an unclean shutdown has not finished)"
+	}
+	return "stopped: requests drained, members flushed, array marked clean"
+}
