@@ -503,8 +503,12 @@
 //     strictly: it checks its own in-flight I/O); idle, at its maximum.
 //   - A faulty member stays open until Close (I/O in flight may still use it), even after
 //     Remove or a finished rebuild drops it from the array. Added again under the same path
-//     (AddSpare after Remove), its open file is reused. A write still in flight from before
-//     its failure (a hung member) can land after that, over what the rebuild wrote there.
+//     (AddSpare after Remove), its open file is reused. A data write still in flight from
+//     before its failure (a hung member) holds its stripe's lock, so the rebuild waits for it
+//     there and it cannot land over rebuilt data; a member write deadline that let the caller
+//     go (and the lock) while the system call goes on would have to make AddSpare wait for
+//     that member's writes instead. A bitmap page write in flight at the failure may land
+//     afterwards on the re-added member's copy of the bitmap.
 //   - In a failed array, dirty cached data that cannot be written out stays in the cache
 //     (readable) until Close, and is then lost.
 //   - A crash in the middle of a superblock update can leave members one event apart; the one
