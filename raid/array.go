@@ -118,7 +118,8 @@ type Array struct {
 	lastResync         *Progress
 	speedMin, speedMax int64
 	closing            bool
-	bgWG               sync.WaitGroup // the sync goroutines
+	bgWG               sync.WaitGroup // the sync goroutines, and the cache's Unpin after a failure
+	unpinOnce          sync.Once
 	// dirty is true once the superblocks say dirty; set under sbMu, read without it.
 	dirty atomic.Bool
 }
@@ -237,6 +238,7 @@ func (a *Array) recount() {
 	a.nBad.Store(n)
 	if a.lostRoles(nil) > 1 {
 		a.gate.close()
+		a.releasePins()
 	}
 }
 

@@ -112,6 +112,19 @@ func (a *Array) drainWrites() {
 	})
 }
 
+// releasePins, once the array has failed, gives back every caller buffer the stripe cache
+// holds by reference (stable pages): its dirty stripes will never be written out, and the NBD
+// server waits for its buffers before it ends a connection. The cache copies what they hold
+// first (Cache.Unpin), so it stays readable until Close. recount calls it when it decides the
+// array has failed; it runs on a goroutine of its own, once: fail may be called with a stripe
+// lock held, and Unpin takes each of them.
+func (a *Array) releasePins() {
+	if a.cache == nil {
+		return
+	}
+	a.unpinOnce.Do(func() { a.bgWG.Go(a.cache.Unpin) })
+}
+
 // memberWrite writes buf at off to m, which serves role, through the write gate; it returns
 // errGateShut, writing nothing, once the array has failed.
 func (a *Array) memberWrite(m *member, role int, buf []byte, off int64) (int, error) {

@@ -133,6 +133,8 @@ type Cache struct {
 	nBatch  int64     // most stripes in one batch (writeFulls); < 2: no batches
 
 	full, rmw, rcw, copied, hits, misses, evictions, through atomic.Uint64
+	// noRefs, set by Unpin, makes fill copy every unit instead of referencing a pinned buffer.
+	noRefs atomic.Bool
 }
 
 // Unit states.
@@ -560,7 +562,7 @@ func (c *Cache) fill(h *head, s int64, q []byte, w int64, pin *Pin) error {
 			lo, hi := max(cw, int64(u)*UnitSize), min(cw+n, int64(u+1)*UnitSize)
 			src := q[o-w+lo-cw : o-w+hi-cw]
 			i := d*c.upc + u
-			if hi-lo == UnitSize && pin != nil {
+			if hi-lo == UnitSize && pin != nil && !c.noRefs.Load() {
 				if h.refs == nil {
 					h.refs = make([]unitRef, c.nd*c.upc)
 				}
@@ -1045,6 +1047,40 @@ func (c *Cache) ReadExtent(dst []byte, e Extent, miss func(dst []byte, e Extent)
 		u = v
 	}
 	return nil
+}
+
+// Unpin copies every unit the cache holds by reference to a pinned caller buffer into the
+// head's own buffer, drops the reference (the buffer's release runs when its last one goes),
+// and from then on copies instead of referencing. An array whose dirty stripes can no longer
+// be written out (it has failed) calls it, so that its callers get their buffers back while
+// what they wrote stays readable in the cache. It takes each stripe's lock in turn: the
+// caller holds none.
+func (c *Cache) Unpin() {
+	// A fill that still saw noRefs false bound its head before this store, so the sweep below
+	// finds that head; one that sees it true references nothing.
+	c.noRefs.Store(true)
+	c.mu.Lock()
+	stripes := make([]int64, 0, len(c.heads))
+	for s := range c.heads {
+		stripes = append(stripes, s)
+	}
+	c.mu.Unlock()
+	for _, s := range stripes {
+		lk := c.locks.For(s)
+		lk.Lock()
+		c.mu.Lock()
+		h := c.heads[s]
+		c.mu.Unlock()
+		if h != nil && h.refs != nil { // h.refs is guarded by s's lock
+			for i, r := range h.refs {
+				if r.pin != nil {
+					copy(c.unit(h, i/c.upc, i%c.upc), r.buf)
+					h.dropRef(i)
+				}
+			}
+		}
+		lk.Unlock()
+	}
 }
 
 // Discard forgets the stripes [s0, s0+n), dirty units included (their references are
