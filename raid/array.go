@@ -124,6 +124,16 @@ type Array struct {
 	dirty atomic.Bool
 }
 
+// lostInCache is Close's error for a failed array whose stripe cache still held writes it
+// could not write out (err joins one error per stripe): one line, not one per stripe.
+func lostInCache(err error) error {
+	n := 1
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		n = len(j.Unwrap())
+	}
+	return fmt.Errorf("%w: writes to %d stripes acknowledged but not flushed were still in the stripe cache and are lost", ErrArrayFailed, n)
+}
+
 // scratch is the per-operation working memory of one stripe: one chunk-sized buffer per member
 // slot (data chunks 0..D-1, then parity at D), allocated lazily, plus the shard and op slices.
 type scratch struct {
@@ -586,6 +596,9 @@ func (a *Array) Close() error {
 		if a.cache != nil {
 			err = a.cache.Close()
 			a.stopIO()
+			if err != nil && a.failed() {
+				err = lostInCache(err)
+			}
 		}
 		err = errors.Join(err, a.syncWorking())
 		if err == nil && a.jr != nil && a.jr.m != nil && !a.failed() {
