@@ -354,3 +354,77 @@ func TestAddForeignSuperblock(t *testing.T) {
 	}
 	compareArray(t, a, model)
 }
+
+// TestAddBackHungMember: a member whose write hangs is failed, removed and added back while
+// that write is still under way. The write holds its stripe's lock, so the rebuild onto the
+// added-back file waits there until it lands and then writes the stripe's current chunk over
+// it; a later write of the same range is not undone by it. Every byte reads back, and the
+// member files check. (If a member write deadline ever let the caller, and the lock, go while
+// the system call goes on, this would need AddSpare to wait for the member's writes.)
+func TestAddBackHungMember(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a member that hangs for 1.5 s several times")
+	}
+	paths := memberPaths(t.TempDir(), 3)
+	a, err := raid.Create(paths, raid.CreateOptions{Chunk: testChunk, MemberSize: raid.DataOffset + 64*testChunk,
+		Consistency: raid.ConsistencyNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Every operation on member 1 sleeps first, then runs.
+	const hang = 1500 * time.Millisecond
+	a, err = raid.Assemble([]string{paths[0], "faulty:" + paths[1] + "?delay=" + hang.String(), paths[2]},
+		raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1, MemberTimeout: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	l := a.Layout()
+	S := l.StripeSize()
+	model := make([]byte, mustSize(a))
+	fill(newRand(77), model[:S])
+	if _, err := a.WriteAt(model[:S], 0); err != nil { // marks the array dirty first
+		t.Fatal(err)
+	}
+	off := 5 * S
+	fill(newRand(78), model[off:off+S])
+	done := make(chan error, 1)
+	go func() { _, err := a.WriteAt(model[off:off+S], off); done <- err }() // a full stripe: no reads
+	time.Sleep(hang / 5)                                                    // the write now sleeps in member 1's WriteAt, holding stripe 5's lock
+	if err := a.Fail("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Remove("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSpare(paths[1]); err != nil {
+		t.Fatalf("AddSpare of the removed member: %v", err)
+	}
+	if len(done) > 0 {
+		t.Fatalf("the hung write returned before the member was added back (%v): nothing was tested", <-done)
+	}
+	// The rebuild passes stripe 5 only once the hung write has landed; the newer write
+	// after it must then survive.
+	waitStatus(t, a, "the rebuild to finish", func(st raid.Status) bool {
+		return st.LastRebuild != nil && st.Sync == nil && len(st.Missing) == 0
+	})
+	fill(newRand(79), model[off:off+S])
+	if _, err := a.WriteAt(model[off:off+S], off); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the write that hung: %v", err)
+	}
+	time.Sleep(hang) // whatever member write was still asleep has landed by now
+	compareArray(t, a, model)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkMembers(t, paths, l, model, -1)
+}
