@@ -392,8 +392,9 @@ func TestAddBackHungMember(t *testing.T) {
 	off := 5 * S
 	fill(newRand(78), model[off:off+S])
 	done := make(chan error, 1)
-	go func() { _, err := a.WriteAt(model[off:off+S], off); done <- err }() // a full stripe: no reads
-	time.Sleep(hang / 5)                                                    // the write now sleeps in member 1's WriteAt, holding stripe 5's lock
+	// A full stripe (no reads): its member 1 write sleeps, holding stripe 5's lock.
+	go func() { _, err := a.WriteAt(model[off:off+S], off); done <- err }()
+	time.Sleep(hang / 5)
 	if err := a.Fail("1"); err != nil {
 		t.Fatal(err)
 	}
