@@ -460,9 +460,10 @@
 //	               (OFF and LEN take K, M, G, T suffixes, powers of 1024; "all" means the
 //	               data area, 1M to the end, so superblocks stay readable)
 //	after=N        the first N operations matching a fault succeed
-//	delay=DUR      every read and write first sleeps DUR (Go duration: 10ms)
-//	ctl=FILE       faults fire only while FILE exists: create or remove it to switch a
-//	               running daemon's member between failing and working
+//	delay=DUR      every read and write first sleeps DUR (Go duration: 10ms); with ctl,
+//	               only while FILE exists (a member that starts hanging after assembly)
+//	ctl=FILE       faults (and delay) fire only while FILE exists: create or remove it to
+//	               switch a running daemon's member between failing and working
 //	volatile       writes and trims stay in the process's memory, in 4 KiB pages, until the
 //	               member is synced; the sync writes them to PATH in a random order, then
 //	               fdatasyncs. Killing the daemon (SIGKILL) then loses what a power cut would:

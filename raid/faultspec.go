@@ -238,8 +238,22 @@ func hits(rs []byteRange, off, n int64) bool {
 	return false
 }
 
+// delaying reports whether reads and writes sleep delay first: always, or with a control file
+// only while it exists (so a member can start hanging after assembly).
+func (m *specMember) delaying() bool {
+	if m.delay <= 0 {
+		return false
+	}
+	if m.ctl != "" {
+		if _, err := os.Stat(m.ctl); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 func (m *specMember) ReadAt(p []byte, off int64) (int, error) {
-	if m.delay > 0 {
+	if m.delaying() {
 		time.Sleep(m.delay)
 	}
 	if hits(m.rfail, off, int64(len(p))) && m.armed() {
@@ -249,7 +263,7 @@ func (m *specMember) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (m *specMember) WriteAt(p []byte, off int64) (int, error) {
-	if m.delay > 0 {
+	if m.delaying() {
 		time.Sleep(m.delay)
 	}
 	if (hits(m.wfail, off, int64(len(p))) || hits(m.drop, off, int64(len(p)))) && m.armed() {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -445,5 +446,51 @@ func TestJournalPlacementDevices(t *testing.T) {
 		if !errors.Is(err, ErrJournalOnMember) || !strings.Contains(err.Error(), c.why) || !strings.Contains(err.Error(), c.member) {
 			t.Errorf("journal %s, member %s: %v; want ErrJournalOnMember, %q", c.journal, c.member, err, c.why)
 		}
+	}
+}
+
+// TestDelayControlled: with ctl, delay sleeps only while the control file exists, so a member
+// can assemble at full speed and start hanging later; without the file a read or write of a
+// member with a 10-minute delay returns at once.
+func TestDelayControlled(t *testing.T) {
+	dir := t.TempDir()
+	path, ctl := filepath.Join(dir, "m"), filepath.Join(dir, "slow")
+	if err := os.WriteFile(path, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := OpenMember(FaultySpecPrefix+path+"?delay=10m&ctl="+ctl, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.WriteAt([]byte{1}, 0)
+		if err == nil {
+			_, err = m.ReadAt(make([]byte, 1), 0)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("delay slept without its control file")
+	}
+	m.Close()
+	if m, err = OpenMember(FaultySpecPrefix+path+"?delay=30ms&ctl="+ctl, false); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := os.WriteFile(ctl, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := m.WriteAt([]byte{2}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 30*time.Millisecond {
+		t.Fatalf("write took %v with delay=30ms and its control file present", d)
 	}
 }
