@@ -81,7 +81,8 @@ Managing a running array (through its control socket, see raid5d serve --help):
   raid5d scrub check --wait          raid5d remove 2          raid5d rebuild --speed-max 50M
 
 Exit status: 0 done, 1 error, 2 usage error, 3 degraded (status), 4 no daemon answers at the
-control socket, 5 parity mismatches found (scrub check --wait).
+control socket, 5 parity mismatches found (scrub check --wait), 130 or 143 serve stopped by a
+second SIGINT or SIGTERM (the array left dirty).
 `)
 }
 

@@ -10,12 +10,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
@@ -29,7 +27,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "[flags] MEMBER...",
 		`Assembles the array from its MEMBERs (in any order; roles come from the superblocks) and serves
 it over NBD until SIGINT or SIGTERM, which finish the requests in flight, flush the members, mark
-the array clean and exit 0. With one member missing (a path that does not exist, or one left out),
+the array clean and exit 0. A second SIGINT or SIGTERM while that drain runs (a member that hangs
+can make it last for ever) exits at once with status 128+signal (130, 143) and an ERROR line,
+without flushing or marking anything: the array is left dirty and resynced at the next start, as
+after a crash; writes not yet flushed may be lost. With one member missing (a path that does not exist, or one left out),
 the array is served degraded: every byte is still there, rebuilt from parity on the fly.
 
 Writes go through a write-back stripe cache: a partial-stripe write is acknowledged once it is in
@@ -286,7 +287,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		defer stopMetrics()
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := stopOnSignal(log) // a second signal exits at once, leaving the array dirty
 	defer stop()
 	ctlCtx, stopControl := context.WithCancel(ctx)
 	waitControl := startControl(ctlCtx, controlServer(a, control.Daemon{
