@@ -30,7 +30,13 @@ func stoppedCounters(t *testing.T, s *server) map[string]float64 {
 }
 
 // TestBatching: 4 KiB sequential writes through NBD (fio, iodepth 32) reach the members as
-// full-stripe writes, reading under 1% of the bytes written — in both cache modes.
+// full-stripe writes, one per stripe, without a single member read — in both cache modes. The
+// daemon runs with a write-back delay of 2 s: with the default 5 ms, a client or daemon that the
+// scheduler pauses for 5 ms in the middle of a stripe (routine on a loaded machine) has that
+// stripe written out partly, by design, which reads the rest of it; a bound on the bytes read
+// then measured the machine's load, not the cache. With a delay no scheduling gap reaches, any
+// member read, read-modify-write or reconstruct-write, or a stripe written out twice, is the
+// cache's doing, so the counts are exact.
 func TestBatching(t *testing.T) {
 	need(t, "fio")
 	if standin {
@@ -45,7 +51,7 @@ func TestBatching(t *testing.T) {
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			a := newArray(t)
-			s := a.serve(t, mode.flags...)
+			s := a.serve(t, append(mode.flags, "--write-back-delay", "2s")...)
 			jobs := runFio(t, s.uri, "seq4k.fio")
 			var written int64
 			for _, j := range jobs {
@@ -62,11 +68,12 @@ func TestBatching(t *testing.T) {
 			stripes := float64(written) / stripeData
 			t.Logf("%s: %v full-stripe writes of %.0f stripes, %v RMW, %v RCW, member bytes read %v, copied %v",
 				mode.name, c["full_stripe_writes"], stripes, c["rmw_writes"], c["rcw_writes"], c["member_bytes_read"], c["bytes_copied"])
-			if c["full_stripe_writes"] < 0.9*stripes {
-				t.Errorf("%v full-stripe writes for %.0f stripes written: the cache did not batch", c["full_stripe_writes"], stripes)
+			if c["full_stripe_writes"] != stripes || c["rmw_writes"] != 0 || c["rcw_writes"] != 0 {
+				t.Errorf("%v full-stripe writes, %v RMW, %v RCW for %.0f stripes written: want one full-stripe write per stripe and nothing else",
+					c["full_stripe_writes"], c["rmw_writes"], c["rcw_writes"], stripes)
 			}
-			if read := c["member_bytes_read"]; read >= 0.01*float64(written) {
-				t.Errorf("members read %v bytes for %d written (%.2f%%), want under 1%%", read, written, 100*read/float64(written))
+			if read := c["member_bytes_read"]; read != 0 {
+				t.Errorf("members read %v bytes for %d written sequentially in whole stripes, want 0", read, written)
 			}
 			switch {
 			case mode.name == "stable-pages" && c["bytes_copied"] != 0:
