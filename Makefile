@@ -3,8 +3,10 @@ GO        ?= go
 BIN       := bin/raid5d
 PKGS      := ./...
 UNIT_PKGS := ./parity/... ./stripe/... ./raid/... ./nbd/... ./cmd/...
-# Debian packages the end-to-end tests drive: real NBD clients, a filesystem, FUSE.
-DEB_PKGS  := fio libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs
+# Debian packages the end-to-end tests drive: real NBD clients, a filesystem, FUSE; and for the
+# VM tests (test/vm) qemu, busybox, the kernel's nbd client, mdadm (the kernel image itself is
+# fetched by the tests with apt-get download into test/vm/.cache).
+DEB_PKGS  := fio libnbd-bin nbdkit qemu-utils fuse3 e2fsprogs qemu-system-x86 busybox-static nbd-client mdadm xz-utils
 FUZZTIME  ?= 20s
 # make run: a default array of four sparse member files under ./data, served on loopback.
 DATA      ?= data
@@ -13,7 +15,7 @@ MEMBERS   := $(foreach i,0 1 2 3,$(DATA)/member$(i).img)
 LISTEN    ?= 127.0.0.1:10809
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-unit test-e2e fuzz bench bench-peers benchcmp lint deps clean
+.PHONY: help build run test test-unit test-e2e test-vm fuzz bench bench-peers benchcmp lint deps clean
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,14 +32,18 @@ run: build ## build, create ./data/member{0..3}.img (4 x 256M, sparse) if absent
 
 test: deps lint ## install what the tests need, then run every test (unit with -race, end-to-end, each fuzz target briefly)
 	$(GO) test -race -count=1 $(UNIT_PKGS)
-	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 20m ./test/...
+	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 20m $$($(GO) list ./test/... | grep -v /test/vm)
+	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 25m ./test/vm
 	$(MAKE) --no-print-directory fuzz FUZZTIME=5s
 
 test-unit: ## unit tests only, with the race detector
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
 test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbdfuse)
-	$(GO) test -count=1 -v -timeout 20m ./test/...
+	$(GO) test -count=1 -v -timeout 20m $$($(GO) list ./test/... | grep -v /test/vm)
+
+test-vm: deps ## boot a Debian kernel in qemu: the kernel nbd client on raid5d (make test runs this part)
+	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 25m ./test/vm
 
 # package:target pairs for `make fuzz`
 FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock raid:FuzzJournalRecord \

@@ -1,0 +1,151 @@
+# Shared helpers of the guest scripts, sourced by dash before each run's script. The run's
+# modules are loaded (brd makes /dev/ram0..3, the members). Every wait here is bounded.
+set -eu
+
+MEMBERS="/dev/ram0 /dev/ram1 /dev/ram2 /dev/ram3"
+PORT=10809
+SOCK=/run/raid5d.nbd
+METRICS=127.0.0.1:9100
+NBD=/dev/nbd0
+MNT=/mnt/fs
+RAID5D_LOG=/tmp/raid5d.log
+RAID5D_PID=
+
+# log prints a line marked as the script's, so it stands out among kernel messages.
+log() { echo "vm: $*"; }
+
+# die prints its arguments, the daemon's log and the kernel's recent messages, and exits 1.
+die() {
+	echo "vm: FAIL: $*"
+	if [ -s "$RAID5D_LOG" ]; then
+		echo "vm: --- raid5d log (last 40 lines)"
+		tail -n 40 "$RAID5D_LOG"
+	fi
+	echo "vm: --- dmesg (last 30 lines)"
+	dmesg | tail -n 30
+	exit 1
+}
+
+# wait_for SECONDS WHAT COMMAND...: runs COMMAND every 0.2 s until it succeeds; dies after SECONDS.
+wait_for() {
+	_secs=$1 _what=$2
+	shift 2
+	_n=$((_secs * 5))
+	while ! "$@" >/dev/null 2>&1; do
+		_n=$((_n - 1))
+		[ "$_n" -gt 0 ] || die "waited ${_secs}s for $_what"
+		sleep 0.2
+	done
+}
+
+# create [FLAGS]: a new array on the four RAM disks (zeroed by create).
+create() {
+	raid5d create --force "$@" $MEMBERS >/dev/null || die "raid5d create $* failed"
+}
+
+daemon_answers() {
+	raid5d status >/dev/null 2>&1 || [ $? != 4 ]
+}
+
+# serve [FLAGS]: starts raid5d serve on the members ($SERVE_MEMBERS if set, e.g. volatile:
+# specs) in the background (TCP on 127.0.0.1:$PORT, or the flags' --socket), with metrics on
+# $METRICS, and waits until it answers its control socket and listens.
+serve() {
+	raid5d serve --metrics "$METRICS" "$@" ${SERVE_MEMBERS:-$MEMBERS} >>"$RAID5D_LOG" 2>&1 &
+	RAID5D_PID=$!
+	wait_for 60 "raid5d to answer status" daemon_answers
+	case " $* " in
+	*" --socket "*) wait_for 30 "raid5d's socket" test -S "$SOCK" ;;
+	*) wait_for 30 "raid5d to listen on $PORT" sh -c "netstat -ltn | grep -q ':$PORT '" ;;
+	esac
+	log "raid5d serving (pid $RAID5D_PID) $*"
+}
+
+# stop_daemon: SIGTERM, and the daemon must exit 0 within 60 s.
+stop_daemon() {
+	kill -TERM "$RAID5D_PID"
+	_n=300
+	while kill -0 "$RAID5D_PID" 2>/dev/null; do
+		_n=$((_n - 1))
+		[ "$_n" -gt 0 ] || die "raid5d did not exit within 60s of SIGTERM"
+		sleep 0.2
+	done
+	wait "$RAID5D_PID" || die "raid5d exited $? after SIGTERM"
+	RAID5D_PID=
+}
+
+# kill_daemon: SIGKILL, and wait for it to be gone.
+kill_daemon() {
+	kill -KILL "$RAID5D_PID"
+	wait "$RAID5D_PID" 2>/dev/null || true
+	RAID5D_PID=
+}
+
+# attach [NBD-CLIENT FLAGS]: the kernel client on $NBD, export raid5d, 4 KiB blocks; TCP unless
+# the flags say -u SOCKET. Waits until the device has the array's size.
+attach() {
+	case " $* " in
+	*" -u "*) nbd-client "$@" -N raid5d -b 4096 "$NBD" ;;
+	*) nbd-client 127.0.0.1 "$PORT" "$NBD" -N raid5d -b 4096 "$@" ;;
+	esac
+	wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/${NBD#/dev/}/size) -gt 0 ]"
+	log "attached $NBD ($*): $(blockdev --getsize64 "$NBD") bytes, max_sectors_kb $(cat /sys/block/${NBD#/dev/}/queue/max_sectors_kb)"
+}
+
+# detach: nbd-client -d, and the device must be released (size 0).
+detach() {
+	nbd-client -d "$NBD" >/dev/null
+	wait_for 30 "$NBD to be released" sh -c "[ \$(cat /sys/block/${NBD#/dev/}/size) = 0 ]"
+}
+
+# metric NAME LABELS: the value of one metric line, e.g. metric raid5d_requests_total 'cmd="trim"'.
+metric() {
+	wget -q -O - "http://$METRICS/metrics" | awk -v key="$1{$2}" '$1 == key { printf "%.0f\n", $2; found = 1 } END { if (!found) print 0 }'
+}
+
+# drop_caches: write back and forget the page cache, so reads go to the device.
+drop_caches() {
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+}
+
+# sums_of DIR: where DIR's checksums are kept, outside the filesystem under test.
+sums_of() { echo "/tmp/sums$(echo "$1" | tr / _)"; }
+
+# write_files DIR N KIB: N files of random data of KIB KiB each; their checksums kept (sums_of).
+write_files() {
+	mkdir -p "$1"
+	_i=0
+	while [ $_i -lt "$2" ]; do
+		dd if=/dev/urandom of="$1/f$_i" bs=1024 count="$3" 2>/dev/null
+		_i=$((_i + 1))
+	done
+	(cd "$1" && sha256sum f*) >"$(sums_of "$1")"
+}
+
+# check_files DIR: every file written by write_files DIR still has its checksum.
+check_files() {
+	(cd "$1" && sha256sum -c -s "$(sums_of "$1")") || die "checksums of $1 differ"
+}
+
+# fsck_clean: e2fsck -fn finds nothing to fix on $NBD (unmounted).
+fsck_clean() {
+	e2fsck -fn "$NBD" >/tmp/fsck.out 2>&1 || { cat /tmp/fsck.out; die "e2fsck -fn $NBD exited $?"; }
+	log "e2fsck -fn clean: $(tail -n 1 /tmp/fsck.out)"
+}
+
+# dmesg_sane: no kernel bug, oops or hung task (for runs where I/O errors are expected).
+dmesg_sane() {
+	if dmesg | grep -E 'BUG|Oops|hung_task|blocked for more than|Call Trace' >/tmp/dmesg.bad; then
+		cat /tmp/dmesg.bad
+		die "the kernel logged a bug or a hung task"
+	fi
+}
+
+# dmesg_clean: the kernel logged no nbd, block-layer or ext4 errors or timeouts.
+dmesg_clean() {
+	if dmesg | grep -iE 'nbd.*(error|timed? ?out|dead|reset)|I/O error|blk_update_request|EXT4-fs (error|warning)|Buffer I/O|critical' >/tmp/dmesg.bad; then
+		cat /tmp/dmesg.bad
+		die "the kernel logged errors"
+	fi
+}
