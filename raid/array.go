@@ -42,6 +42,9 @@ type Array struct {
 	recording atomic.Int32
 	// gate admits every member data write; recount shuts it when the array fails (gate.go).
 	gate writeGate
+	// view is the member list and superblock fields as the last Status (or assembly) read
+	// them under sbMu: what Status answers with while sbMu is held for long.
+	view atomic.Pointer[memberView]
 	// clientOps counts client requests, so a rebuild or scrub can tell whether clients are busy.
 	clientOps atomic.Uint64
 
@@ -120,6 +123,8 @@ type Array struct {
 	closing            bool
 	bgWG               sync.WaitGroup // the sync goroutines, and the cache's Unpin after a failure
 	unpinOnce          sync.Once
+	stopWatchdog       context.CancelFunc // stops the watchdog (hung.go); nil if none runs
+	watchWG            sync.WaitGroup     // the watchdog: it runs until Close has flushed
 	// dirty is true once the superblocks say dirty; set under sbMu, read without it.
 	dirty atomic.Bool
 }
@@ -267,11 +272,19 @@ func (a *Array) all() []*member {
 
 // start starts the array's background work (the cache's write-out goroutines); Close stops it.
 func (a *Array) start() {
+	a.sbMu.Lock()
+	a.view.Store(a.readView())
+	a.sbMu.Unlock()
 	if a.cache != nil {
 		a.startIO()
 		a.cache.Start(context.Background())
 	}
 	if !a.readOnly {
+		if a.timeout > 0 {
+			ctx, cancel := context.WithCancel(context.Background())
+			a.stopWatchdog = cancel
+			a.watchWG.Go(func() { a.watchdog(ctx) })
+		}
 		a.maybeRebuild()
 		a.maybeResync()
 		if a.bm != nil {
@@ -359,14 +372,64 @@ type Status struct {
 	Counters Counters
 	// SyncSpeedMin and SyncSpeedMax bound rebuild and scrub speed, in bytes/s (SetSyncSpeed).
 	SyncSpeedMin, SyncSpeedMax int64
+	// SuperblocksBusy: an update of the superblocks (or a membership change) was under way
+	// for longer than Status waits, typically held up by a slow member until the member
+	// timeout. Events, roles and the member list are then as of the last Status that could
+	// read them; member states, error counts and everything else are current.
+	SuperblocksBusy bool
 }
 
-// Status returns a snapshot of the array's state. It may be called concurrently with I/O.
+// statusWait is how long Status waits for sbMu before it answers from the last snapshot.
+const statusWait = 200 * time.Millisecond
+
+// memberView is the part of Status read under sbMu, kept (Array.view) so that Status can
+// answer without it.
+type memberView struct {
+	events   uint64
+	unclean  bool
+	uuid     UUID
+	features uint32
+	members  []*member
+	status   []MemberStatus // by members: the superblock fields (Role, Events, Device)
+}
+
+// readView reads the memberView; the caller holds sbMu.
+func (a *Array) readView() *memberView {
+	v := &memberView{events: a.events, unclean: a.unclean, uuid: a.uuid}
+	for _, m := range a.all() {
+		v.features |= m.sb.Features
+		v.members = append(v.members, m)
+		v.status = append(v.status, MemberStatus{Path: m.Name(), Role: m.sb.Role, Events: m.sb.Events, Device: m.sb.DeviceUUID})
+	}
+	return v
+}
+
+// Status returns a snapshot of the array's state. It may be called concurrently with I/O, and
+// it answers from memory: it waits at most statusWait for a superblock update under way (one
+// held up by a slow member lasts up to the member timeout), then answers with the member list
+// of the last snapshot (SuperblocksBusy).
 func (a *Array) Status() Status {
-	a.sbMu.Lock()
-	st := Status{Events: a.events, Layout: a.layout, Size: a.size, Unclean: a.unclean, ReadOnly: a.readOnly, UUID: a.uuid,
-		WriteHole: a.writeHole.Load()}
-	st.Dirty = a.dirty.Load() || a.unclean
+	var v *memberView
+	busy := false
+	for deadline := time.Now().Add(statusWait); ; time.Sleep(time.Millisecond) {
+		if a.sbMu.TryLock() {
+			v = a.readView()
+			a.view.Store(v)
+			a.sbMu.Unlock()
+			break
+		}
+		if time.Now().After(deadline) {
+			if v, busy = a.view.Load(), true; v == nil { // no snapshot yet: wait after all
+				a.sbMu.Lock()
+				v = a.readView()
+				a.sbMu.Unlock()
+			}
+			break
+		}
+	}
+	st := Status{Events: v.events, Layout: a.layout, Size: a.size, Unclean: v.unclean, ReadOnly: a.readOnly, UUID: v.uuid,
+		WriteHole: a.writeHole.Load(), SuperblocksBusy: busy}
+	st.Dirty = a.dirty.Load() || v.unclean
 	for r := range a.roles {
 		m := a.roles[r].Load()
 		if m == nil || m.faulty.Load() || m.rebuilding.Load() {
@@ -374,24 +437,22 @@ func (a *Array) Status() Status {
 		}
 	}
 	failed := a.failed()
-	var features uint32
-	for _, m := range a.all() {
-		features |= m.sb.Features
-		ms := MemberStatus{Path: m.Name(), Role: m.sb.Role, Events: m.sb.Events, Device: m.sb.DeviceUUID,
-			ReadErrors: m.readErrs.Load(), WriteErrors: m.writeErrs.Load()}
+	features := v.features
+	for i, m := range v.members {
+		ms := v.status[i]
+		ms.ReadErrors, ms.WriteErrors = m.readErrs.Load(), m.writeErrs.Load()
 		switch {
 		case m.faulty.Load():
 			ms.State = MemberFaulty
 		case m.rebuilding.Load():
 			ms.State = MemberRebuilding
-		case m.sb.Role < 0:
+		case ms.Role < 0:
 			ms.State = MemberSpare
 		default:
 			ms.State = MemberActive
 		}
 		st.Members = append(st.Members, ms)
 	}
-	a.sbMu.Unlock()
 	switch {
 	case features&featureJournal != 0:
 		st.Consistency = ConsistencyJournal
@@ -448,9 +509,37 @@ func (a *Array) Status() Status {
 // writeSuperblocks bumps the events counter, brings every working member's superblock up to
 // date (role, per-role state table, rebuild checkpoint), applies set (if not nil) and writes
 // and syncs them all. Faulty members are not written. The caller holds sbMu.
+//
+// A member whose superblock cannot be written (an error, or no answer within the member
+// timeout) is failed, as md fails a device whose superblock write fails, and the update is
+// written again without it: the error comes back only if that leaves the array failed. One
+// slow or broken member must not turn every write's markDirty into an error, nor hold sbMu.
 func (a *Array) writeSuperblocks(set func(*superblock)) error {
-	_, err := a.superblockWrite(set)
-	return err
+	bad, err := a.superblockWrite(set)
+	if len(bad) == 0 {
+		return nil
+	}
+	rebuilding := false
+	for ; len(bad) > 0; bad, err = a.superblockWrite(set) {
+		a.log.Error("raid: a superblock update did not reach every member; failing those it missed", "err", err)
+		for _, b := range bad {
+			if !b.faulty.Swap(true) {
+				rebuilding = rebuilding || b.rebuilding.Load()
+				a.log.Error("raid: member marked faulty", "member", b.Name(), "role", a.roleOf(b),
+					"why", "its superblock could not be written")
+			}
+		}
+		a.recount()
+		if a.failed() {
+			return fmt.Errorf("%w: writing the superblocks: %w", ErrArrayFailed, err)
+		}
+	}
+	// What fail does after its record, on a goroutine: the caller holds sbMu.
+	a.bgWG.Go(func() {
+		a.stopSync(rebuilding)
+		a.maybeRebuild()
+	})
+	return nil
 }
 
 // superblockWrite is writeSuperblocks, also returning the members whose superblock could not
@@ -469,8 +558,9 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 			recovery = a.recPos.Load() * a.layout.ChunkSize()
 		}
 	}
-	buf := make([]byte, SuperblockSize)
-	var errs []error
+	var ms []*member
+	var bufs [][]byte
+	var roles []int
 	for _, m := range a.all() {
 		if m.faulty.Load() {
 			continue
@@ -481,15 +571,27 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 		if set != nil {
 			set(sb)
 		}
+		buf := make([]byte, SuperblockSize) // each its own: a hung member's write may outlive this call
 		sb.encode(buf)
-		if _, err := m.WriteAt(buf, SuperblockOffset); err != nil {
-			errs = append(errs, memberErr(m, sb.Role, "write superblock", SuperblockOffset, err))
-			bad = append(bad, m)
-			continue
+		ms, bufs, roles = append(ms, m), append(bufs, buf), append(roles, sb.Role)
+	}
+	// Concurrently, each bounded by the member timeout: sbMu is held meanwhile, and a member
+	// that hangs must not hold up a failure, `raid5d fail` or status with it.
+	errs := a.eachMember(ms, func(i int, m *member) error {
+		if _, err := m.WriteAt(bufs[i], SuperblockOffset); err != nil {
+			return memberErr(m, roles[i], "write superblock", SuperblockOffset, err)
 		}
 		if err := m.Sync(); err != nil {
-			errs = append(errs, memberErr(m, sb.Role, "sync superblock", -1, err))
-			bad = append(bad, m)
+			return memberErr(m, roles[i], "sync superblock", -1, err)
+		}
+		return nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			if errors.Is(err, ErrMemberHung) {
+				errs[i] = memberErr(ms[i], roles[i], "write superblock", SuperblockOffset, err)
+			}
+			bad = append(bad, ms[i])
 		}
 	}
 	return bad, errors.Join(errs...)
@@ -551,24 +653,27 @@ func (a *Array) syncMembers() error {
 // syncWorking is syncMembers without the verdict on a failed array: Close syncs what is left
 // of one (its failure was reported when it happened).
 func (a *Array) syncWorking() error {
-	errs := make([]error, len(a.roles))
-	var wg sync.WaitGroup
+	var ms []*member
+	var roles []int
 	for r := range a.roles {
-		m := a.roles[r].Load()
-		if m == nil || m.faulty.Load() {
+		if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
+			ms, roles = append(ms, m), append(roles, r)
+		}
+	}
+	// Concurrently, each bounded by the member timeout: a member whose sync does not return
+	// in time is failed like one whose sync fails, so a FLUSH does not wait for it for ever.
+	errs := a.eachMember(ms, func(_ int, m *member) error { return syncData(m.Member) })
+	for i, err := range errs {
+		errs[i] = nil
+		if err == nil {
 			continue
 		}
-		wg.Go(func() {
-			if err := syncData(m.Member); err != nil {
-				merr := memberErr(m, r, "sync", -1, err)
-				a.fail(m, merr)
-				if a.failed() {
-					errs[r] = merr
-				}
-			}
-		})
+		merr := memberErr(ms[i], roles[i], "sync", -1, err)
+		a.fail(ms[i], merr)
+		if a.failed() {
+			errs[i] = merr
+		}
 	}
-	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -618,6 +723,10 @@ func (a *Array) Close() error {
 			a.dirty.Store(false)
 		}
 		a.sbMu.Unlock()
+	}
+	if a.stopWatchdog != nil { // it watched the final flush too
+		a.stopWatchdog()
+		a.watchWG.Wait()
 	}
 	a.closeMapped() // no reply still reads a member's mapping
 	a.sbMu.Lock()

@@ -187,38 +187,48 @@ func (b *bitmap) flushLocked() error {
 		b.durable.Store(seq)
 		return nil
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(a.roles))
+	var ms []*member
+	var roles []int
 	for r := range a.roles {
-		m := a.roles[r].Load()
-		if m == nil || m.faulty.Load() {
-			continue
+		if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
+			ms, roles = append(ms, m), append(roles, r)
 		}
-		wg.Go(func() {
-			var err error
-			for i, p := range pages {
-				off := BitmapOffset + int64(p)*bitmapPage
-				if !a.gate.enter(r) { // the array has failed: its survivors stay as they were
-					errs[r] = errGateShut
-					return
-				}
-				err = writeDurable(m, img[i*bitmapPage:(i+1)*bitmapPage], off, i == len(pages)-1)
-				a.gate.leave(r)
-				if err != nil {
-					err = memberErr(m, r, "write bitmap", off, err)
-					break
-				}
-			}
-			if err != nil {
-				m.writeErrs.Add(1)
-				a.fail(m, err)
-				if a.failed() {
-					errs[r] = err
-				}
-			}
-		})
 	}
-	wg.Wait()
+	// Concurrently, each bounded by the member timeout (eachMember): begin holds flushMu
+	// meanwhile, so one member that hangs must not hold every write's bitmap update with it.
+	// img is this flush's own, so a write that outlives the wait reads nothing reused.
+	res := a.eachMember(ms, func(i int, m *member) error {
+		r := roles[i]
+		for k, p := range pages {
+			off := BitmapOffset + int64(p)*bitmapPage
+			if !a.gate.enter(r) { // the array has failed: its survivors stay as they were
+				return errGateShut
+			}
+			err := writeDurable(m, img[k*bitmapPage:(k+1)*bitmapPage], off, k == len(pages)-1)
+			a.gate.leave(r)
+			if err != nil {
+				return memberErr(m, r, "write bitmap", off, err)
+			}
+		}
+		return nil
+	})
+	errs := make([]error, len(ms))
+	for i, err := range res {
+		switch {
+		case err == nil:
+		case err == errGateShut:
+			errs[i] = err
+		default:
+			if errors.Is(err, ErrMemberHung) {
+				err = memberErr(ms[i], roles[i], "write bitmap", BitmapOffset, err)
+			}
+			ms[i].writeErrs.Add(1)
+			a.fail(ms[i], err)
+			if a.failed() {
+				errs[i] = err
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: writing the write-intent bitmap: %w", ErrArrayFailed, err)
 	}

@@ -36,6 +36,13 @@ type member struct {
 	// role, usable only for stripes below Array.recPos.
 	faulty, rebuilding  atomic.Bool
 	readErrs, writeErrs atomic.Uint64
+	// The watchdog's clock (hung.go): blocking operations under way, and when the member last
+	// completed one or became busy.
+	ops   atomic.Int32
+	since atomic.Int64
+	// abandoned counts writes (superblock, bitmap, sync) the array stopped waiting for
+	// (eachMember) that have not returned yet: adding the member back must wait for them.
+	abandoned atomic.Int32
 }
 
 // usable returns the member that serves role r in stripe s, or nil if none does.
@@ -131,7 +138,9 @@ func (a *Array) memberWrite(m *member, role int, buf []byte, off int64) (int, er
 	if !a.gate.enter(role) {
 		return 0, errGateShut
 	}
+	m.begin()
 	n, err := m.WriteAt(buf, off)
+	m.end()
 	a.gate.leave(role)
 	return n, err
 }
@@ -242,12 +251,18 @@ func (a *Array) rebuildRange(role int, s int64, buf []byte, off int64, locked bo
 func (a *Array) fail(m *member, why error) {
 	a.recording.Add(1)
 	defer a.recording.Add(-1)
-	a.sbMu.Lock()
+	// Marked faulty before sbMu is taken: I/O goes around m from now on (nBad, recomputed by
+	// recount below, counts it at once), and an update of the superblocks still waiting for a
+	// hung m gives up on it (eachMember), so failing a member never waits for the member.
+	// Writes that skip m meanwhile wait for the record (awaitRecord: recording is counted).
 	if m.faulty.Swap(true) {
-		a.sbMu.Unlock()
+		a.sbMu.Lock()
+		a.sbMu.Unlock() //nolint:staticcheck // an empty critical section: wait for the record
 		a.drainWrites() // if that failure failed the array, its caller learns of it after the drain
 		return
 	}
+	a.nBad.Add(1)
+	a.sbMu.Lock()
 	role := a.roleOf(m)
 	a.recount()
 	wasRebuilding := m.rebuilding.Load()

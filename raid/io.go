@@ -621,7 +621,9 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 						errs = append(errs, fmt.Errorf("%w (trim of stripes %d-%d)", errGateShut, s, s+n-1))
 						break
 					}
+					m.begin()
 					err := m.Trim(moff, n*C)
+					m.end()
 					a.gate.leave(r)
 					if err != nil {
 						merr := memberErr(m, r, "trim", moff, err)

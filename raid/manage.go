@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // findMember returns the member named by name: a path (Member.Name; a faulty: spec matches by
@@ -57,7 +58,21 @@ func (a *Array) Fail(member string, opts ...ManageOption) error {
 	}
 	a.mgmtMu.Lock()
 	defer a.mgmtMu.Unlock()
-	a.sbMu.Lock()
+	if !a.lockSuperblocks() {
+		// A superblock update is held up, most likely by the very member to fail (it hangs:
+		// the update waits for it until the member timeout). A member in a role is found
+		// without sbMu (roles are atomic) and failed at once, which lets that update go on
+		// without it; anything else waits for the lock.
+		if m := a.roleMember(member); m != nil {
+			loss := a.checkLoss(m, "failing "+member)
+			if loss != nil && !forced(opts) {
+				return loss
+			}
+			a.fail(m, failWhy(loss))
+			return nil
+		}
+		a.sbMu.Lock()
+	}
 	m, err := a.findMember(member)
 	var loss error
 	if err == nil {
@@ -78,11 +93,41 @@ func (a *Array) Fail(member string, opts ...ManageOption) error {
 	if err != nil {
 		return err
 	}
-	why := errors.New("failed by request")
+	a.fail(m, failWhy(loss))
+	return nil
+}
+
+// failWhy is what the log says a member failed by request failed of; loss is checkLoss's
+// refusal that Force overrode, if any.
+func failWhy(loss error) error {
 	if loss != nil {
-		why = fmt.Errorf("failed by request, with force: %w", loss)
+		return fmt.Errorf("failed by request, with force: %w", loss)
 	}
-	a.fail(m, why)
+	return errors.New("failed by request")
+}
+
+// lockSuperblocks takes sbMu if it can within statusWait, and reports whether it did.
+func (a *Array) lockSuperblocks() bool {
+	for deadline := time.Now().Add(statusWait); !a.sbMu.TryLock(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// roleMember is findMember among the roles only, without sbMu: the member serving the role
+// named by number, or by path, or nil.
+func (a *Array) roleMember(name string) *member {
+	if spec, ok := strings.CutPrefix(name, FaultySpecPrefix); ok {
+		name, _, _ = strings.Cut(spec, "?")
+	}
+	r, err := strconv.Atoi(name)
+	for i := range a.roles {
+		if m := a.roles[i].Load(); m != nil && (err == nil && i == r || err != nil && m.Name() == name) {
+			return m
+		}
+	}
 	return nil
 }
 
@@ -209,6 +254,12 @@ func (a *Array) addSpare(path string, force, first bool) error {
 	}
 	a.sbMu.Unlock()
 	if old != nil {
+		if n := old.abandoned.Load(); n > 0 {
+			// It was failed hung: a superblock or bitmap write the array stopped waiting
+			// for may still land, over what the new spare's superblock would say. (A data
+			// write still under way holds its stripe's lock, which the rebuild waits for.)
+			return fmt.Errorf("%w: %s still has %d writes under way from before it failed; add it when they have finished", ErrMemberBusy, path, n)
+		}
 		if err := a.addSpareMember(file, force, first); err != nil {
 			return err
 		}

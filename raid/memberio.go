@@ -157,7 +157,9 @@ func (a *Array) memberWritev(role int, bufs [][]byte, off int64, iov []unix.Iove
 	if !a.gate.enter(role) {
 		return fmt.Errorf("%w (stripes %d-%d, role %d)", errGateShut, s0, s1, role)
 	}
+	m.begin()
 	n, err := writev(m.Member, bufs, off, iov)
+	m.end()
 	a.gate.leave(role)
 	a.ctr.memberWrit.Add(uint64(n))
 	if err == nil {

@@ -1,0 +1,140 @@
+package raid_test
+
+import (
+	"bytes"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/raidtest"
+)
+
+// hang makes every write and sync of f block until the returned release runs (also at the
+// end of the test).
+func hang(t *testing.T, f *raidtest.Faulty) (release func()) {
+	var armed atomic.Bool
+	ch := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	f.SetHook(func(op raidtest.Op, off int64) {
+		if armed.Load() && (op == raidtest.OpWrite || op == raidtest.OpSync) {
+			<-ch
+		}
+	})
+	armed.Store(true)
+	t.Cleanup(release) // before the array's Close, registered earlier
+	return release
+}
+
+// within runs fn and fails the test unless it returns nil within d (a bound on a hang, far
+// above what the call needs; not a measure of speed).
+func within(t *testing.T, d time.Duration, what string, fn func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v while a member hangs", what, d)
+	}
+}
+
+// waitFaulty waits (bounded) until member i is faulty, calling Status meanwhile, each call
+// bounded too: Status answers from memory.
+func waitFaulty(t *testing.T, a *raid.Array, i int) raid.Status {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var st raid.Status // written by within's goroutine, read after it returned
+		within(t, 5*time.Second, "Status", func() error { st = a.Status(); return nil })
+		if st.Members[i].State == raid.MemberFaulty {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("member %d not failed: %+v", i, st.Members[i])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestHungMember: a member whose writes and syncs stop returning. With a member timeout, the
+// watchdog fails it, and everything else goes on degraded in bounded time: status, writes to
+// other stripes, FLUSH; a superblock update waiting for it gives up on it; and `fail` of it
+// takes effect at once even with no timeout at all. Every byte is compared at the end.
+func TestHungMember(t *testing.T) {
+	for _, mode := range cacheModes {
+		t.Run(mode.name+"/watchdog", func(t *testing.T) {
+			opts := raid.AssembleOptions{IOOptions: mode.io}
+			opts.MemberTimeout = 300 * time.Millisecond
+			a, fs, _, model := faultyArray(t, 4, 32, opts)
+			ss := a.Layout().StripeSize()
+			p := bytes.Repeat([]byte{0x11}, int(ss))
+			if _, err := a.WriteAtFUA(p, 0); err != nil { // dirty now: no superblock update below
+				t.Fatal(err)
+			}
+			copy(model, p)
+			release := hang(t, fs[2])
+			stuck := make(chan error, 1)
+			q := bytes.Repeat([]byte{0x22}, int(ss))
+			go func() { _, err := a.WriteAt(q, ss); stuck <- err }() // its write to member 2 hangs
+			copy(model[ss:], q)
+			waitFaulty(t, a, 2)
+			r := bytes.Repeat([]byte{0x33}, int(ss))
+			within(t, 10*time.Second, "a write to another stripe", func() error {
+				_, err := a.WriteAt(r, 5*ss)
+				return err
+			})
+			copy(model[5*ss:], r)
+			within(t, 10*time.Second, "Flush", a.Flush)
+			release()
+			if err := <-stuck; err != nil {
+				t.Fatalf("the write that was under way on the hung member: %v", err)
+			}
+			compareArray(t, a, model)
+		})
+		t.Run(mode.name+"/superblock", func(t *testing.T) {
+			opts := raid.AssembleOptions{IOOptions: mode.io}
+			opts.MemberTimeout = 300 * time.Millisecond
+			a, fs, _, model := faultyArray(t, 4, 32, opts) // clean: the first write marks it dirty
+			hang(t, fs[2])
+			ss := a.Layout().StripeSize()
+			p := bytes.Repeat([]byte{0x44}, int(ss))
+			within(t, 10*time.Second, "the first write (marking the superblocks dirty)", func() error {
+				_, err := a.WriteAtFUA(p, 3*ss)
+				return err
+			})
+			copy(model[3*ss:], p)
+			waitFaulty(t, a, 2)
+			compareArray(t, a, model)
+		})
+		t.Run(mode.name+"/fail", func(t *testing.T) {
+			opts := raid.AssembleOptions{IOOptions: mode.io}
+			opts.MemberTimeout = -1 // no deadline: only `fail` can help
+			a, fs, _, model := faultyArray(t, 4, 32, opts)
+			release := hang(t, fs[2])
+			ss := a.Layout().StripeSize()
+			p := bytes.Repeat([]byte{0x55}, int(ss))
+			stuck := make(chan error, 1)
+			go func() { _, err := a.WriteAt(p, 2*ss); stuck <- err }() // holds the superblock update
+			copy(model[2*ss:], p)
+			time.Sleep(100 * time.Millisecond)
+			within(t, 10*time.Second, "fail of the hung member", func() error { return a.Fail("2") })
+			waitFaulty(t, a, 2)
+			select {
+			case err := <-stuck:
+				if err != nil {
+					t.Fatalf("write: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				release()
+				t.Fatal("the write waiting for the superblock update did not go on once the hung member was failed")
+			}
+			compareArray(t, a, model)
+		})
+	}
+}
