@@ -37,10 +37,13 @@ type IOOptions struct {
 	// WriteBackers is the number of background write-out goroutines; 0 means
 	// stripe.DefaultWriteBackers (4).
 	WriteBackers int
-	// MemberTimeout is how long a member read may take: one that succeeds but takes longer
-	// counts as a read error of the member (towards ReadErrorLimit; its data is still used).
-	// The read is not interrupted, so a hung member holds the request until the read returns.
-	// 0 means DefaultMemberTimeout (30 s); < 0 no check. Writes have no timeout.
+	// MemberTimeout is the deadline of a member's I/O. A member that has had writes under way
+	// (data, trims, syncs, the bitmap, superblocks) with none completing for this long is
+	// failed (ErrMemberHung, by a watchdog), and so is one whose superblock update or sync
+	// does not complete in this time: the array goes on degraded. A member read that succeeds
+	// but takes longer counts as a read error (towards ReadErrorLimit; its data is still
+	// used). A system call is never interrupted: a request whose own member I/O hangs waits
+	// for it. 0 means DefaultMemberTimeout (30 s); < 0 none.
 	MemberTimeout time.Duration
 	// ReadErrorLimit is how many read errors a member may have before it is marked faulty;
 	// 0 means DefaultReadErrorLimit (20).

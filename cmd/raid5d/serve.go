@@ -96,8 +96,10 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	var syncMin, syncMax sizeFlag
 	fs.Var(&syncMin, "sync-speed-min", "rebuild and scrub `rate` per second kept up even under client I/O (default 1M; raid5d rebuild changes it live)")
 	fs.Var(&syncMax, "sync-speed-max", "rebuild and scrub `rate` per second when clients are idle (default 200M)")
-	memberTimeout := fs.Duration("member-timeout", 0, "a member read slower than this `duration` counts as a read error once it returns (its data is\n"+
-		"still used; past --read-error-limit the member is failed). Default 30s; negative: no check")
+	memberTimeout := fs.Duration("member-timeout", 0, "deadline of a member's I/O (`duration`): a member with writes under way and none completing for\n"+
+		"this long is failed (the array goes on degraded), and so is one whose superblock update or sync takes longer;\n"+
+		"a read slower than this counts as a read error once it returns (its data is still used; past\n"+
+		"--read-error-limit the member is failed). Default 30s; negative: none")
 	readErrorLimit := fs.Int("read-error-limit", 0, "read errors after which a member is marked faulty (`count`, default 20)")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate `file` (PEM); with --tls-key turns on NBD STARTTLS")
 	tlsKey := fs.String("tls-key", "", "TLS private key `file` (PEM)")

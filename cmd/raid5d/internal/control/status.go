@@ -38,8 +38,11 @@ type Status struct {
 
 	// WriteHole: the array was assembled dirty and degraded, so parity of stripes being written
 	// at the crash cannot be made consistent and the missing member's chunks there may be wrong.
-	WriteHole bool    `json:"write_hole"`
-	Bitmap    *Bitmap `json:"bitmap,omitempty"` // the write-intent bitmap, if the array has one
+	WriteHole bool `json:"write_hole"`
+	// SuperblocksBusy: a superblock update was under way (held up by a slow member, up to the
+	// member timeout), so Events and the member list are from just before it.
+	SuperblocksBusy bool    `json:"superblocks_busy,omitempty"`
+	Bitmap          *Bitmap `json:"bitmap,omitempty"` // the write-intent bitmap, if the array has one
 	// Consistency is the crash-consistency policy: bitmap, none or journal.
 	Consistency string   `json:"consistency"`
 	Journal     *Journal `json:"journal,omitempty"` // the write journal, with the journal policy
