@@ -217,8 +217,10 @@
 //
 // Background goroutines — the cache's write-out goroutines, ioWorkers per role for its
 // member I/O and readWorkers per role for reads across members (not for read-only arrays or
-// without a cache), and the rebuild or scrub — are started by Create and Assemble (a rebuild
-// also by a failure or AddSpare) and stopped, and waited for, by Close. Member reads run in
+// without a cache), the rebuild or scrub, the member watchdog (with a member timeout), and
+// the cache's Unpin after a failure — are started by Create and Assemble (a rebuild also by a
+// failure or AddSpare) and stopped, and waited for, by Close. Superblock updates, syncs and
+// bitmap flushes start a goroutine per member that ends with its system call (eachMember). Member reads run in
 // the goroutine that needs them, or a read worker (without read workers, a request touching
 // several members starts one goroutine per extra member). Marking a member faulty takes sbMu under a stripe lock; so
 // nothing holding sbMu (or syncMu) ever waits for a stripe lock, and a failure only cancels a
@@ -254,6 +256,25 @@
 // too: lostRoles is the one decision, used by the I/O paths, Status (StateFailed), Close
 // (which never marks a failed array clean) and Fail and Replace, which refuse to fail the array
 // (ErrWouldFail) unless given Force.
+//
+// The failure itself is taken in one place, recount, and enforced by one gate (gate.go): every
+// write of member data (client writes, cache write-outs, trims, rebuild and scrub writes, the
+// bitmap) enters the gate for its system call and leaves as soon as it returns. recount shuts
+// the gate when the array fails; the fail that did it, and every write that reports
+// ErrArrayFailed, first waits for the writes still inside on working members (drainWrites).
+// So when a client learns of the failure, the survivors hold what they will hold from then on,
+// which is what Force assembles from. A failed array also gives back the caller buffers its
+// cache held by reference (releasePins: Cache.Unpin copies them first), so the NBD server can
+// end its connections, and Close reports what the cache could not write out in one error.
+//
+// A member that stops answering is failed after IOOptions.MemberTimeout (hung.go): each
+// member's writes are on a clock (begin/end), and a watchdog fails a member that has had writes
+// under way with none completing for the timeout (ErrMemberHung). Superblock updates, syncs
+// and bitmap flushes run on all members at once and are bounded the same way (eachMember): a
+// member that does not finish in time, or is marked faulty meanwhile, is left behind and
+// failed. fail marks the member faulty before it takes sbMu, and Status answers from a snapshot
+// (SuperblocksBusy) when sbMu is held past statusWait, so neither status nor `fail` of the hung
+// member waits for it. A system call is never cancelled: the request inside one waits for it.
 //
 // Spares carry a superblock with role -1 and the array's UUID (CreateOptions.Spares, AddSpare)
 // and are found by Assemble. When a role has no working member and a spare is idle, a rebuild
