@@ -14,8 +14,30 @@ RUN_SIZE  ?= 256M
 MEMBERS   := $(foreach i,0 1 2 3,$(DATA)/member$(i).img)
 LISTEN    ?= 127.0.0.1:10809
 
+# make stress: the concurrency-heavy unit tests (member failure, rebuild, the stripe cache, the
+# journal, power cuts, pinned buffers, NBD transmission and shutdown), STRESS_COUNT times, then
+# STRESS_RACE_COUNT times with the race detector. make test runs a short pass (the _SHORT counts).
+STRESS_COUNT            ?= 30
+STRESS_RACE_COUNT       ?= 5
+STRESS_SHORT_COUNT      ?= 5
+STRESS_SHORT_RACE_COUNT ?= 1
+STRESS_PKGS  := ./raid ./stripe ./nbd
+STRESS_TESTS := \
+  TestDoubleFailure TestWriteFailure TestUnrecordedFailure TestFailureDrainsWrites TestFailedArrayReleasesPins \
+  TestRebuild TestRebuildResume TestFailDuringRebuild TestScrubDuringResync \
+  TestPinnedRelease TestWriteDuringWriteOut TestOverlapStress TestHazard TestBatching TestReadYourWrites \
+  TestWriteOutError TestFUA TestStripeLocks TestReadMappedClose TestModel \
+  TestPowerCut TestJournalWrap TestJournalDegradedPowerCut TestVolatileConcurrent \
+  TestCacheDirty TestCacheRandom TestCacheDegradedPlan \
+  TestStablePages TestStablePagesBound TestStablePagesErrors TestPipelining TestInFlightBytesBound \
+  TestDiscDrainsWrites TestServeShutdownDrains TestServeShutdownTimeout TestMixedWriteSizes TestServeClients \
+  TestBudget TestBudgetShares TestBudgetLane TestMaxTotalInFlightBytes TestLargeWritesShareBudget TestStalledPayloads
+empty :=
+space := $(empty) $(empty)
+STRESS_RUN := ^($(subst $(space),|,$(strip $(STRESS_TESTS))))$$
+
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-unit test-e2e test-vm fuzz bench bench-peers benchcmp lint deps clean
+.PHONY: help build run test test-unit test-e2e test-vm stress fuzz bench bench-peers benchcmp lint deps clean
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,10 +52,11 @@ run: build ## build, create ./data/member{0..3}.img (4 x 256M, sparse) if absent
 	@echo "attach:  nbdinfo nbd://$(LISTEN)   |   nbd-client -b 4096 $(subst :, ,$(LISTEN)) /dev/nbd0   |   see README"
 	./$(BIN) serve --listen $(LISTEN) $(MEMBERS)
 
-test: deps lint ## install what the tests need, then run every test (unit with -race, end-to-end, each fuzz target briefly)
+test: deps lint ## install what the tests need, then run every test (unit with -race, end-to-end, a short stress pass, each fuzz target briefly)
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 20m $$($(GO) list ./test/... | grep -v /test/vm)
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 25m ./test/vm
+	$(MAKE) --no-print-directory stress STRESS_COUNT=$(STRESS_SHORT_COUNT) STRESS_RACE_COUNT=$(STRESS_SHORT_RACE_COUNT)
 	$(MAKE) --no-print-directory fuzz FUZZTIME=5s
 
 test-unit: ## unit tests only, with the race detector
@@ -44,6 +67,10 @@ test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbd
 
 test-vm: deps ## boot a Debian kernel in qemu: the kernel nbd client on raid5d (make test runs this part)
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 25m ./test/vm
+
+stress: ## the concurrency-heavy unit tests STRESS_COUNT times (30), then STRESS_RACE_COUNT times with -race (5)
+	$(GO) test -short -count=$(STRESS_COUNT) -timeout 60m -run '$(STRESS_RUN)' $(STRESS_PKGS)
+	$(GO) test -short -race -count=$(STRESS_RACE_COUNT) -timeout 60m -run '$(STRESS_RUN)' $(STRESS_PKGS)
 
 # package:target pairs for `make fuzz`
 FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock raid:FuzzJournalRecord \
