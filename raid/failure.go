@@ -115,7 +115,9 @@ func (a *Array) drainWrites() {
 	}
 	a.gate.drain(len(a.roles), func(r int) bool {
 		m := a.roles[r].Load()
-		return m != nil && !m.faulty.Load()
+		// A member whose writes have hung past the timeout is not waited for: the watchdog
+		// that would fail it may be the very caller waiting here.
+		return m != nil && !m.faulty.Load() && (a.timeout <= 0 || m.stuckFor(time.Now()) <= a.timeout)
 	})
 }
 

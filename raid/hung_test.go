@@ -138,3 +138,46 @@ func TestHungMember(t *testing.T) {
 		})
 	}
 }
+
+// TestHungMembersFailArray: the array is degraded (role 0 failed) and members 1 and 2 then
+// hang under one write. The watchdog fails one of them, which fails the array; the failure
+// waits for the writes still under way on working members, but not for one that has hung
+// past the timeout: the watchdog itself is the caller waiting there, and it must go on to
+// fail the other hung member too.
+func TestHungMembersFailArray(t *testing.T) {
+	opts := raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}}
+	opts.MemberTimeout = 300 * time.Millisecond
+	a, fs, _, _ := faultyArray(t, 4, 32, opts)
+	ss := a.Layout().StripeSize()
+	if _, err := a.WriteAtFUA(make([]byte, ss), 0); err != nil { // dirty now
+		t.Fatal(err)
+	}
+	if err := a.Fail("0"); err != nil {
+		t.Fatal(err)
+	}
+	// Only their data writes hang: their superblocks still record the failures, so only
+	// the watchdog can find the second one.
+	for _, f := range []*raidtest.Faulty{fs[1], fs[2]} {
+		ch := make(chan struct{})
+		t.Cleanup(func() { close(ch) })
+		f.SetHook(func(op raidtest.Op, off int64) {
+			if op == raidtest.OpWrite && off >= raid.DataOffset {
+				<-ch
+			}
+		})
+	}
+	// Two chunk writes in two stripes whose parity is on member 3 (left-symmetric): one
+	// hangs inside its write of member 1, the other inside its write of member 2.
+	l, C := a.Layout(), a.Layout().ChunkSize()
+	for _, off := range []int64{0*ss + 1*C, 4*ss + 2*C} {
+		if loc := l.Map(off); loc.Parity != 3 || loc.Member != 1 && loc.Member != 2 {
+			t.Fatalf("offset %d maps to %+v", off, loc)
+		}
+		go a.WriteAt(make([]byte, C), off)
+	}
+	waitFaulty(t, a, 1)
+	st := waitFaulty(t, a, 2)
+	if st.State != raid.StateFailed {
+		t.Fatalf("state %v with three roles lost", st.State)
+	}
+}
