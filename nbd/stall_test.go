@@ -254,3 +254,52 @@ func TestLargeWritesShareBudget(t *testing.T) {
 	}
 	waitUncharged(t, s)
 }
+
+// TestPayloadDeadlineWaitsForBudget: the time a reader spends waiting for the server-wide
+// budget in the middle of a payload does not count against the payload's deadline (the client
+// was not the one keeping it waiting). W's WRITE has its first piece charged; then L's larger
+// WRITE passes the budget through the lane and sits in a slow device for longer than
+// PayloadTimeout, so W's second piece waits for it. W's write must succeed, every byte intact.
+func TestPayloadDeadlineWaitsForBudget(t *testing.T) {
+	const timeout = 2 * time.Second
+	const budget = 2 << 20
+	const wOff, wLen, lOff, lLen = 0, 2 << 20, 4 << 20, 3 << 20
+	mem := nbdtest.NewMemDevice(8 << 20)
+	mem.Delay = func(op nbdtest.Op, off, _ int64) {
+		if op == nbdtest.OpWrite && off == lOff {
+			time.Sleep(2 * timeout)
+		}
+	}
+	s, logs, path := serveLimits(t, Options{Exports: []Export{{Device: mem}},
+		MaxTotalInFlightBytes: budget, PayloadTimeout: timeout})
+	w, l := dial(t, path), dial(t, path)
+	w.handshakeGo("")
+	l.handshakeGo("")
+	wp, lp := pattern(1, wLen), pattern(2, lLen)
+	w.request(cmdWrite, 0, 1, wOff, wLen, wp[:payloadPiece-1]) // the first piece, but for a byte
+	l.request(cmdWrite, 0, 2, lOff, lLen, lp)
+	for deadline := time.Now().Add(timeout / 2); ; time.Sleep(time.Millisecond) {
+		s.mem.mu.Lock()
+		lane := s.mem.lane
+		s.mem.mu.Unlock()
+		if s.mem.used.Load() == payloadPiece+lLen && lane == nil {
+			break // L's payload is in and in the device; W holds its first piece
+		}
+		if time.Now().After(deadline) {
+			t.Skipf("the machine is too slow for this test: L's payload not in after %v", timeout/2)
+		}
+	}
+	w.write(wp[payloadPiece-1:])
+	if errno, _ := w.reply(); errno != 0 {
+		t.Fatalf("W's write: errno %d", errno)
+	}
+	if errno, _ := l.reply(); errno != 0 {
+		t.Fatalf("L's write: errno %d", errno)
+	}
+	if logs.loggedErr(ErrPayloadTimeout) {
+		t.Error("a payload was closed for time it spent waiting for the budget")
+	}
+	if !bytes.Equal(mem.Bytes()[wOff:wOff+wLen], wp) || !bytes.Equal(mem.Bytes()[lOff:lOff+lLen], lp) {
+		t.Error("a write differs")
+	}
+}
