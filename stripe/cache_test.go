@@ -260,20 +260,31 @@ func TestAddOp(t *testing.T) {
 	buf := make([]byte, 4*UnitSize)
 	other := make([]byte, UnitSize)
 	u := func(i int) []byte { return buf[i*UnitSize : (i+1)*UnitSize] }
-	ops := addOp(nil, MemberOp{Role: 1, Buf: u(0), Off: 0})
-	ops = addOp(ops, MemberOp{Role: 1, Buf: u(1), Off: UnitSize})
-	if len(ops) != 1 || len(ops[0].Buf) != 2*UnitSize {
-		t.Fatalf("contiguous units: %d ops, first %d bytes", len(ops), len(ops[0].Buf))
-	}
-	for _, op := range []MemberOp{
-		{Role: 1, Buf: other, Off: 2 * UnitSize},             // memory not contiguous
-		{Role: 2, Buf: u(3), Off: 3 * UnitSize},              // another member
-		{Role: 2, Buf: u(3), Off: 5 * UnitSize},              // offset gap
-		{Role: 2, Buf: u(3), Off: 6 * UnitSize, Write: true}, // other direction
+	first := MemberOp{Role: 1, Buf: u(0), Off: 0}
+	// Each case differs from an op that continues first in exactly one property, so each
+	// check of addOp is needed by one case.
+	for _, tc := range []struct {
+		name  string
+		op    MemberOp
+		merge bool
+	}{
+		{"continues", MemberOp{Role: 1, Buf: u(1), Off: UnitSize}, true},
+		{"memory not contiguous", MemberOp{Role: 1, Buf: other, Off: UnitSize}, false},
+		{"another member", MemberOp{Role: 2, Buf: u(1), Off: UnitSize}, false},
+		{"offset gap", MemberOp{Role: 1, Buf: u(1), Off: 2 * UnitSize}, false},
+		{"other direction", MemberOp{Role: 1, Buf: u(1), Off: UnitSize, Write: true}, false},
 	} {
-		n := len(ops)
-		if ops = addOp(ops, op); len(ops) != n+1 {
-			t.Fatalf("%+v merged into the previous op", op)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			ops := addOp(addOp(nil, first), tc.op)
+			if tc.merge {
+				if len(ops) != 1 || len(ops[0].Buf) != 2*UnitSize || ops[0].Off != 0 {
+					t.Fatalf("not merged: %d ops, first %d bytes at %d", len(ops), len(ops[0].Buf), ops[0].Off)
+				}
+				return
+			}
+			if len(ops) != 2 || len(ops[0].Buf) != UnitSize || ops[1].Role != tc.op.Role || ops[1].Off != tc.op.Off {
+				t.Fatalf("%+v merged into the previous op: %d ops", tc.op, len(ops))
+			}
+		})
 	}
 }
