@@ -95,7 +95,7 @@ func (n *notifier) notifyLoop(ctx context.Context, status func() string, statusE
 	for {
 		select {
 		case <-ctx.Done():
-			report("STOPPING=1", statusLine("stopping: finishing requests in flight, flushing members, marking the array clean"))
+			report("STOPPING=1", statusLine("stopping: finishing requests in flight and flushing the members (a second signal exits at once)"))
 			return
 		case <-tick.C:
 			if s := status(); s != last {
