@@ -1,6 +1,16 @@
 package vm
 
 import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -30,4 +40,84 @@ func TestDegraded(t *testing.T) {
 	needGuest(t, "nbd-client", "mkfs.ext4", "e2fsck")
 	mustPass(t, runVM(t, vmRun{script: guestScript(t, "degraded.sh"),
 		modules: []string{"nbd", "brd rd_nr=5 rd_size=65536", "ext4", "crc32c_generic"}, timeout: 6 * time.Minute}))
+}
+
+// TestHostServer runs raid5d on the host, on member files, and guest/host.sh attaches the
+// guest's kernel client to it over qemu's user network: ext4, checksums, fstrim, e2fsck -fn.
+// The host checks that the trims arrived (metrics) and that raid5d stops cleanly.
+func TestHostServer(t *testing.T) {
+	needGuest(t, "nbd-client", "mkfs.ext4", "e2fsck", "fstrim")
+	dir := t.TempDir()
+	var members []string
+	for i := range 4 {
+		members = append(members, filepath.Join(dir, fmt.Sprintf("m%d.img", i)))
+	}
+	if out, err := exec.Command(env.raid5d, append([]string{"create", "--size", "64M"}, members...)...).CombinedOutput(); err != nil {
+		t.Fatalf("raid5d create: %v\n%s", err, out)
+	}
+	port, metricsPort := freePort(t), freePort(t)
+	var log bytes.Buffer
+	serve := exec.Command(env.raid5d, append([]string{"serve", "--listen", "127.0.0.1:" + port,
+		"--control", filepath.Join(dir, "control.sock"), "--metrics", "127.0.0.1:" + metricsPort}, members...)...)
+	serve.Stdout, serve.Stderr = &log, &log
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- serve.Wait() }()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			serve.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("raid5d serve output:\n%s", log.String())
+		}
+	})
+	metrics := func() string {
+		resp, err := http.Get("http://127.0.0.1:" + metricsPort + "/metrics")
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for metrics() == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("raid5d serve did not answer on its metrics address within a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	mustPass(t, runVM(t, vmRun{script: guestScript(t, "host.sh"), net: true, timeout: 5 * time.Minute,
+		modules: []string{"nbd", "e1000", "ext4", "crc32c_generic"}, env: map[string]string{"HOST_PORT": port}}))
+
+	m := regexp.MustCompile(`(?m)^raid5d_requests_total\{cmd="trim"\} (\S+)$`).FindStringSubmatch(metrics())
+	if m == nil || m[1] == "0" {
+		t.Errorf("raid5d on the host counted no trims after the guest's fstrim (%v)", m)
+	}
+	serve.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		stopped = true
+		if err != nil {
+			t.Fatalf("raid5d serve exited after SIGTERM: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("raid5d serve did not exit within a minute of SIGTERM")
+	}
+}
+
+// freePort returns a TCP port on loopback that was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }

@@ -31,6 +31,7 @@ var env struct {
 	qemu     string
 	kernel   *kernel
 	image    string // what qemu's -kernel boots: the PVH vmlinux if there is one
+	raid5d   string // the static raid5d the guest gets; the host can run it too
 	base     *baseImage
 	accel    []string // qemu's -accel and -cpu arguments
 	setupErr error
@@ -111,6 +112,7 @@ func setup() {
 		env.setupErr = err
 		return
 	}
+	env.raid5d = bin
 	if env.base, err = buildBase(filepath.Join(env.dir, "base.cpio"), bin); err != nil {
 		skip(err) // busybox-static missing, most likely
 		return
@@ -194,6 +196,7 @@ type vmRun struct {
 	memMiB  int               // guest memory; default 1024
 	cpus    int               // default 2
 	timeout time.Duration     // the whole boot, qemu killed after it; default 4 minutes
+	net     bool              // an e1000 NIC on qemu's user network (load the e1000 module)
 }
 
 // vmResult is how a boot ended.
@@ -247,6 +250,9 @@ func boot(r vmRun, accel []string) (vmResult, error) {
 		"-m", strconv.Itoa(r.memMiB), "-smp", strconv.Itoa(r.cpus),
 		"-kernel", env.image, "-initrd", initrd, "-append", strings.Join(cmdline, " "),
 	}, accel...)
+	if r.net {
+		args = append(args, "-nic", "user,model=e1000")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, env.qemu, args...)

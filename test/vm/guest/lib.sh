@@ -4,6 +4,7 @@ set -eu
 
 MEMBERS="/dev/ram0 /dev/ram1 /dev/ram2 /dev/ram3"
 PORT=10809
+NBD_HOST=127.0.0.1 # the server attach connects to over TCP
 SOCK=/run/raid5d.nbd
 METRICS=127.0.0.1:9100
 NBD=/dev/nbd0
@@ -86,10 +87,17 @@ kill_daemon() {
 attach() {
 	case " $* " in
 	*" -u "*) nbd-client "$@" -N raid5d -b 4096 "$NBD" ;;
-	*) nbd-client 127.0.0.1 "$PORT" "$NBD" -N raid5d -b 4096 "$@" ;;
+	*) nbd-client "$NBD_HOST" "$PORT" "$NBD" -N raid5d -b 4096 "$@" ;;
 	esac
 	wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/${NBD#/dev/}/size) -gt 0 ]"
 	log "attached $NBD ($*): $(blockdev --getsize64 "$NBD") bytes, max_sectors_kb $(cat /sys/block/${NBD#/dev/}/queue/max_sectors_kb)"
+}
+
+# net_up: the e1000 NIC on qemu's user network (the host is 10.0.2.2 there).
+net_up() {
+	ip link set eth0 up || die "no eth0 (did the run ask for net and the e1000 module?)"
+	ip addr add 10.0.2.15/24 dev eth0
+	ip route add default via 10.0.2.2
 }
 
 # detach: nbd-client -d, and the device must be released (size 0).
