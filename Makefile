@@ -37,7 +37,7 @@ space := $(empty) $(empty)
 STRESS_RUN := ^($(subst $(space),|,$(strip $(STRESS_TESTS))))$$
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-unit test-e2e test-vm stress fuzz bench bench-peers benchcmp lint deps clean
+.PHONY: help build run test test-unit test-e2e test-vm bench-vm stress fuzz bench bench-peers benchcmp lint deps clean
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -65,8 +65,12 @@ test-unit: ## unit tests only, with the race detector
 test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbdfuse)
 	$(GO) test -count=1 -v -timeout 20m $$($(GO) list ./test/... | grep -v /test/vm)
 
-test-vm: deps ## boot a Debian kernel in qemu: the kernel nbd client on raid5d (make test runs this part)
+test-vm: deps ## boot a Debian kernel in qemu: the kernel nbd client on raid5d (make test runs this part), then bench-vm
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 25m ./test/vm
+	$(MAKE) --no-print-directory bench-vm
+
+bench-vm: deps ## in one VM boot, md RAID-5 vs raid5d vs md+nbdkit on 4 RAM disks, kernel nbd client, fio: one table
+	RAID5D_VM_BENCH=1 RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 60m -run '^TestBench$$' ./test/vm
 
 stress: ## the concurrency-heavy unit tests STRESS_COUNT times (30), then STRESS_RACE_COUNT times with -race (5)
 	$(GO) test -short -count=$(STRESS_COUNT) -timeout 60m -run '$(STRESS_RUN)' $(STRESS_PKGS)

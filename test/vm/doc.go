@@ -33,6 +33,8 @@
 //   - RAID5D_VM_CACHE=DIR keeps the kernel elsewhere; RAID5D_VM_KERNEL_PKG=linux-image-...
 //     boots another kernel package.
 //   - RAID5D_VM_CONSOLE=1 copies the guest's console to stderr as it comes.
+//   - RAID5D_VM_BENCH=1 runs TestBench (make bench-vm): md RAID-5, raid5d and md+nbdkit side
+//     by side in one boot.
 //
 // # Time
 //

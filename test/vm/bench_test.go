@@ -1,0 +1,192 @@
+package vm
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBench runs guest/bench.sh in one boot (make bench-vm; RAID5D_VM_BENCH=1): md RAID-5,
+// md with skip_copy, md exported by nbdkit and raid5d, on the same four RAM disks, in
+// alternating rounds, and prints the medians and their ratios as one table. It asserts nothing
+// about speed; it fails only if a config does not run. ROUNDS, RUNTIME (seconds per fio job),
+// SIZE (MiB) and CONFIGS pass through to the guest.
+func TestBench(t *testing.T) {
+	if os.Getenv("RAID5D_VM_BENCH") != "1" {
+		t.Skip("a benchmark: make bench-vm runs it (RAID5D_VM_BENCH=1)")
+	}
+	needGuest(t, "nbd-client", "mdadm", "fio", "nbdkit")
+	benchEnv := map[string]string{}
+	for _, k := range []string{"ROUNDS", "RUNTIME", "SIZE", "CONFIGS"} {
+		if v := os.Getenv(k); v != "" {
+			benchEnv[k] = v
+		}
+	}
+	res := runVM(t, vmRun{
+		script:  guestScript(t, "bench.sh"),
+		modules: []string{"nbd", "brd rd_nr=4 rd_size=262144", "crc32c_generic", "raid456"}, // crc32c: libcrc32c's soft dependency
+		env:     benchEnv,
+		memMiB:  3072,
+		timeout: 50 * time.Minute,
+	})
+	mustPass(t, res)
+	table, err := benchTable(res.output)
+	if err != nil {
+		t.Fatalf("%v; console:\n%s", err, res.output)
+	}
+	fmt.Print(table)
+}
+
+// benchTable turns bench.sh's RESULT lines into the table: per workload, the median of the
+// rounds for each config (MB/s for sequential jobs, IOPS for random ones), then the ratios of
+// raid5d's configs (raid5d, raid5d+msk) to each of the others.
+func benchTable(console string) (string, error) {
+	samples := map[[2]string][]float64{} // config, workload -> figures
+	var configs, workloads []string
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(console))
+	rounds := 0
+	for sc.Scan() {
+		// RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS
+		f := strings.Fields(sc.Text())
+		if len(f) != 6 || f[0] != "RESULT" {
+			continue
+		}
+		round, err1 := strconv.Atoi(f[1])
+		kib, err2 := strconv.ParseFloat(f[4], 64)
+		iops, err3 := strconv.ParseFloat(f[5], 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			return "", fmt.Errorf("bad RESULT line %q", sc.Text())
+		}
+		rounds = max(rounds, round)
+		config, workload := f[2], f[3]
+		if !seen["c "+config] {
+			seen["c "+config] = true
+			configs = append(configs, config)
+		}
+		if !seen["w "+workload] {
+			seen["w "+workload] = true
+			workloads = append(workloads, workload)
+		}
+		v := kib * 1024 / 1e6 // MB/s
+		if strings.HasPrefix(workload, "rand") {
+			v = iops
+		}
+		k := [2]string{config, workload}
+		samples[k] = append(samples[k], v)
+	}
+	if len(samples) == 0 {
+		return "", fmt.Errorf("bench.sh printed no RESULT lines")
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nmedians of %d rounds; sequential jobs in MB/s, random ones in IOPS\n\n", rounds)
+	// raid5d's configs (raid5d, raid5d+msk) against each of the others
+	var ours, others []string
+	for _, c := range configs {
+		if strings.HasPrefix(c, "raid5d") {
+			ours = append(ours, c)
+		} else {
+			others = append(others, c)
+		}
+	}
+	med := map[[2]string]float64{}
+	for k, v := range samples {
+		med[k] = median(v)
+	}
+	// each column as wide as its heading
+	fmt.Fprintf(&b, "%-14s", "workload")
+	for _, c := range configs {
+		fmt.Fprintf(&b, " %*s", max(len(c), 7), c)
+	}
+	b.WriteString("\n")
+	for _, w := range workloads {
+		fmt.Fprintf(&b, "%-14s", w)
+		for _, c := range configs {
+			fmt.Fprintf(&b, " %*.0f", max(len(c), 7), med[[2]string{c, w}])
+		}
+		b.WriteString("\n")
+	}
+	if len(ours) == 0 || len(others) == 0 {
+		return b.String(), nil
+	}
+	fmt.Fprintf(&b, "\n%-14s", "ratio")
+	for _, o := range ours {
+		for _, c := range others {
+			fmt.Fprintf(&b, " %s", o+"/"+c)
+		}
+	}
+	b.WriteString("\n")
+	for _, w := range workloads {
+		fmt.Fprintf(&b, "%-14s", w)
+		for _, o := range ours {
+			for _, c := range others {
+				width := len(o + "/" + c)
+				if d := med[[2]string{c, w}]; d > 0 {
+					fmt.Fprintf(&b, " %*.2f", width, med[[2]string{o, w}]/d)
+				} else {
+					fmt.Fprintf(&b, " %*s", width, "-")
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}
+
+// median of xs (0 for none).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// TestBenchTable checks the table's arithmetic on canned RESULT lines (no VM): medians of
+// three rounds, MB/s for sequential jobs and IOPS for random ones, raid5d's ratios.
+func TestBenchTable(t *testing.T) {
+	console := `[ 1.0] kernel noise
+RESULT 1 md seqwrite-1M 100000 97
+RESULT 1 raid5d seqwrite-1M 50000 48
+RESULT 1 md randread-4k 4000 1000
+RESULT 1 raid5d randread-4k 8000 2000
+RESULT 2 raid5d seqwrite-1M 70000 68
+RESULT 2 md seqwrite-1M 300000 290
+RESULT 2 raid5d randread-4k 8000 3000
+RESULT 2 md randread-4k 4000 1000
+RESULT 3 md seqwrite-1M 200000 195
+RESULT 3 raid5d seqwrite-1M 60000 58
+RESULT 3 md randread-4k 4000 999
+RESULT 3 raid5d randread-4k 8000 1000
+`
+	table, err := benchTable(console)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"medians of 3 rounds",
+		"workload            md  raid5d",
+		"seqwrite-1M        205      61", // 200000 and 60000 KiB/s in MB/s
+		"randread-4k       1000    2000",
+		"ratio          raid5d/md",
+		"seqwrite-1M         0.30",
+		"randread-4k         2.00",
+	}
+	for _, w := range want {
+		if !strings.Contains(table, w) {
+			t.Errorf("table lacks %q:\n%s", w, table)
+		}
+	}
+	if _, err := benchTable("no results"); err == nil {
+		t.Error("benchTable without RESULT lines: no error")
+	}
+}

@@ -1,0 +1,129 @@
+# Side by side on the same four RAM disks, in one boot, alternating rounds: Linux md RAID-5
+# (16 KiB chunks, --assume-clean) with and without skip_copy, raid5d (16 KiB chunks) through the
+# kernel's nbd client, and md exported by nbdkit's file plugin through the same client; and
+# raid5d+msk, raid5d with the nbd device's max_sectors_kb raised from the kernel's 128 to 1024,
+# so that 1 MiB requests reach the server whole. fio with
+# libaio and O_DIRECT, each job time-bounded. Prints one RESULT line per round, config and
+# workload: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
+#
+# Environment: ROUNDS (3), RUNTIME (seconds per job, 5), SIZE (MiB of the device the jobs
+# use, 256), CONFIGS (the configs, in round 1's order; later rounds alternate the order).
+
+ROUNDS=${ROUNDS:-3}
+RUNTIME=${RUNTIME:-5}
+SIZE=${SIZE:-256}
+CONFIGS=${CONFIGS:-md md-skip_copy md+nbdkit raid5d raid5d+msk}
+NBDKIT_SOCK=/run/nbdkit.sock
+MD=/dev/md0
+SPACE=$IFS
+
+# name:rw:bs:iodepth
+WORKLOADS="seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:16 randwrite-4k:randwrite:4k:32 randread-4k:randread:4k:32"
+
+md_up() {
+	[ -e /sys/block/md0/md ] && return 0
+	mdadm --create "$MD" --run --force --assume-clean --level=5 --raid-devices=4 --chunk=16 \
+		--metadata=1.2 $MEMBERS >/tmp/mdadm.out 2>&1 || { cat /tmp/mdadm.out; die "mdadm --create"; }
+	wait_for 30 "$MD" test -b "$MD"
+}
+
+md_down() {
+	[ -e /sys/block/md0/md ] || return 0
+	mdadm --stop "$MD" >/dev/null 2>&1 || die "mdadm --stop"
+	mdadm --zero-superblock $MEMBERS >/dev/null 2>&1 || true
+}
+
+# setup CONFIG: makes the device of a config and prints its path.
+setup() {
+	case $1 in
+	md | md-skip_copy)
+		md_up
+		if [ "$1" = md ]; then echo 0 >/sys/block/md0/md/skip_copy; else echo 1 >/sys/block/md0/md/skip_copy; fi
+		DEV=$MD
+		;;
+	md+nbdkit)
+		md_up
+		echo 0 >/sys/block/md0/md/skip_copy
+		rm -f "$NBDKIT_SOCK"
+		nbdkit --unix "$NBDKIT_SOCK" --pidfile /run/nbdkit.pid file file="$MD" || die "nbdkit"
+		wait_for 30 "nbdkit's socket" test -S "$NBDKIT_SOCK"
+		nbd-client -u "$NBDKIT_SOCK" "$NBD" -b 4096 >/dev/null || die "nbd-client to nbdkit"
+		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
+		DEV=$NBD
+		;;
+	raid5d | raid5d+msk)
+		md_down
+		create --chunk 16K
+		serve >/dev/null
+		attach >/dev/null
+		[ "$1" = raid5d ] || echo 1024 >/sys/block/nbd0/queue/max_sectors_kb
+		DEV=$NBD
+		;;
+	*) die "unknown config $1" ;;
+	esac
+}
+
+teardown() {
+	case $1 in
+	md+nbdkit)
+		detach
+		kill "$(cat /run/nbdkit.pid)"
+		wait_for 30 "nbdkit to exit" sh -c '! kill -0 $(cat /run/nbdkit.pid)'
+		;;
+	raid5d | raid5d+msk)
+		detach
+		stop_daemon
+		;;
+	esac
+}
+
+# job NAME RW BS DEPTH DEV: one fio job; prints KIB_PER_S IOPS.
+job() {
+	fio --name="$1" --filename="$5" --rw="$2" --bs="$3" --iodepth="$4" --ioengine=libaio --direct=1 \
+		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --minimal >/tmp/fio.out 2>&1 ||
+		{ cat /tmp/fio.out; die "fio $1 on $5"; }
+	case $2 in
+	*write) awk -F';' '{ print $48, int($49) }' /tmp/fio.out ;;
+	*) awk -F';' '{ print $7, int($8) }' /tmp/fio.out ;;
+	esac
+}
+
+log "bench: $ROUNDS rounds of $RUNTIME s jobs on $SIZE MiB; configs $CONFIGS; $(nproc) CPUs"
+command -v xdd >/dev/null 2>&1 || log "xdd: not in the guest (not a Debian package); its experiment is skipped"
+round=1
+order=$CONFIGS
+while [ $round -le "$ROUNDS" ]; do
+	for c in $order; do
+		setup "$c"
+		# reads must find written data: fill the region the jobs use first
+		fio --name=fill --filename="$DEV" --rw=write --bs=1M --iodepth=8 --ioengine=libaio --direct=1 \
+			--size="${SIZE}M" >/dev/null 2>&1 || die "fio fill on $c"
+		for w in $WORKLOADS; do
+			IFS=:
+			set -- $w
+			IFS=$SPACE
+			name=$1 rw=$2 bs=$3 depth=$4
+			case $c in raid5d*)
+				w0=$(metric raid5d_requests_total 'cmd="write"') b0=$(metric raid5d_request_bytes_total 'cmd="write"')
+				r0=$(metric raid5d_requests_total 'cmd="read"') rb0=$(metric raid5d_request_bytes_total 'cmd="read"')
+				f0=$(metric raid5d_requests_total 'cmd="flush"') ;;
+			esac
+			set -- $(job "$name" "$rw" "$bs" "$depth" "$DEV")
+			echo "RESULT $round $c $name $1 $2"
+			case $c in raid5d*)
+				w1=$(metric raid5d_requests_total 'cmd="write"') b1=$(metric raid5d_request_bytes_total 'cmd="write"')
+				r1=$(metric raid5d_requests_total 'cmd="read"') rb1=$(metric raid5d_request_bytes_total 'cmd="read"')
+				f1=$(metric raid5d_requests_total 'cmd="flush"')
+				[ "$round" != 1 ] || log "$c $name: requests at raid5d: $((w1 - w0)) writes of $(((b1 - b0) / ((w1 - w0) > 0 ? (w1 - w0) : 1) / 1024)) KiB average, $((r1 - r0)) reads of $(((rb1 - rb0) / ((r1 - r0) > 0 ? (r1 - r0) : 1) / 1024)) KiB, $((f1 - f0)) flushes" ;;
+			esac
+		done
+		teardown "$c"
+	done
+	# the next round runs the configs in the reverse order
+	rev=""
+	for c in $order; do rev="$c $rev"; done
+	order=$rev
+	round=$((round + 1))
+done
+dmesg_clean
+log "bench done"
