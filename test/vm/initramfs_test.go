@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 )
 
@@ -249,9 +248,7 @@ func sharedLibs(bins []string) ([]string, error) {
 			}
 		}
 	}
-	libs := sortedKeys(seen)
-	sort.Strings(libs)
-	return libs, nil
+	return sortedKeys(seen), nil
 }
 
 // runImage writes the part of an initramfs that is one run's own: its script, the shared guest
@@ -291,8 +288,8 @@ func runImage(dst string, k *kernel, img *baseImage, script string, modules []st
 	c.file("/etc/vm-modules", 0o644, []byte(list.String()))
 	var e strings.Builder
 	fmt.Fprintf(&e, "export LD_LIBRARY_PATH=%s\n", shellQuote(strings.Join(img.libDirs, ":")))
-	for _, k := range sortedKeys(env) {
-		fmt.Fprintf(&e, "export %s=%s\n", k, shellQuote(env[k]))
+	for _, name := range sortedKeys(env) {
+		fmt.Fprintf(&e, "export %s=%s\n", name, shellQuote(env[name]))
 	}
 	c.file("/etc/vm-env", 0o644, []byte(e.String()))
 	lib, err := guestScripts.ReadFile("guest/lib.sh")
