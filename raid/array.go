@@ -38,8 +38,11 @@ type Array struct {
 	// recPos is the rebuild position in stripes: the rebuilding member serves the stripes
 	// below it. It moves past stripe s only while s's lock is held.
 	recPos atomic.Int64
-	// recording counts fail calls in progress (see awaitRecord).
+	// recording counts member failures being recorded (beginRecord; see awaitRecord); recIdle
+	// is closed when it drops to 0. recMu guards recIdle and the changes of recording.
 	recording atomic.Int32
+	recMu     sync.Mutex
+	recIdle   chan struct{}
 	// gate admits every member data write; recount shuts it when the array fails (gate.go).
 	gate writeGate
 	// view is the member list and superblock fields as the last Status (or assembly) read
@@ -519,6 +522,8 @@ func (a *Array) writeSuperblocks(set func(*superblock)) error {
 	if len(bad) == 0 {
 		return nil
 	}
+	a.beginRecord() // before the members are marked faulty (awaitRecord)
+	defer a.endRecord()
 	rebuilding := false
 	for ; len(bad) > 0; bad, err = a.superblockWrite(set) {
 		a.log.Error("raid: a superblock update did not reach every member; failing those it missed", "err", err)
@@ -629,9 +634,7 @@ func (a *Array) Flush() error {
 	if a.cache != nil {
 		err = a.cache.Flush()
 	}
-	err = errors.Join(err, a.syncMembers())
-	a.awaitRecord()
-	return err
+	return a.awaitDurable(errors.Join(err, a.syncMembers()))
 }
 
 // syncMembers fdatasyncs every working member, concurrently. A member whose sync fails is

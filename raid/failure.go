@@ -251,16 +251,15 @@ func (a *Array) rebuildRange(role int, s int64, buf []byte, off int64, locked bo
 // (events bumped, synced) before fail returns, and writes that skip m wait for that record
 // (awaitRecord) before they are acknowledged. A rebuild onto a spare starts if one is idle.
 func (a *Array) fail(m *member, why error) {
-	a.recording.Add(1)
-	defer a.recording.Add(-1)
 	// Marked faulty before sbMu is taken: I/O goes around m from now on (nBad, recomputed by
 	// recount below, counts it at once), and an update of the superblocks still waiting for a
 	// hung m gives up on it (eachMember), so failing a member never waits for the member.
-	// Writes that skip m meanwhile wait for the record (awaitRecord: recording is counted).
+	// Writes that skip m meanwhile wait for the record (awaitRecord): it is counted before m
+	// is marked, so whoever sees m faulty also sees the record under way.
+	a.beginRecord()
 	if m.faulty.Swap(true) {
-		a.sbMu.Lock()
-		a.sbMu.Unlock() //nolint:staticcheck // an empty critical section: wait for the record
-		a.drainWrites() // if that failure failed the array, its caller learns of it after the drain
+		a.endRecord()
+		a.awaitRecord() // the record of the first fail, then the drain if that failed the array
 		return
 	}
 	a.nBad.Add(1)
@@ -289,6 +288,7 @@ func (a *Array) fail(m *member, why error) {
 	}
 	failed := a.failed()
 	a.sbMu.Unlock()
+	a.endRecord()
 	if failed {
 		a.drainWrites()
 		a.log.Error("raid: array failed: two roles have no working member; data on them is lost; member writes stopped")
@@ -299,16 +299,55 @@ func (a *Array) fail(m *member, why error) {
 	a.maybeRebuild()
 }
 
-// awaitRecord waits until any superblock update recording a faulty member is durable. Writing
-// methods call it before they return, so that no write that skipped a faulty member is
-// acknowledged before the superblocks say the member is faulty, and no write that failed with
-// the array returns before the gate has drained (drainWrites).
+// beginRecord counts a member failure being recorded in the superblocks, before the member
+// is marked faulty; endRecord ends it once the record is durable (or has failed the array).
+func (a *Array) beginRecord() {
+	a.recMu.Lock()
+	if a.recording.Add(1) == 1 {
+		a.recIdle = make(chan struct{})
+	}
+	a.recMu.Unlock()
+}
+
+func (a *Array) endRecord() {
+	a.recMu.Lock()
+	if a.recording.Add(-1) == 0 {
+		close(a.recIdle)
+	}
+	a.recMu.Unlock()
+}
+
+// awaitRecord waits until every superblock update recording a faulty member that had begun
+// (beginRecord) is durable. Writing methods call it before they return, so that no write that
+// skipped a faulty member is acknowledged before the superblocks say the member is faulty, and
+// no write that failed with the array returns before the gate has drained (drainWrites). It
+// does not wait on sbMu: a member is marked faulty before its fail takes sbMu, so a waiter
+// could take sbMu first and return before the record.
 func (a *Array) awaitRecord() {
 	if a.recording.Load() > 0 {
-		a.sbMu.Lock()
-		a.sbMu.Unlock() //nolint:staticcheck // an empty critical section: wait for fail
+		a.recMu.Lock()
+		idle := a.recIdle
+		if a.recording.Load() == 0 {
+			idle = nil
+		}
+		a.recMu.Unlock()
+		if idle != nil {
+			<-idle
+		}
 	}
 	a.drainWrites()
+}
+
+// awaitDurable is awaitRecord for a FLUSH or a FUA write that made err of its syncs: the array
+// may have failed meanwhile although err is nil, when the syncs skipped members marked faulty
+// whose record then failed (their superblocks could not be written: a power cut). What was
+// written to them is not durable, and the superblocks do not say so.
+func (a *Array) awaitDurable(err error) error {
+	a.awaitRecord()
+	if err == nil && a.failed() {
+		return fmt.Errorf("%w: a member failed during the sync and the failure could not be recorded", ErrArrayFailed)
+	}
+	return err
 }
 
 // roleOf returns the role m holds or is being rebuilt into, or -1 (spare, retired). The caller

@@ -553,9 +553,7 @@ func (a *Array) WriteAtFUA(p []byte, off int64) (int, error) {
 			return n, err
 		}
 	}
-	err = a.syncMembers()
-	a.awaitRecord()
-	return n, err
+	return n, a.awaitDurable(a.syncMembers())
 }
 
 // Trim discards [off, off+length): afterwards it reads as zeroes. Whole stripes are trimmed on
