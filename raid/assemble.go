@@ -1014,7 +1014,11 @@ func forcePlan(ref *superblock, byRole []*member, stale []*member) []*member {
 // rebuilt counts as lost too (lostRoles: losing a member during a rebuild fails the array, so
 // the array took no writes after it; raid5d before that rule kept writing the stripes below
 // the rebuild's position). Its history must agree with ref's: every role it records faulty is
-// faulty in ref, and every role it records rebuilding is still rebuilding (or faulty) in ref.
+// faulty or being rebuilt in ref, and every role it records rebuilding is still rebuilding (or
+// faulty) in ref. (Faulty then rebuilding: the update that started the rebuild was under way
+// when this member failed, and skipped it, since a member is marked faulty before its failure
+// is recorded; the role was lost all along, and a rebuild that has not finished restored
+// nothing.)
 func failedWithArray(sb, ref *superblock) bool {
 	lost := 0
 	for r := range sb.Members {
@@ -1029,7 +1033,7 @@ func failedWithArray(sb, ref *superblock) bool {
 			}
 			lost++
 		case sb.States[r] == roleFaulty:
-			if ref.States[r] != roleFaulty {
+			if ref.States[r] == roleActive { // rebuilt since: writes went on without this member
 				return false
 			}
 			lost++
