@@ -24,14 +24,16 @@ STRESS_SHORT_RACE_COUNT ?= 1
 STRESS_PKGS  := ./raid ./stripe ./nbd
 STRESS_TESTS := \
   TestDoubleFailure TestWriteFailure TestUnrecordedFailure TestFailureDrainsWrites TestFailedArrayReleasesPins \
-  TestRebuild TestRebuildResume TestFailDuringRebuild TestScrubDuringResync \
+  TestRebuild TestRebuildResume TestFailDuringRebuild TestForceDuringRebuild TestScrubDuringResync \
+  TestHungMember TestHungMembersFailArray \
   TestPinnedRelease TestWriteDuringWriteOut TestOverlapStress TestHazard TestBatching TestReadYourWrites \
   TestWriteOutError TestFUA TestStripeLocks TestReadMappedClose TestModel \
   TestPowerCut TestJournalWrap TestJournalDegradedPowerCut TestVolatileConcurrent \
   TestCacheDirty TestCacheRandom TestCacheDegradedPlan \
   TestStablePages TestStablePagesBound TestStablePagesErrors TestPipelining TestInFlightBytesBound \
   TestDiscDrainsWrites TestServeShutdownDrains TestServeShutdownTimeout TestMixedWriteSizes TestServeClients \
-  TestBudget TestBudgetShares TestBudgetLane TestMaxTotalInFlightBytes TestLargeWritesShareBudget TestStalledPayloads
+  TestBudget TestBudgetShares TestBudgetLane TestMaxTotalInFlightBytes TestLargeWritesShareBudget TestStalledPayloads \
+  TestPayloadDeadlineWaitsForBudget
 empty :=
 space := $(empty) $(empty)
 STRESS_RUN := ^($(subst $(space),|,$(strip $(STRESS_TESTS))))$$
