@@ -44,8 +44,9 @@ func kernelPackage() (string, error) {
 }
 
 // fetchKernel returns the kernel of package pkg unpacked under cacheDir/pkg, downloading
-// (apt-get download, no root needed) and unpacking (dpkg-deb -x) it first if it is not there.
-// A failed or interrupted fetch leaves nothing under the final name.
+// (apt-get download, no root needed) and unpacking (dpkg-deb -x) it first if it is not there,
+// and then removing the other kernels there. A failed or interrupted fetch leaves nothing under
+// the final name.
 func fetchKernel(cacheDir, pkg string) (*kernel, error) {
 	root := filepath.Join(cacheDir, pkg)
 	if k, err := openKernel(root); err == nil {
@@ -78,6 +79,14 @@ func fetchKernel(cacheDir, pkg string) (*kernel, error) {
 	os.RemoveAll(root) // a broken earlier copy
 	if err := os.Rename(tree, root); err != nil {
 		return nil, err
+	}
+	// the kernels this one replaces (460 MB each); their KVM probe results stay, they are small
+	if old, err := filepath.Glob(filepath.Join(cacheDir, "linux-image-*")); err == nil {
+		for _, o := range old {
+			if o != root {
+				os.RemoveAll(o)
+			}
+		}
 	}
 	return openKernel(root)
 }
