@@ -138,9 +138,11 @@ func TestStalledPayloads(t *testing.T) {
 		if len(received) != attackers {
 			t.Errorf("%d stalled payloads logged with received and expected bytes, want %d", len(received), attackers)
 		}
+		// The server may not have read all that was sent when the deadline passed (a slow run,
+		// -race): it logs what it had, some of it and never more.
 		for i := range received {
-			if received[i] != sent || expected[i] != length {
-				t.Errorf("logged %d of %d bytes received, want %d of %d", received[i], expected[i], sent, length)
+			if received[i] <= 0 || received[i] > sent || expected[i] != length {
+				t.Errorf("logged %d of %d bytes received, want 1 to %d of %d", received[i], expected[i], sent, length)
 			}
 		}
 		waitUncharged(t, s)
