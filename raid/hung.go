@@ -71,8 +71,8 @@ func (a *Array) watchdog(ctx context.Context) {
 	}
 }
 
-// eachMember runs fn(i, ms[i]) for every member of ms concurrently and waits for them, but for no longer
-// than the member timeout (none if it is ≤ 0), and not at all for a member that is marked
+// eachMember runs fn(i, ms[i]) for every member of ms concurrently and waits for them, but
+// for no longer than the member timeout (none if it is ≤ 0), and not at all for a member marked
 // faulty meanwhile (by fail, the watchdog, or `raid5d fail`). A member that fn has not
 // finished with by then gets ErrMemberHung in errs; its fn goes on in the background and its
 // result is dropped, so fn must own what it touches (its own buffer). For superblock updates
@@ -126,16 +126,29 @@ func (a *Array) eachMember(ms []*member, fn func(i int, m *member) error) []erro
 			}
 		}
 		mu.Lock()
+		pending := 0 // finished, their result on its way: take it rather than call them hung
 		for i, m := range ms {
-			if !done[i] {
-				errs[i] = fmt.Errorf("%w: abandoned after %v", ErrMemberHung, a.timeout)
-				if !finished[i] {
-					gaveUp[i] = true
-					m.abandoned.Add(1)
-				}
+			switch {
+			case done[i]:
+			case finished[i]:
+				pending++
+			case m.faulty.Load():
+				errs[i] = fmt.Errorf("%w: failed while its write was under way", ErrMemberHung)
+				gaveUp[i] = true
+				m.abandoned.Add(1)
+			default:
+				errs[i] = fmt.Errorf("%w: no answer within %v", ErrMemberHung, a.timeout)
+				gaveUp[i] = true
+				m.abandoned.Add(1)
 			}
 		}
 		mu.Unlock()
+		for pending > 0 {
+			if r := <-results; !gaveUp[r.i] { // gaveUp is read here only after it was last written
+				errs[r.i], done[r.i] = r.err, true
+				pending--
+			}
+		}
 		break
 	}
 	return errs
