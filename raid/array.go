@@ -12,6 +12,7 @@ import (
 
 	"github.com/raid5d/raid5d/parity"
 	"github.com/raid5d/raid5d/stripe"
+	"github.com/raid5d/raid5d/stripe/cache"
 )
 
 // nLocks is the size of the hashed table of stripe locks (a power of two): stripe s is guarded
@@ -56,12 +57,12 @@ type Array struct {
 
 	// locks serialise writes, and reads that reconstruct, per stripe (hashed). A request
 	// holds one at a time, in ascending stripe order; only Trim holds several (see lockSpan).
-	// With a cache they also guard the stripe's cache head (see stripe.Cache).
+	// With a cache they also guard the stripe's cache head (see cache.Cache).
 	locks stripe.Locks
 
 	// cache is the write-back stripe cache; nil without one (IOOptions.StripeCache < 0, or
 	// read-only). Started by start, stopped by Close.
-	cache    *stripe.Cache
+	cache    *cache.Cache
 	stable   bool // IOOptions.StablePages
 	mapReads bool // IOOptions.MappedReads
 	// unsafeRef (tests only) makes WriteAt keep references to the caller's buffer as if it
@@ -234,7 +235,7 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 		if stripes == 0 {
 			stripes = DefaultCacheStripes(layout)
 		}
-		a.cache = stripe.NewCache(layout, coder, memberIO{a}, &a.locks, stripe.CacheOptions{
+		a.cache = cache.New(layout, coder, memberIO{a}, &a.locks, cache.Options{
 			Stripes: stripes, WriteBackDelay: opts.WriteBackDelay, WriteBackers: opts.WriteBackers, Logger: log,
 			MustReconstruct: a.needsRCW,
 		})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/stripe"
+	"github.com/raid5d/raid5d/stripe/cache"
 	"golang.org/x/sys/unix"
 )
 
@@ -296,7 +297,7 @@ func (a *Array) readExtent(dst []byte, e stripe.Extent) error {
 // stripes were written completely.
 func (a *Array) WriteAt(p []byte, off int64) (int, error) {
 	if a.unsafeRef {
-		pin := stripe.NewPin(nil)
+		pin := cache.NewPin(nil)
 		defer pin.Drop()
 		return a.writeAt(p, off, pin)
 	}
@@ -313,12 +314,12 @@ func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
 		defer release()
 		return a.WriteAt(p, off)
 	}
-	pin := stripe.NewPin(release)
+	pin := cache.NewPin(release)
 	defer pin.Drop()
 	return a.writeAt(p, off, pin)
 }
 
-func (a *Array) writeAt(p []byte, off int64, pin *stripe.Pin) (int, error) {
+func (a *Array) writeAt(p []byte, off int64, pin *cache.Pin) (int, error) {
 	if err := a.check(off, int64(len(p))); err != nil {
 		return 0, err
 	}

@@ -12,7 +12,7 @@ import (
 // several stripes' reads and writes to one member can be in flight at once.
 const ioWorkers = 4
 
-// memberIO is how the stripe cache reaches the members (stripe.Members). Its Do hands each
+// memberIO is how the stripe cache reaches the members (cache.Backend). Its Do hands each
 // member's share of a batch to that member's I/O goroutines (started by startIO, stopped by
 // stopIO), so that it allocates nothing.
 type memberIO struct{ a *Array }

@@ -32,10 +32,10 @@ type IOOptions struct {
 	// StripeCache × members × chunk bytes, allocated as stripes are first cached.
 	StripeCache int
 	// WriteBackDelay is how long a partly written stripe waits in the cache for more writes
-	// before it is written out; 0 means stripe.DefaultWriteBackDelay (5 ms).
+	// before it is written out; 0 means cache.DefaultWriteBackDelay (5 ms).
 	WriteBackDelay time.Duration
 	// WriteBackers is the number of background write-out goroutines; 0 means
-	// stripe.DefaultWriteBackers (4).
+	// cache.DefaultWriteBackers (4).
 	WriteBackers int
 	// MemberTimeout is the deadline of a member's I/O. A member that has had writes under way
 	// (data, trims, syncs, the bitmap, superblocks) with none completing for this long is

@@ -15,7 +15,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/raid5d/raid5d/raid"
-	"github.com/raid5d/raid5d/stripe"
+	"github.com/raid5d/raid5d/stripe/cache"
 )
 
 // The serve configuration file is TOML with one flat table: every key is the name of a serve
@@ -343,7 +343,7 @@ func builtinDefault(name string, fs *flag.FlagSet) (string, bool) {
 	case "sync-speed-max":
 		return tomlString(formatSize(raid.DefaultSyncSpeedMax)), true
 	case "write-back-delay":
-		return tomlString(stripe.DefaultWriteBackDelay.String()), true
+		return tomlString(cache.DefaultWriteBackDelay.String()), true
 	case "stripe-cache":
 		return tomlString(formatSize(raid.DefaultCacheBytes)), true
 	case "control":

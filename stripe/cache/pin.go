@@ -1,4 +1,4 @@
-package stripe
+package cache
 
 import (
 	"sync"
@@ -35,7 +35,7 @@ func (p *Pin) Drop() {
 	case n > 0:
 		return
 	case n < 0:
-		panic("stripe: Pin dropped more often than held")
+		panic("cache: Pin dropped more often than held")
 	}
 	rel := p.release
 	p.release = nil

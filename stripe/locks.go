@@ -9,7 +9,7 @@ const NumLocks = 1024
 // every stripe congruent to s modulo NumLocks. The zero value is ready to use.
 //
 // A goroutine holds at most one of them, except LockSpan, which takes several in ascending
-// table order; together the two rules rule out deadlock. The Cache takes other stripes' locks
+// table order; together the two rules rule out deadlock. The write-back cache (package stripe/cache) takes other stripes' locks
 // only with TryLock.
 type Locks struct {
 	mu [NumLocks]sync.Mutex
@@ -37,5 +37,5 @@ func (l *Locks) UnlockSpan(s0, n int64) {
 	}
 }
 
-// sameLock reports whether stripes a and b share a mutex.
-func sameLock(a, b int64) bool { return (a-b)&(NumLocks-1) == 0 }
+// SameLock reports whether stripes a and b share a mutex.
+func SameLock(a, b int64) bool { return (a-b)&(NumLocks-1) == 0 }

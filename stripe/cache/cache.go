@@ -1,4 +1,4 @@
-package stripe
+package cache
 
 import (
 	"context"
@@ -10,35 +10,20 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/parity"
+	"github.com/raid5d/raid5d/stripe"
 )
 
-// UnitSize is the cache's unit of state: each 4 KiB of a cached chunk is up to date or not,
-// dirty or not, and held in the head's own buffer or referenced in a pinned caller buffer.
-const UnitSize = 4 << 10
-
-// Defaults of CacheOptions.
+// Defaults of Options.
 const (
 	DefaultWriteBackDelay = 5 * time.Millisecond
 	DefaultWriteBackers   = 4
 )
 
-// MemberOp is one member read or write issued by a Cache. Off is an offset in the member's data
-// area. A read fills Buf; a write only reads it. A write with Vec set writes the buffers of Vec
-// one after another from Off instead (Buf unused): one vectored call where the member can,
-// each buffer within one chunk.
-type MemberOp struct {
-	Role  int
-	Buf   []byte
-	Off   int64
-	Write bool
-	Vec   [][]byte
-}
-
-// Members is how a Cache reaches the array's members.
-type Members interface {
+// Backend is how a Cache reaches the array's members.
+type Backend interface {
 	// Do performs ops, concurrently where it can, and returns an error if any failed. It keeps
 	// none of the buffers.
-	Do(ops []MemberOp) error
+	Do(ops []stripe.MemberOp) error
 	// Missing returns the role of the member that is missing in stripe s, or -1. Its chunks
 	// are never read or written; they are rebuilt from, and folded into, the rest of their
 	// stripe. The answer for s may change only while s's lock is held by whoever changes it
@@ -46,8 +31,8 @@ type Members interface {
 	Missing(s int64) int
 }
 
-// CacheOptions configure a Cache.
-type CacheOptions struct {
+// Options configure a Cache.
+type Options struct {
 	// Stripes is the capacity in stripes (at least 1). Memory: Stripes × members × chunk bytes
 	// (every head has a buffer per data chunk and one for parity), allocated as heads are first
 	// used.
@@ -67,8 +52,8 @@ type CacheOptions struct {
 	MustReconstruct func(s int64) bool
 }
 
-// CacheCounters are a Cache's cumulative counters.
-type CacheCounters struct {
+// Counters are a Cache's cumulative counters.
+type Counters struct {
 	FullStripeWrites uint64 // stripes written with parity from new data alone: no reads
 	RMWWrites        uint64 // partial write-outs by read-modify-write
 	RCWWrites        uint64 // partial write-outs by reconstruct-write
@@ -92,7 +77,7 @@ type CacheCounters struct {
 //
 // # Locking
 //
-// A head bound to stripe s is guarded by the stripe lock Locks.For(s), shared with the array:
+// A head bound to stripe s is guarded by the stripe lock stripe.Locks.For(s), shared with the array:
 // every access to its units, and all member I/O for the stripe, happens under it. Write-outs
 // hold it for their whole duration, so a write to a stripe being written out waits, and a
 // write-out never races a newer write to the same units. Cache.mu guards the table of heads,
@@ -101,14 +86,14 @@ type CacheCounters struct {
 //
 // All methods may be called concurrently.
 type Cache struct {
-	layout Layout
+	layout stripe.Layout
 	coder  *parity.Coder
-	m      Members
-	locks  *Locks
+	m      Backend
+	locks  *stripe.Locks
 	delay  time.Duration
 	nwb    int
 	log    *slog.Logger
-	mustRC func(s int64) bool // CacheOptions.MustReconstruct, or nil
+	mustRC func(s int64) bool // Options.MustReconstruct, or nil
 	nd     int                // data chunks per stripe
 	chunk  int64              // chunk size
 	upc    int                // units per chunk
@@ -152,7 +137,7 @@ const (
 
 type unitRef struct {
 	pin *Pin
-	buf []byte // UnitSize bytes of the pinned buffer
+	buf []byte // stripe.UnitSize bytes of the pinned buffer
 }
 
 // head is one cached stripe.
@@ -178,7 +163,7 @@ type head struct {
 
 // workspace is one write-out's scratch memory.
 type workspace struct {
-	ops    []MemberOp
+	ops    []stripe.MemberOp
 	shards [][]byte
 	old    []byte  // (D+1)×chunk: old data for read-modify-write, or rebuild scratch
 	cols   []uint8 // per unit column: colDirty, colRMW
@@ -190,13 +175,13 @@ const (
 	colRMW   = 2 // the column is written by read-modify-write
 )
 
-// NewCache returns a cache for the array of layout, whose parity coder is coder, reaching the
+// New returns a cache for the array of layout, whose parity coder is coder, reaching the
 // members through m and locking stripes in locks. Start starts its write-out goroutines.
-func NewCache(layout Layout, coder *parity.Coder, m Members, locks *Locks, opts CacheOptions) *Cache {
+func New(layout stripe.Layout, coder *parity.Coder, m Backend, locks *stripe.Locks, opts Options) *Cache {
 	c := &Cache{
 		layout: layout, coder: coder, m: m, locks: locks,
 		delay: opts.WriteBackDelay, nwb: opts.WriteBackers, log: opts.Logger, mustRC: opts.MustReconstruct,
-		nd: layout.DataMembers(), chunk: layout.ChunkSize(), upc: int(layout.ChunkSize() / UnitSize),
+		nd: layout.DataMembers(), chunk: layout.ChunkSize(), upc: int(layout.ChunkSize() / stripe.UnitSize),
 		cap:   max(opts.Stripes, 1),
 		heads: make(map[int64]*head),
 		kick:  make(chan struct{}, 1),
@@ -218,15 +203,15 @@ func NewCache(layout Layout, coder *parity.Coder, m Members, locks *Locks, opts 
 		c.free[i] = &head{}
 	}
 	c.work.New = func() any {
-		return &workspace{ops: make([]MemberOp, 0, 2*(c.nd+1)), shards: make([][]byte, c.nd+1)}
+		return &workspace{ops: make([]stripe.MemberOp, 0, 2*(c.nd+1)), shards: make([][]byte, c.nd+1)}
 	}
 	c.spare.New = func() any { h := &head{}; c.alloc(h); return h }
-	c.nBatch = min(maxBatchBytes/layout.StripeSize(), NumLocks)
+	c.nBatch = min(maxBatchBytes/layout.StripeSize(), stripe.NumLocks)
 	c.batches.New = func() any {
 		n, m := c.nBatch, int64(layout.Members())
 		return &batch{
 			data: make([]byte, n*layout.StripeSize()), par: make([]byte, n*c.chunk),
-			ops: make([]MemberOp, 0, n*m), vecs: make([][]byte, 0, n*m), shards: make([][]byte, c.nd+1),
+			ops: make([]stripe.MemberOp, 0, n*m), vecs: make([][]byte, 0, n*m), shards: make([][]byte, c.nd+1),
 		}
 	}
 	return c
@@ -240,7 +225,7 @@ const maxBatchBytes = 1 << 20
 type batch struct {
 	data   []byte // nBatch stripes of data: the copy of the caller's, without stable pages
 	par    []byte // nBatch parity chunks
-	ops    []MemberOp
+	ops    []stripe.MemberOp
 	vecs   [][]byte // the ops' Vec, back to back
 	shards [][]byte
 }
@@ -268,8 +253,8 @@ func (c *Cache) Close() error {
 }
 
 // Counters returns the cumulative counters.
-func (c *Cache) Counters() CacheCounters {
-	return CacheCounters{
+func (c *Cache) Counters() Counters {
+	return Counters{
 		FullStripeWrites: c.full.Load(), RMWWrites: c.rmw.Load(), RCWWrites: c.rcw.Load(),
 		CopiedBytes: c.copied.Load(), Hits: c.hits.Load(), Misses: c.misses.Load(),
 		Evictions: c.evictions.Load(), WriteThroughs: c.through.Load(),
@@ -284,8 +269,8 @@ func (c *Cache) alloc(h *head) {
 // unit returns the head's own buffer of data unit (d, u), with capacity to the end of chunk d
 // so that consecutive units can be merged into one member I/O.
 func (c *Cache) unit(h *head, d, u int) []byte {
-	o := int64(d)*c.chunk + int64(u)*UnitSize
-	return h.buf[o : o+UnitSize : int64(d+1)*c.chunk]
+	o := int64(d)*c.chunk + int64(u)*stripe.UnitSize
+	return h.buf[o : o+stripe.UnitSize : int64(d+1)*c.chunk]
 }
 
 // src returns where data unit (d, u)'s bytes are: a pinned reference or the head's buffer.
@@ -299,8 +284,8 @@ func (c *Cache) src(h *head, d, u int) []byte {
 }
 
 func (c *Cache) parityUnit(h *head, u int) []byte {
-	o := int64(c.nd)*c.chunk + int64(u)*UnitSize
-	return h.buf[o : o+UnitSize : int64(c.nd+1)*c.chunk]
+	o := int64(c.nd)*c.chunk + int64(u)*stripe.UnitSize
+	return h.buf[o : o+stripe.UnitSize : int64(c.nd+1)*c.chunk]
 }
 
 // dropRef drops unit i's reference, if any.
@@ -365,7 +350,7 @@ func (c *Cache) bind(s int64) *head {
 			if v.dirty {
 				continue
 			}
-			own := sameLock(v.stripe, s) // we hold its lock already
+			own := stripe.SameLock(v.stripe, s) // we hold its lock already
 			if !own && !c.locks.For(v.stripe).TryLock() {
 				continue // in use
 			}
@@ -541,13 +526,13 @@ func (c *Cache) fill(h *head, s int64, q []byte, w int64, pin *Pin) error {
 	for o := w; o < w+int64(len(q)); {
 		d, cw := int(o/C), o%C
 		n := min(C-cw, w+int64(len(q))-o)
-		u0, u1 := int(cw/UnitSize), int((cw+n-1)/UnitSize)
-		if cw%UnitSize != 0 && h.st[d*c.upc+u0]&stUp == 0 {
+		u0, u1 := int(cw/stripe.UnitSize), int((cw+n-1)/stripe.UnitSize)
+		if cw%stripe.UnitSize != 0 && h.st[d*c.upc+u0]&stUp == 0 {
 			if err := c.readIn(h, s, d, u0); err != nil {
 				return err
 			}
 		}
-		if (cw+n)%UnitSize != 0 && h.st[d*c.upc+u1]&stUp == 0 {
+		if (cw+n)%stripe.UnitSize != 0 && h.st[d*c.upc+u1]&stUp == 0 {
 			if err := c.readIn(h, s, d, u1); err != nil {
 				return err
 			}
@@ -558,11 +543,11 @@ func (c *Cache) fill(h *head, s int64, q []byte, w int64, pin *Pin) error {
 	for o := w; o < w+int64(len(q)); {
 		d, cw := int(o/C), o%C
 		n := min(C-cw, w+int64(len(q))-o)
-		for u := int(cw / UnitSize); int64(u)*UnitSize < cw+n; u++ {
-			lo, hi := max(cw, int64(u)*UnitSize), min(cw+n, int64(u+1)*UnitSize)
+		for u := int(cw / stripe.UnitSize); int64(u)*stripe.UnitSize < cw+n; u++ {
+			lo, hi := max(cw, int64(u)*stripe.UnitSize), min(cw+n, int64(u+1)*stripe.UnitSize)
 			src := q[o-w+lo-cw : o-w+hi-cw]
 			i := d*c.upc + u
-			if hi-lo == UnitSize && pin != nil && !c.noRefs.Load() {
+			if hi-lo == stripe.UnitSize && pin != nil && !c.noRefs.Load() {
 				if h.refs == nil {
 					h.refs = make([]unitRef, c.nd*c.upc)
 				}
@@ -575,7 +560,7 @@ func (c *Cache) fill(h *head, s int64, q []byte, w int64, pin *Pin) error {
 					copy(dst, h.refs[i].buf)
 					h.dropRef(i)
 				}
-				copy(dst[lo-int64(u)*UnitSize:], src)
+				copy(dst[lo-int64(u)*stripe.UnitSize:], src)
 				copied += hi - lo
 			}
 			h.setDirty(i)
@@ -590,10 +575,10 @@ func (c *Cache) fill(h *head, s int64, q []byte, w int64, pin *Pin) error {
 // rest of the stripe when its member is missing.
 func (c *Cache) readIn(h *head, s int64, d, u int) error {
 	dst := c.unit(h, d, u)
-	off := s*c.chunk + int64(u)*UnitSize
+	off := s*c.chunk + int64(u)*stripe.UnitSize
 	role := c.layout.DataMember(s, d)
 	if role != c.m.Missing(s) {
-		if err := c.m.Do([]MemberOp{{Role: role, Buf: dst, Off: off}}); err != nil {
+		if err := c.m.Do([]stripe.MemberOp{{Role: role, Buf: dst, Off: off}}); err != nil {
 			return err
 		}
 		h.setUp(d*c.upc + u)
@@ -611,8 +596,8 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 		if i < c.nd {
 			r = c.layout.DataMember(s, i)
 		}
-		ws.shards[i] = ws.old[int64(i)*UnitSize : int64(i+1)*UnitSize]
-		ops = append(ops, MemberOp{Role: r, Buf: ws.shards[i], Off: off})
+		ws.shards[i] = ws.old[int64(i)*stripe.UnitSize : int64(i+1)*stripe.UnitSize]
+		ops = append(ops, stripe.MemberOp{Role: r, Buf: ws.shards[i], Off: off})
 	}
 	ws.ops = ops[:0]
 	if err := c.m.Do(ops); err != nil {
@@ -658,7 +643,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 				r = c.layout.DataMember(s, d)
 			}
 			if r != miss {
-				ops = append(ops, MemberOp{Role: r, Buf: ws.shards[d], Off: s * c.chunk, Write: true})
+				ops = append(ops, stripe.MemberOp{Role: r, Buf: ws.shards[d], Off: s * c.chunk, Write: true})
 			}
 		}
 		ws.ops = ops[:0]
@@ -743,7 +728,7 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 			s := s0 + i
 			if r == c.m.Missing(s) { // end the op before the chunk it must skip
 				if len(vecs) > k0 {
-					ops = append(ops, MemberOp{Role: r, Off: (s0 + i - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
+					ops = append(ops, stripe.MemberOp{Role: r, Off: (s0 + i - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
 				}
 				k0 = len(vecs)
 				continue
@@ -758,7 +743,7 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 			vecs = append(vecs, chunk)
 		}
 		if len(vecs) > k0 {
-			ops = append(ops, MemberOp{Role: r, Off: (s0 + n - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
+			ops = append(ops, stripe.MemberOp{Role: r, Off: (s0 + n - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
 		}
 	}
 	b.ops, b.vecs = ops, vecs
@@ -834,24 +819,24 @@ func (c *Cache) writeOut(h *head, s int64) error {
 			role := c.layout.DataMember(s, d)
 			for u := range upc {
 				st := h.st[d*upc+u]
-				off := base + int64(u)*UnitSize
+				off := base + int64(u)*stripe.UnitSize
 				if !colDirty(u) {
 					continue
 				}
 				if colRMW(u) {
 					if st&stDirty != 0 {
-						o := int64(d)*c.chunk + int64(u)*UnitSize
-						ops = addOp(ops, MemberOp{Role: role, Buf: ws.old[o : o+UnitSize : int64(d+1)*c.chunk], Off: off})
+						o := int64(d)*c.chunk + int64(u)*stripe.UnitSize
+						ops = addOp(ops, stripe.MemberOp{Role: role, Buf: ws.old[o : o+stripe.UnitSize : int64(d+1)*c.chunk], Off: off})
 					}
 				} else if st&stUp == 0 {
-					ops = addOp(ops, MemberOp{Role: role, Buf: c.unit(h, d, u), Off: off})
+					ops = addOp(ops, stripe.MemberOp{Role: role, Buf: c.unit(h, d, u), Off: off})
 				}
 			}
 		}
 		for u := range upc {
 			if colDirty(u) && colRMW(u) {
 				anyRMW = true
-				ops = addOp(ops, MemberOp{Role: pm, Buf: c.parityUnit(h, u), Off: base + int64(u)*UnitSize})
+				ops = addOp(ops, stripe.MemberOp{Role: pm, Buf: c.parityUnit(h, u), Off: base + int64(u)*stripe.UnitSize})
 			}
 		}
 		if err := c.m.Do(ops); err != nil {
@@ -867,8 +852,8 @@ func (c *Cache) writeOut(h *head, s int64) error {
 			if colRMW(u) {
 				for d := range D {
 					if h.st[d*upc+u]&stDirty != 0 {
-						o := int64(d)*c.chunk + int64(u)*UnitSize
-						if err := c.coder.Update(P, ws.old[o:o+UnitSize], c.src(h, d, u)); err != nil {
+						o := int64(d)*c.chunk + int64(u)*stripe.UnitSize
+						if err := c.coder.Update(P, ws.old[o:o+stripe.UnitSize], c.src(h, d, u)); err != nil {
 							return err
 						}
 					}
@@ -897,14 +882,14 @@ func (c *Cache) writeOut(h *head, s int64) error {
 		}
 		for u := range upc {
 			if h.st[d*upc+u]&stDirty != 0 {
-				ops = addOp(ops, MemberOp{Role: role, Buf: c.src(h, d, u), Off: base + int64(u)*UnitSize, Write: true})
+				ops = addOp(ops, stripe.MemberOp{Role: role, Buf: c.src(h, d, u), Off: base + int64(u)*stripe.UnitSize, Write: true})
 			}
 		}
 	}
 	if miss != pm {
 		for u := range upc {
 			if colDirty(u) {
-				ops = addOp(ops, MemberOp{Role: pm, Buf: c.parityUnit(h, u), Off: base + int64(u)*UnitSize, Write: true})
+				ops = addOp(ops, stripe.MemberOp{Role: pm, Buf: c.parityUnit(h, u), Off: base + int64(u)*stripe.UnitSize, Write: true})
 			}
 		}
 	}
@@ -940,7 +925,7 @@ func (c *Cache) writeOut(h *head, s int64) error {
 
 // addOp appends op to ops, or extends the last op when op continues it on the same member in
 // the same direction with contiguous memory.
-func addOp(ops []MemberOp, op MemberOp) []MemberOp {
+func addOp(ops []stripe.MemberOp, op stripe.MemberOp) []stripe.MemberOp {
 	if n := len(ops); n > 0 {
 		l := &ops[n-1]
 		if l.Role == op.Role && l.Write == op.Write && l.Off+int64(len(l.Buf)) == op.Off && contiguous(l.Buf, op.Buf) {
@@ -994,7 +979,7 @@ func (c *Cache) Heads(s0, n int64, bits []uint64) {
 // ReadExtent reads extent e (of one data chunk) into dst: the units up to date in the cache
 // are copied from it, and each run of the others is read by miss (which reads the member, or
 // rebuilds the range from the rest of the stripe). miss is called without any lock held.
-func (c *Cache) ReadExtent(dst []byte, e Extent, miss func(dst []byte, e Extent) error) error {
+func (c *Cache) ReadExtent(dst []byte, e stripe.Extent, miss func(dst []byte, e stripe.Extent) error) error {
 	s := e.Stripe
 	c.mu.Lock()
 	h := c.heads[s]
@@ -1011,17 +996,17 @@ func (c *Cache) ReadExtent(dst []byte, e Extent, miss func(dst []byte, e Extent)
 		return miss(dst, e)
 	}
 	w0 := e.MemberOff - s*c.chunk
-	u0, u1 := int(w0/UnitSize), int((w0+e.Len-1)/UnitSize)
-	var need [MaxChunk / UnitSize / 64]uint64 // units to read from the members
+	u0, u1 := int(w0/stripe.UnitSize), int((w0+e.Len-1)/stripe.UnitSize)
+	var need [stripe.MaxChunk / stripe.UnitSize / 64]uint64 // units to read from the members
 	missing := false
 	for u := u0; u <= u1; u++ {
-		lo, hi := max(w0, int64(u)*UnitSize), min(w0+e.Len, int64(u+1)*UnitSize)
+		lo, hi := max(w0, int64(u)*stripe.UnitSize), min(w0+e.Len, int64(u+1)*stripe.UnitSize)
 		if h.st[e.Data*c.upc+u]&stUp == 0 {
 			need[u/64] |= 1 << (u % 64)
 			missing = true
 			continue
 		}
-		copy(dst[lo-w0:hi-w0], c.src(h, e.Data, u)[lo-int64(u)*UnitSize:])
+		copy(dst[lo-w0:hi-w0], c.src(h, e.Data, u)[lo-int64(u)*stripe.UnitSize:])
 	}
 	lk.Unlock()
 	if !missing {
@@ -1038,7 +1023,7 @@ func (c *Cache) ReadExtent(dst []byte, e Extent, miss func(dst []byte, e Extent)
 		for v <= u1 && need[v/64]&(1<<(v%64)) != 0 {
 			v++
 		}
-		lo, hi := max(w0, int64(u)*UnitSize), min(w0+e.Len, int64(v)*UnitSize)
+		lo, hi := max(w0, int64(u)*stripe.UnitSize), min(w0+e.Len, int64(v)*stripe.UnitSize)
 		sub := e
 		sub.MemberOff, sub.BufOff, sub.Len = s*c.chunk+lo, e.BufOff+lo-w0, hi-lo
 		if err := miss(dst[lo-w0:hi-w0], sub); err != nil {
@@ -1085,7 +1070,7 @@ func (c *Cache) Unpin() {
 
 // Discard forgets the stripes [s0, s0+n), dirty units included (their references are
 // released): the caller has just made them read as zeroes on every member. The caller holds
-// their locks (Locks.LockSpan).
+// their locks (stripe.Locks.LockSpan).
 func (c *Cache) Discard(s0, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1,15 +1,17 @@
-package stripe
+package cache
 
 import (
 	"fmt"
 	"testing"
+
+	"github.com/raid5d/raid5d/stripe"
 )
 
 // TestCacheDirty: a partial write leaves its stripe dirty, and only it, until a write-out;
 // a full-stripe write and a flushed or discarded stripe are clean. Both walks (per stripe, and
 // over the heads for a range larger than the cache) are exercised.
 func TestCacheDirty(t *testing.T) {
-	l, err := NewLayout(3, 16<<10, LeftSymmetric)
+	l, err := stripe.NewLayout(3, 16<<10, stripe.LeftSymmetric)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package stripe
+package cache
 
 import (
 	"bytes"
@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/parity"
+	"github.com/raid5d/raid5d/stripe"
 )
 
-// memMembers is an in-memory Members: each role's data area as a slice.
+// memMembers is an in-memory Backend: each role's data area as a slice.
 type memMembers struct {
 	mu        sync.Mutex // guards data, reads
 	data      [][]byte   // by role; nil for the missing role
@@ -24,7 +25,7 @@ type memMembers struct {
 
 func (m *memMembers) Missing(int64) int { return m.missing }
 
-func (m *memMembers) Do(ops []MemberOp) error {
+func (m *memMembers) Do(ops []stripe.MemberOp) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, op := range ops {
@@ -56,7 +57,7 @@ func (m *memMembers) Do(ops []MemberOp) error {
 
 // newTestCache returns a cache of capacity stripes over members holding random data with
 // correct parity, its members, and the array's contents (the model).
-func newTestCache(t *testing.T, l Layout, stripes int64, capacity, missing int, seed uint64) (*Cache, *memMembers, []byte) {
+func newTestCache(t *testing.T, l stripe.Layout, stripes int64, capacity, missing int, seed uint64) (*Cache, *memMembers, []byte) {
 	t.Helper()
 	coder, err := parity.New(l.DataMembers())
 	if err != nil {
@@ -80,15 +81,15 @@ func newTestCache(t *testing.T, l Layout, stripes int64, capacity, missing int, 
 			subtle.XORBytes(P, P, chunk)
 		}
 	}
-	var locks Locks
-	c := NewCache(l, coder, mm, &locks, CacheOptions{Stripes: capacity, WriteBackDelay: 100 * time.Microsecond, WriteBackers: 2})
+	var locks stripe.Locks
+	c := New(l, coder, mm, &locks, Options{Stripes: capacity, WriteBackDelay: 100 * time.Microsecond, WriteBackers: 2})
 	return c, mm, model
 }
 
 // check compares what the members hold with the model: every present data chunk, and every
 // present parity chunk against the XOR of the model's data (which also covers the missing
 // member's chunks).
-func check(t *testing.T, l Layout, mm *memMembers, model []byte) {
+func check(t *testing.T, l stripe.Layout, mm *memMembers, model []byte) {
 	t.Helper()
 	C := l.ChunkSize()
 	stripes := int64(len(model)) / l.StripeSize()
@@ -110,8 +111,8 @@ func check(t *testing.T, l Layout, mm *memMembers, model []byte) {
 
 // readModel is a miss function that reads the model, as the array would read or rebuild the
 // members: the cache must call it only for units it does not hold, so a stale model would show.
-func readMembers(l Layout, mm *memMembers) func([]byte, Extent) error {
-	return func(dst []byte, e Extent) error {
+func readMembers(l stripe.Layout, mm *memMembers) func([]byte, stripe.Extent) error {
+	return func(dst []byte, e stripe.Extent) error {
 		mm.mu.Lock()
 		defer mm.mu.Unlock()
 		if e.Member != mm.missing {
@@ -137,7 +138,7 @@ func readMembers(l Layout, mm *memMembers) func([]byte, Extent) error {
 // each must be released exactly once.
 func TestCacheRandom(t *testing.T) {
 	for _, n := range []int{3, 5} {
-		l, _ := NewLayout(n, 8<<10, LeftSymmetric)
+		l, _ := stripe.NewLayout(n, 8<<10, stripe.LeftSymmetric)
 		for missing := -1; missing < n; missing++ {
 			t.Run(fmt.Sprintf("n%d-missing%d", n, missing), func(t *testing.T) {
 				const stripes = 6
@@ -159,11 +160,11 @@ func TestCacheRandom(t *testing.T) {
 						}
 						ln = min(size-off, (2+rng.Int64N(3))*l.StripeSize())
 					case 1, 2: // whole units
-						off = rng.Int64N(size/UnitSize) * UnitSize
-						ln = min(size-off, (1+rng.Int64N(3))*UnitSize)
+						off = rng.Int64N(size/stripe.UnitSize) * stripe.UnitSize
+						ln = min(size-off, (1+rng.Int64N(3))*stripe.UnitSize)
 					default:
 						off = rng.Int64N(size)
-						ln = 1 + rng.Int64N(min(size-off, 3*UnitSize))
+						ln = 1 + rng.Int64N(min(size-off, 3*stripe.UnitSize))
 					}
 					p := make([]byte, ln)
 					for i := range p {
@@ -224,14 +225,14 @@ func TestCacheRandom(t *testing.T) {
 // cache knows the missing unit is reconstruct-written (the missing unit is never read), and one
 // where it does not is read-modify-written.
 func TestCacheDegradedPlan(t *testing.T) {
-	l, _ := NewLayout(4, 8<<10, LeftSymmetric) // 2 units per chunk, 3 data chunks
+	l, _ := stripe.NewLayout(4, 8<<10, stripe.LeftSymmetric) // 2 units per chunk, 3 data chunks
 	missing := l.DataMember(0, 0)
 	c, mm, model := newTestCache(t, l, 2, 4, missing, 5)
 	// Unit 0 of the missing chunk (known once written) and unit 1 of data chunk 1 (missing
 	// unit not known: RMW reads old data and parity, 2 units).
-	a := bytes.Repeat([]byte{1}, UnitSize)
-	b := bytes.Repeat([]byte{2}, UnitSize)
-	offB := l.ChunkSize() + UnitSize
+	a := bytes.Repeat([]byte{1}, stripe.UnitSize)
+	b := bytes.Repeat([]byte{2}, stripe.UnitSize)
+	offB := l.ChunkSize() + stripe.UnitSize
 	for _, w := range []struct {
 		p   []byte
 		off int64
@@ -245,7 +246,7 @@ func TestCacheDegradedPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Column 0: RCW reads data chunks 1 and 2 (unit 0); column 1: RMW reads old b and parity.
-	if want := int64(4 * UnitSize); mm.reads != want {
+	if want := int64(4 * stripe.UnitSize); mm.reads != want {
 		t.Fatalf("member reads: %d bytes, want %d", mm.reads, want)
 	}
 	if ct := c.Counters(); ct.RMWWrites != 1 {
@@ -257,32 +258,32 @@ func TestCacheDegradedPlan(t *testing.T) {
 // TestAddOp: consecutive units in one buffer merge into one member I/O; units in separate
 // buffers, on other members or in the other direction do not.
 func TestAddOp(t *testing.T) {
-	buf := make([]byte, 4*UnitSize)
-	other := make([]byte, UnitSize)
-	u := func(i int) []byte { return buf[i*UnitSize : (i+1)*UnitSize] }
-	first := MemberOp{Role: 1, Buf: u(0), Off: 0}
+	buf := make([]byte, 4*stripe.UnitSize)
+	other := make([]byte, stripe.UnitSize)
+	u := func(i int) []byte { return buf[i*stripe.UnitSize : (i+1)*stripe.UnitSize] }
+	first := stripe.MemberOp{Role: 1, Buf: u(0), Off: 0}
 	// Each case differs from an op that continues first in exactly one property, so each
 	// check of addOp is needed by one case.
 	for _, tc := range []struct {
 		name  string
-		op    MemberOp
+		op    stripe.MemberOp
 		merge bool
 	}{
-		{"continues", MemberOp{Role: 1, Buf: u(1), Off: UnitSize}, true},
-		{"memory not contiguous", MemberOp{Role: 1, Buf: other, Off: UnitSize}, false},
-		{"another member", MemberOp{Role: 2, Buf: u(1), Off: UnitSize}, false},
-		{"offset gap", MemberOp{Role: 1, Buf: u(1), Off: 2 * UnitSize}, false},
-		{"other direction", MemberOp{Role: 1, Buf: u(1), Off: UnitSize, Write: true}, false},
+		{"continues", stripe.MemberOp{Role: 1, Buf: u(1), Off: stripe.UnitSize}, true},
+		{"memory not contiguous", stripe.MemberOp{Role: 1, Buf: other, Off: stripe.UnitSize}, false},
+		{"another member", stripe.MemberOp{Role: 2, Buf: u(1), Off: stripe.UnitSize}, false},
+		{"offset gap", stripe.MemberOp{Role: 1, Buf: u(1), Off: 2 * stripe.UnitSize}, false},
+		{"other direction", stripe.MemberOp{Role: 1, Buf: u(1), Off: stripe.UnitSize, Write: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ops := addOp(addOp(nil, first), tc.op)
 			if tc.merge {
-				if len(ops) != 1 || len(ops[0].Buf) != 2*UnitSize || ops[0].Off != 0 {
+				if len(ops) != 1 || len(ops[0].Buf) != 2*stripe.UnitSize || ops[0].Off != 0 {
 					t.Fatalf("not merged: %d ops, first %d bytes at %d", len(ops), len(ops[0].Buf), ops[0].Off)
 				}
 				return
 			}
-			if len(ops) != 2 || len(ops[0].Buf) != UnitSize || ops[1].Role != tc.op.Role || ops[1].Off != tc.op.Off {
+			if len(ops) != 2 || len(ops[0].Buf) != stripe.UnitSize || ops[1].Role != tc.op.Role || ops[1].Off != tc.op.Off {
 				t.Fatalf("%+v merged into the previous op: %d ops", tc.op, len(ops))
 			}
 		})

@@ -1,4 +1,4 @@
-package stripe
+package cache
 
 // Dirty reports whether any stripe of [s0, s0+n) has a cache head with dirty units: data
 // newer than what the members hold. A caller that holds those stripes' locks gets an exact
