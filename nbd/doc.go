@@ -12,7 +12,11 @@
 // The wire format is doc/proto.md of the NBD reference implementation; constants and the
 // header structs come from go-nbd's protocol package, with the missing ones in types.go. The
 // files follow the protocol's phases: server.go (listeners, connections), handshake.go
-// (greeting and options), transmission.go (requests and replies).
+// (greeting and options), transmission.go (the transmission loop: read a request, call the
+// Device, reply), with request.go (request headers, their checks, WRITE payloads), reply.go
+// (simple and structured replies and their coalescing), blockstatus.go (NBD_CMD_BLOCK_STATUS),
+// pool.go (request buffers and each connection's in-flight bounds) and limits.go (the
+// server-wide budget).
 //
 // Handshake: the server offers NBD_FLAG_FIXED_NEWSTYLE and NBD_FLAG_NO_ZEROES and drops a client
 // that sets any other client flag. It answers NBD_OPT_EXPORT_NAME (size, flags, and 124 zero

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math/bits"
 	"sync/atomic"
+	"time"
 
+	"github.com/pojntfx/go-nbd/pkg/protocol"
 	"golang.org/x/sys/unix"
 )
 
@@ -164,5 +166,192 @@ func (s *Server) BufferStats() BufferStats {
 		Mapped: st.mapped.Load(), Locked: st.locked.Load(), Out: st.out.Load(),
 		Pinned: st.pinned.Load(), PinnedBytes: st.pinnedBytes.Load(),
 		PinnedWrites: st.pinnedWrites.Load(),
+	}
+}
+
+// acquire waits until the connection's in-flight limits admit a request like h, then returns
+// a request for it, with a buffer for READ and WRITE. It starts a worker if none is idle. Only
+// READ and WRITE wait for bytes: a FLUSH goes through even while the device holds pinned
+// buffers up to the limit. It fails only when a new buffer cannot be mapped.
+func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) {
+	n := int64(0)
+	if h.Type == cmdRead || h.Type == cmdWrite {
+		n = int64(h.Length)
+	}
+	class := classOf(int(n))
+	c.mu.Lock()
+	for c.inflight >= c.srv.maxInFlightReqs ||
+		(n > 0 && c.inflightBytes > 0 && c.inflightBytes+n > c.srv.maxInFlightBytes) {
+		c.cond.Wait()
+	}
+	c.inflight++
+	var req *request
+	if k := len(c.free); k > 0 {
+		req = c.free[k-1]
+		c.free = c.free[:k-1]
+	} else {
+		req = new(request)
+	}
+	var b *buffer
+	if n > 0 {
+		c.inflightBytes += n
+		c.bufsOut++
+		if class >= 0 && len(c.pool[class]) > 0 {
+			k := len(c.pool[class]) - 1
+			b = c.pool[class][k]
+			c.pool[class] = c.pool[class][:k]
+			c.poolBytes -= int64(len(b.mem))
+		}
+	}
+	if c.nworkers < c.inflight {
+		c.nworkers++
+		c.workers.Go(c.worker)
+	}
+	c.mu.Unlock()
+	shared := n // what the server-wide budget is charged now: a long WRITE, its first piece
+	if h.Type == cmdWrite {
+		shared = min(n, payloadPiece)
+	}
+	if n > 0 && c.srv.mem.take(c.hold, shared, false) {
+		c.srv.memLog.warn(c.log, "nbd: server-wide in-flight bytes reached MaxTotalInFlightBytes; "+
+			"a request waited for other connections' requests to finish",
+			"limit", "MaxTotalInFlightBytes", "max", c.srv.mem.max, "length", n)
+	}
+
+	req.typ, req.flags, req.cookie = h.Type, h.CommandFlags, h.Handle
+	req.off, req.length = h.Offset, h.Length
+	if n > 0 {
+		if b == nil {
+			var err error
+			if b, err = c.newBuffer(class, int(n)); err != nil {
+				c.mu.Lock()
+				c.inflightBytes -= n
+				c.bufsOut--
+				c.mu.Unlock()
+				c.srv.mem.give(c.hold, shared)
+				c.finish(req, nil)
+				return nil, err
+			}
+		}
+		c.srv.bufStats.out.Add(1)
+		b.refs.Store(1)
+		b.charge, b.shared = n, shared
+		req.buf = b
+	}
+	return req, nil
+}
+
+// newBuffer maps a buffer for class (n bytes if class is -1), mlocked if the server says so.
+func (c *conn) newBuffer(class, n int) (*buffer, error) {
+	b, lockErr, err := mapBuffer(c, class, n, c.srv.mlock)
+	if err != nil {
+		return nil, err
+	}
+	st := &c.srv.bufStats
+	st.mapped.Add(int64(len(b.mem)))
+	if b.locked {
+		st.locked.Add(int64(len(b.mem)))
+	}
+	if lockErr != nil && c.srv.mlockWarned.CompareAndSwap(false, true) {
+		c.log.Warn("nbd: mlock of a request buffer failed; serving with unlocked buffers",
+			"err", lockErr, "mapped", st.mapped.Load(), "locked", st.locked.Load())
+	}
+	return b, nil
+}
+
+// unmapBuffer unmaps a buffer that has left the pool for good.
+func (c *conn) unmapBuffer(b *buffer) {
+	st := &c.srv.bufStats
+	st.mapped.Add(-int64(len(b.mem)))
+	if b.locked {
+		st.locked.Add(-int64(len(b.mem)))
+	}
+	b.unmap()
+}
+
+// release ends req: its reply has been written (or abandoned). It drops the request's reference
+// to its buffer; the buffer goes back to the pool now, or when the device that still holds it
+// calls release.
+func (c *conn) release(req *request) {
+	b := req.buf
+	req.buf = nil
+	req.payload = nil
+	if req.mapped {
+		req.mapped = false
+		clear(req.vec)
+		req.vec = req.vec[:0]
+		c.mapped.ReleaseMapped()
+	}
+	if b != nil && b.refs.Add(-1) != 0 {
+		b = nil // a PinnedWriter still holds it; its release call finishes it
+	}
+	c.finish(req, b)
+}
+
+// finish puts req (if not nil) on the free list and returns b (if not nil), whose last
+// reference has been dropped, to the pool, uncharging its bytes. b is made writable again
+// first; a buffer the pool cannot keep is unmapped.
+func (c *conn) finish(req *request, b *buffer) {
+	if b != nil {
+		b.unprotect()
+		c.srv.bufStats.out.Add(-1)
+	}
+	if b != nil {
+		c.srv.mem.give(c.hold, b.shared)
+	}
+	var drop *buffer
+	c.mu.Lock()
+	if req != nil {
+		c.inflight--
+		c.free = append(c.free, req)
+		if c.inflight == 0 && c.srv.idleTimeout > 0 {
+			c.lastActive.Store(time.Now().UnixNano())
+		}
+	}
+	if b != nil {
+		c.inflightBytes -= b.charge
+		c.bufsOut--
+		size := int64(len(b.mem))
+		if b.class >= 0 && c.poolBytes+size <= c.srv.poolLimit {
+			c.pool[b.class] = append(c.pool[b.class], b)
+			c.poolBytes += size
+		} else {
+			drop = b
+		}
+	}
+	c.mu.Unlock()
+	c.cond.Signal()
+	if drop != nil {
+		c.unmapBuffer(drop)
+	}
+}
+
+// waitBuffers waits, once the workers are done, until the device has released every buffer it
+// holds, then unmaps the pool. A device that keeps buffers past Options.ShutdownTimeout gets a
+// log line, and is waited for all the same: unmapping a buffer it still reads would crash.
+func (c *conn) waitBuffers() {
+	c.mu.Lock()
+	if c.bufsOut > 0 {
+		warn := time.AfterFunc(c.srv.shutdownTimeout, func() {
+			c.mu.Lock()
+			n := c.bufsOut
+			c.mu.Unlock()
+			c.log.Warn("nbd: connection done but the device still holds pinned buffers; waiting",
+				"buffers", n)
+		})
+		for c.bufsOut > 0 {
+			c.cond.Wait()
+		}
+		warn.Stop()
+	}
+	var all []*buffer
+	for i := range c.pool {
+		all = append(all, c.pool[i]...)
+		c.pool[i] = nil
+	}
+	c.poolBytes = 0
+	c.mu.Unlock()
+	for _, b := range all {
+		c.unmapBuffer(b)
 	}
 }

@@ -171,16 +171,6 @@ const (
 	DefaultPayloadTimeout = 30 * time.Second
 )
 
-// Bounds of one NBD_CMD_BLOCK_STATUS reply. The protocol asks for at most 2^20 extents; a
-// smaller bound keeps the per-request memory small (the extents and their wire form, about
-// 24 bytes an extent, kept with the request for reuse), and a client asks again from where a
-// short reply ended. The range handed to the Device is capped too, so that one request cannot
-// make a device walk terabytes of metadata.
-const (
-	maxBlockStatusExtents = 4096
-	maxBlockStatusLength  = 1 << 30
-)
-
 // decodeRequest decodes a request header. It checks nothing; see conn.check.
 func decodeRequest(b *[requestHeaderSize]byte) protocol.TransmissionRequestHeader {
 	return protocol.TransmissionRequestHeader{
