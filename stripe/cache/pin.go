@@ -44,3 +44,37 @@ func (p *Pin) Drop() {
 		rel()
 	}
 }
+
+// Unpin copies every unit the cache holds by reference to a pinned caller buffer into the
+// head's own buffer, drops the reference (the buffer's release runs when its last one goes),
+// and from then on copies instead of referencing. An array whose dirty stripes can no longer
+// be written out (it has failed) calls it, so that its callers get their buffers back while
+// what they wrote stays readable in the cache. It takes each stripe's lock in turn: the
+// caller holds none.
+func (c *Cache) Unpin() {
+	// A fill that still saw noRefs false bound its head before this store, so the sweep below
+	// finds that head; one that sees it true references nothing.
+	c.noRefs.Store(true)
+	c.mu.Lock()
+	stripes := make([]int64, 0, len(c.heads))
+	for s := range c.heads {
+		stripes = append(stripes, s)
+	}
+	c.mu.Unlock()
+	for _, s := range stripes {
+		lk := c.locks.For(s)
+		lk.Lock()
+		c.mu.Lock()
+		h := c.heads[s]
+		c.mu.Unlock()
+		if h != nil && h.refs != nil { // h.refs is guarded by s's lock
+			for i, r := range h.refs {
+				if r.pin != nil {
+					copy(c.unit(h, i/c.upc, i%c.upc), r.buf)
+					h.dropRef(i)
+				}
+			}
+		}
+		lk.Unlock()
+	}
+}

@@ -1,0 +1,282 @@
+package cache
+
+import "github.com/raid5d/raid5d/stripe"
+
+// maxBatchBytes bounds the data of one batch of whole stripes written together (writeFulls),
+// and so the batch's scratch memory: its parity, and its copy of the data without stable pages.
+const maxBatchBytes = 1 << 20
+
+// batch is the scratch memory of one writeFulls; pooled (Cache.batches).
+type batch struct {
+	data   []byte // nBatch stripes of data: the copy of the caller's, without stable pages
+	par    []byte // nBatch parity chunks
+	ops    []stripe.MemberOp
+	vecs   [][]byte // the ops' Vec, back to back
+	shards [][]byte
+}
+
+// Write writes p at array offset off, stripe by stripe, each under its stripe lock. The caller
+// has checked the range.
+//
+// Whole stripes are written at once: with stable set, parity is computed from p and the member
+// writes are issued from p (p is not kept after Write returns); otherwise p is first copied into
+// the stripe's head. Other writes land in heads as dirty units and are written out later: a
+// whole, aligned 4 KiB unit is referenced in p when pin is non-nil (it takes a hold on pin per
+// unit and drops it after the unit's last member write), everything else is copied. With pin
+// nil, p is never kept.
+//
+// Runs of whole stripes are written in batches of up to maxBatchBytes (writeFulls).
+//
+// On error n is the length of the prefix of p in the stripes before the one (or the batch)
+// that failed, which were written (or cached) completely.
+func (c *Cache) Write(p []byte, off int64, stable bool, pin *Pin) (int, error) {
+	ss := c.layout.StripeSize()
+	for done := int64(0); done < int64(len(p)); {
+		pos := off + done
+		if k := min((int64(len(p))-done)/ss, c.nBatch); pos%ss == 0 && k >= 2 {
+			if err := c.writeFulls(p[done:done+k*ss], pos/ss, k, stable); err != nil {
+				return int(done), err
+			}
+			done += k * ss
+			continue
+		}
+		n := min(int64(len(p))-done, ss-pos%ss)
+		if err := c.writeStripe(p[done:done+n], pos, stable, pin); err != nil {
+			return int(done), err
+		}
+		done += n
+	}
+	return len(p), nil
+}
+
+// writeStripe writes q, which lies within one stripe, at array offset pos.
+func (c *Cache) writeStripe(q []byte, pos int64, stable bool, pin *Pin) error {
+	ss := c.layout.StripeSize()
+	s := pos / ss
+	lk := c.locks.For(s)
+	lk.Lock()
+	defer lk.Unlock()
+	h := c.lookup(s)
+	if int64(len(q)) == ss {
+		return c.writeFull(h, s, q, stable)
+	}
+	private := h == nil
+	if private {
+		if h = c.bind(s); h != nil {
+			private = false
+		} else {
+			h = c.spare.Get().(*head)
+			c.through.Add(1)
+		}
+	}
+	err := c.fill(h, s, q, pos-s*ss, pin)
+	if private {
+		if err == nil && h.nDirty > 0 {
+			err = c.writeOut(h, s)
+		}
+		h.reset()
+		c.spare.Put(h)
+		return err
+	}
+	if h.nDirty > 0 {
+		c.dirtied(h)
+	}
+	return err
+}
+
+// fill puts q, at offset w within stripe s, into h as dirty units. Units that q covers only in
+// part are first read in (rebuilt if their member is missing), so every dirty unit is whole.
+func (c *Cache) fill(h *head, s int64, q []byte, w int64, pin *Pin) error {
+	C := c.chunk
+	// Read in the partly covered units at either end of each chunk piece.
+	for o := w; o < w+int64(len(q)); {
+		d, cw := int(o/C), o%C
+		n := min(C-cw, w+int64(len(q))-o)
+		u0, u1 := int(cw/stripe.UnitSize), int((cw+n-1)/stripe.UnitSize)
+		if cw%stripe.UnitSize != 0 && h.st[d*c.upc+u0]&stUp == 0 {
+			if err := c.readIn(h, s, d, u0); err != nil {
+				return err
+			}
+		}
+		if (cw+n)%stripe.UnitSize != 0 && h.st[d*c.upc+u1]&stUp == 0 {
+			if err := c.readIn(h, s, d, u1); err != nil {
+				return err
+			}
+		}
+		o += n
+	}
+	var copied int64
+	for o := w; o < w+int64(len(q)); {
+		d, cw := int(o/C), o%C
+		n := min(C-cw, w+int64(len(q))-o)
+		for u := int(cw / stripe.UnitSize); int64(u)*stripe.UnitSize < cw+n; u++ {
+			lo, hi := max(cw, int64(u)*stripe.UnitSize), min(cw+n, int64(u+1)*stripe.UnitSize)
+			src := q[o-w+lo-cw : o-w+hi-cw]
+			i := d*c.upc + u
+			if hi-lo == stripe.UnitSize && pin != nil && !c.noRefs.Load() {
+				if h.refs == nil {
+					h.refs = make([]unitRef, c.nd*c.upc)
+				}
+				h.dropRef(i)
+				pin.hold()
+				h.refs[i] = unitRef{pin: pin, buf: src}
+			} else {
+				dst := c.unit(h, d, u)
+				if h.refs != nil && h.refs[i].pin != nil { // keep the rest of the unit
+					copy(dst, h.refs[i].buf)
+					h.dropRef(i)
+				}
+				copy(dst[lo-int64(u)*stripe.UnitSize:], src)
+				copied += hi - lo
+			}
+			h.setDirty(i)
+		}
+		o += n
+	}
+	c.copied.Add(uint64(copied))
+	return nil
+}
+
+// writeFull writes the whole stripe s from q: parity from q alone, no reads. h is s's head or
+// nil; the caller holds s's lock.
+func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
+	if stable { // straight from q: forget what the head held, it is all overwritten
+		var P []byte
+		if h != nil {
+			wasDirty := h.nDirty > 0
+			h.reset()
+			if wasDirty {
+				c.cleaned(h)
+			}
+			P = h.buf[int64(c.nd)*c.chunk:]
+		}
+		ws := c.getWork()
+		defer c.putWork(ws)
+		if P == nil {
+			P = ws.old[:c.chunk]
+		}
+		for d := range c.nd {
+			ws.shards[d] = q[int64(d)*c.chunk : int64(d+1)*c.chunk]
+		}
+		ws.shards[c.nd] = P
+		if err := c.coder.Encode(ws.shards); err != nil {
+			return err
+		}
+		miss := c.m.Missing(s)
+		ops := ws.ops[:0]
+		for d := 0; d <= c.nd; d++ {
+			r := c.layout.ParityMember(s)
+			if d < c.nd {
+				r = c.layout.DataMember(s, d)
+			}
+			if r != miss {
+				ops = append(ops, stripe.MemberOp{Role: r, Buf: ws.shards[d], Off: s * c.chunk, Write: true})
+			}
+		}
+		ws.ops = ops[:0]
+		clear(ws.shards)
+		if err := c.m.Do(ops); err != nil {
+			return err
+		}
+		c.full.Add(1)
+		return nil
+	}
+	private := h == nil // not cached: copy into a spare head rather than take a cache slot
+	if private {
+		h = c.spare.Get().(*head)
+	}
+	for d := range c.nd {
+		copy(h.buf[int64(d)*c.chunk:int64(d+1)*c.chunk], q[int64(d)*c.chunk:])
+	}
+	c.copied.Add(uint64(len(q)))
+	for i := range h.st {
+		h.dropRef(i)
+		h.setDirty(i)
+	}
+	err := c.writeOut(h, s)
+	if private {
+		h.reset()
+		c.spare.Put(h)
+		return err
+	}
+	if err != nil {
+		c.dirtied(h) // stays dirty: retried later, reported by Flush
+		return err
+	}
+	h.reset() // keep nothing: written whole, the stripe is unlikely to be read or written again soon
+	c.cleaned(h)
+	return nil
+}
+
+// writeFulls writes the n ≥ 2 whole stripes from s0 on from q, as writeFull does for one, but
+// together: under all their locks (LockSpan), parity of each from its data alone, then one
+// vectored write per member of its chunks of all n stripes (data and parity chunks alike are
+// contiguous on a member: chunk s·C of the data area), so a 1 MiB write is a few system calls
+// and hand-offs instead of four per stripe. Without stable, q is copied first. The stripes'
+// heads, if any, are forgotten (all overwritten). On error the stripes may be written in part.
+func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
+	c.locks.LockSpan(s0, n)
+	defer c.locks.UnlockSpan(s0, n)
+	b := c.batches.Get().(*batch)
+	defer func() {
+		clear(b.ops[:cap(b.ops)])
+		clear(b.vecs[:cap(b.vecs)])
+		clear(b.shards)
+		c.batches.Put(b)
+	}()
+	C, D, ss := c.chunk, int64(c.nd), c.layout.StripeSize()
+	src := q
+	if !stable {
+		src = b.data[:len(q)]
+		copy(src, q)
+		c.copied.Add(uint64(len(q)))
+	}
+	for i := range n {
+		s := s0 + i
+		if h := c.lookup(s); h != nil {
+			wasDirty := h.nDirty > 0
+			h.reset()
+			if wasDirty {
+				c.cleaned(h)
+			}
+		}
+		for d := range D {
+			b.shards[d] = src[i*ss+d*C : i*ss+(d+1)*C]
+		}
+		b.shards[D] = b.par[i*C : (i+1)*C]
+		if err := c.coder.Encode(b.shards); err != nil {
+			return err
+		}
+	}
+	ops, vecs := b.ops[:0], b.vecs[:0]
+	for r := range c.layout.Members() {
+		k0 := len(vecs) // the current op's first buffer in vecs
+		for i := range n {
+			s := s0 + i
+			if r == c.m.Missing(s) { // end the op before the chunk it must skip
+				if len(vecs) > k0 {
+					ops = append(ops, stripe.MemberOp{Role: r, Off: (s0 + i - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
+				}
+				k0 = len(vecs)
+				continue
+			}
+			var chunk []byte
+			if r == c.layout.ParityMember(s) {
+				chunk = b.par[i*C : (i+1)*C]
+			} else {
+				d := int64(c.layout.DataIndex(s, r))
+				chunk = src[i*ss+d*C : i*ss+(d+1)*C]
+			}
+			vecs = append(vecs, chunk)
+		}
+		if len(vecs) > k0 {
+			ops = append(ops, stripe.MemberOp{Role: r, Off: (s0 + n - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
+		}
+	}
+	b.ops, b.vecs = ops, vecs
+	if err := c.m.Do(ops); err != nil {
+		return err
+	}
+	c.full.Add(uint64(n))
+	return nil
+}

@@ -1,0 +1,221 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+func (c *Cache) kickLocked() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// dirtied records under mu that h (bound, its lock held) has dirty units: it is queued for
+// write-out, at once if it is full.
+func (c *Cache) dirtied(h *head) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h.dirty = true
+	full := h.nUp == c.nd*c.upc
+	switch {
+	case full && h.q != qUrgent:
+		c.dequeueLocked(h)
+		c.urgent.pushBack(h)
+		h.q = qUrgent
+		c.queued++
+		c.kickLocked()
+	case h.q == qNone:
+		h.first = time.Now()
+		h.due = h.first.Add(c.delay)
+		c.delayed.pushBack(h)
+		h.q = qDelayed
+		c.queued++
+		if c.queued == 1 || c.queued > c.cap/2 {
+			c.kickLocked()
+		}
+	case h.q == qDelayed: // still being written: wait for more
+		h.due = time.Now().Add(c.delay)
+		if limit := h.first.Add(maxAge * c.delay); h.due.After(limit) {
+			h.due = limit
+		}
+	}
+}
+
+// cleaned records under mu that h (its lock held) has no dirty units left.
+func (c *Cache) cleaned(h *head) {
+	c.mu.Lock()
+	h.dirty = false
+	if h.bound {
+		c.dequeueLocked(h)
+	}
+	c.mu.Unlock()
+}
+
+// Discard forgets the stripes [s0, s0+n), dirty units included (their references are
+// released): the caller has just made them read as zeroes on every member. The caller holds
+// their locks (stripe.Locks.LockSpan).
+func (c *Cache) Discard(s0, n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	drop := func(h *head) {
+		h.reset()
+		c.unbindLocked(h)
+	}
+	if n <= int64(len(c.heads)) {
+		for s := s0; s < s0+n; s++ {
+			if h := c.heads[s]; h != nil {
+				drop(h)
+			}
+		}
+		return
+	}
+	for s, h := range c.heads {
+		if s >= s0 && s < s0+n {
+			drop(h)
+		}
+	}
+}
+
+// writeBack writes out stripe s's head if it is dirty.
+func (c *Cache) writeBack(s int64) error {
+	lk := c.locks.For(s)
+	lk.Lock()
+	defer lk.Unlock()
+	return c.WriteOutLocked(s)
+}
+
+// WriteOutLocked writes out stripe s's head if it is dirty; the caller holds s's lock (a
+// rebuild or scrub that must see the stripe's latest data on the members).
+func (c *Cache) WriteOutLocked(s int64) error {
+	h := c.lookup(s)
+	if h == nil || h.nDirty == 0 {
+		return nil
+	}
+	if err := c.writeOut(h, s); err != nil {
+		return err
+	}
+	c.cleaned(h)
+	return nil
+}
+
+// FlushRange writes out the heads of the stripes that [off, off+n) touches.
+func (c *Cache) FlushRange(off, n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	ss := c.layout.StripeSize()
+	var errs []error
+	for s := off / ss; s <= (off+n-1)/ss; s++ {
+		if err := c.writeBack(s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Flush writes out every head dirty when it is called, several stripes in parallel, and
+// returns their errors together with any background write-out error since the last Flush.
+// Heads whose write-out fails stay dirty. It does not sync the members.
+func (c *Cache) Flush() error {
+	c.mu.Lock()
+	var todo []int64
+	for s, h := range c.heads {
+		if h.dirty {
+			todo = append(todo, s)
+		}
+	}
+	c.mu.Unlock()
+	errs := make([]error, len(todo))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(c.nwb, len(todo)) {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(len(todo)); i = next.Add(1) - 1 {
+				errs[i] = c.writeBack(todo[i])
+			}
+		})
+	}
+	wg.Wait()
+	c.mu.Lock()
+	errs = append(errs, c.err)
+	c.err = nil
+	c.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// writeBacker is a write-out goroutine: it writes out urgent heads at once, delayed ones when
+// they are due, and the oldest dirty heads regardless while more than half the cache is dirty.
+func (c *Cache) writeBacker(ctx context.Context) {
+	defer c.wg.Done()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		c.mu.Lock()
+		h, wait := c.nextLocked(time.Now())
+		var s int64
+		if h != nil {
+			s = h.stripe
+			if c.queued > 0 {
+				c.kickLocked() // more work: wake another
+			}
+		}
+		c.mu.Unlock()
+		if h == nil {
+			if wait >= 0 {
+				t.Reset(wait)
+			}
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-c.kick:
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		if err := c.writeBack(s); err != nil {
+			c.mu.Lock()
+			if c.err == nil {
+				c.log.Error("stripe: background write-out failed; the data stays dirty in the cache and the next Flush reports it", "stripe", s, "err", err)
+				c.err = err
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// maxAge bounds, in units of WriteBackDelay, how long a partial stripe that keeps being
+// written waits in the cache.
+const maxAge = 8
+
+// nextLocked takes the next head to write out off its queue, or returns how long to wait
+// (-1: until kicked). The delayed queue is in order of first write; a head at its front that
+// is still being written (its due time moved on) goes to the back, behind the others.
+func (c *Cache) nextLocked(now time.Time) (*head, time.Duration) {
+	if h := c.urgent.front(); h != nil {
+		c.dequeueLocked(h)
+		return h, 0
+	}
+	for range c.queued + 1 {
+		h := c.delayed.front()
+		if h == nil {
+			return nil, -1
+		}
+		if c.queued > c.cap/2 || !now.Before(h.due) {
+			c.dequeueLocked(h)
+			return h, 0
+		}
+		if h.qnext == &c.delayed.root || now.Before(h.first.Add(c.delay)) {
+			return nil, h.due.Sub(now)
+		}
+		c.delayed.remove(h)
+		c.delayed.pushBack(h)
+	}
+	return nil, c.delayed.front().due.Sub(now)
+}
