@@ -2,8 +2,8 @@ package stripe
 
 import (
 	"errors"
-	"fmt"
 	"math/bits"
+	"strconv"
 )
 
 // Algorithm is an md RAID-5 parity layout. The values are md's own (ALGORITHM_* in
@@ -31,7 +31,7 @@ func (a Algorithm) String() string {
 	if int(a) < len(algorithmNames) {
 		return algorithmNames[a]
 	}
-	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+	return "Algorithm(" + strconv.Itoa(int(a)) + ")"
 }
 
 // Valid reports whether a is one of the four RAID-5 layouts.
@@ -55,7 +55,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	case "rs":
 		return RightSymmetric, nil
 	}
-	return 0, fmt.Errorf("%w: %q (want left-symmetric, left-asymmetric, right-symmetric or right-asymmetric)", ErrAlgorithm, s)
+	return 0, &detailError{ErrAlgorithm, strconv.Quote(s) + " (want left-symmetric, left-asymmetric, right-symmetric or right-asymmetric)"}
 }
 
 // Geometry bounds.
@@ -76,6 +76,16 @@ var (
 	ErrMembers = errors.New("stripe: member count must be 3 to 32")
 )
 
+// detailError is a sentinel with the value that caused it ("sentinel: detail"), as
+// fmt.Errorf("%w: ...") would build it: the package avoids fmt, whose imports reach os.
+type detailError struct {
+	err    error
+	detail string
+}
+
+func (e *detailError) Error() string { return e.err.Error() + ": " + e.detail }
+func (e *detailError) Unwrap() error { return e.err }
+
 // Layout is the geometry of a RAID-5 array: how array offsets map to members. It is a small
 // value, immutable and safe to share. Member offsets are relative to the start of each member's
 // data area; the caller adds the data offset.
@@ -89,13 +99,13 @@ type Layout struct {
 // NewLayout checks and returns a layout of members members, chunk bytes per chunk and algorithm alg.
 func NewLayout(members int, chunk int64, alg Algorithm) (Layout, error) {
 	if members < MinMembers || members > MaxMembers {
-		return Layout{}, fmt.Errorf("%w: %d", ErrMembers, members)
+		return Layout{}, &detailError{ErrMembers, strconv.Itoa(members)}
 	}
 	if chunk < MinChunk || chunk > MaxChunk || chunk&(chunk-1) != 0 {
-		return Layout{}, fmt.Errorf("%w: %d", ErrChunk, chunk)
+		return Layout{}, &detailError{ErrChunk, strconv.FormatInt(chunk, 10)}
 	}
 	if !alg.Valid() {
-		return Layout{}, fmt.Errorf("%w: %d", ErrAlgorithm, alg)
+		return Layout{}, &detailError{ErrAlgorithm, strconv.Itoa(int(alg))}
 	}
 	return Layout{members: members, chunk: chunk, chunkShift: uint(bits.TrailingZeros64(uint64(chunk))), alg: alg}, nil
 }
