@@ -56,7 +56,7 @@ type Array struct {
 	readErrLimit int           // IOOptions.ReadErrorLimit
 
 	// locks serialise writes, and reads that reconstruct, per stripe (hashed). A request
-	// holds one at a time, in ascending stripe order; only Trim holds several (see lockSpan).
+	// holds one at a time, in ascending stripe order; Trim, rebuild, scrub and resync batches hold several (see lockSpan).
 	// With a cache they also guard the stripe's cache head (see cache.Cache).
 	locks stripe.Locks
 

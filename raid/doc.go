@@ -204,8 +204,8 @@
 // cache head, and the write-out of a head holds it throughout, so a write to a stripe being
 // written out waits for it and is never lost or left out of parity. A request that spans
 // stripes takes them one at a time, in ascending order, never holding two; only Trim of whole
-// stripes, and a rebuild or scrub batch, hold several at once, taken in ascending table order
-// (LockSpan), and the cache takes another
+// stripes, a rebuild, scrub or resync batch, and the cache's batch of whole stripes hold several
+// at once, taken in ascending table order (LockSpan), and the cache takes another
 // stripe's lock only with TryLock (to evict it), so nothing can deadlock.
 // Reads take a stripe's lock only while they copy from its cache head. Like io.ReaderAt on a
 // file, a read that overlaps a concurrent write may see old or new bytes, but never

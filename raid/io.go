@@ -56,8 +56,8 @@ func (a *Array) check(off, n int64) error {
 func (a *Array) stripeLock(s int64) *sync.Mutex { return a.locks.For(s) }
 
 // lockSpan locks the stripes [s0, s0+n), n ≤ nLocks, in ascending lock order; unlockSpan
-// releases them. It is the only place that holds more than one stripe lock, so the fixed
-// order is enough to rule out deadlock (the cache takes other stripes' locks only with TryLock).
+// releases them. Whoever holds more than one stripe lock takes them so, or with TryLock (see the
+// Locking section of package stripe/cache for every place that does), ruling out deadlock.
 func (a *Array) lockSpan(s0, n int64)   { a.locks.LockSpan(s0, n) }
 func (a *Array) unlockSpan(s0, n int64) { a.locks.UnlockSpan(s0, n) }
 

@@ -15,28 +15,18 @@
 // The grids in testdata/ show each layout for a few member counts; the tests compare them, and
 // real md member images, byte for byte.
 //
-// # The stripe cache
+// # Stripe locks and member operations
 //
-// Cache is the write-back stripe cache in front of the members (which it reaches only through
-// the Members interface: it never touches a file). It keeps one head per cached stripe, with
-// per-4 KiB-unit up-to-date and dirty state. A write covering whole stripes goes out at once,
-// parity from the new data alone, with no member reads. A partial write lands in its head and
-// returns; background write-outs send a head to the members when it has been quiet for
-// WriteBackDelay, at once when it has become full (then, too, with no reads), and oldest first
-// when more than half the heads are dirty. A head still partial when written out takes
-// read-modify-write or reconstruct-write, whichever reads fewer units. Reads see every write,
-// dirty or not (read-your-writes).
-//
-// Units of a write are copied into the head, unless the caller passes a Pin: then whole aligned
-// units are referenced in the caller's buffer, which must not change until the Pin's release
-// runs (the stable-pages promise; see raid.IOOptions.StablePages). Whole-stripe writes with
-// stable set compute parity and write the members straight from the caller's buffer.
+// Locks is the table of stripe locks that the array and its write-back cache (package
+// stripe/cache) share; MemberOp is one member read or write in a stripe, and UnitSize the 4 KiB
+// unit of a stripe's cached state. A write planner, a pure function from a stripe's state to
+// the member operations that write it, is to join them here; the package does no I/O and starts
+// no goroutines.
 //
 // # Concurrency
 //
-// A Layout is an immutable value; all its methods may be called concurrently. A Cache's methods
-// may be called concurrently; each head is guarded by its stripe's lock in Locks, which a
-// write-out holds from planning to the last member write, so a write that arrives meanwhile
-// waits for it rather than being lost. Requests spanning stripes take the locks one stripe at a
-// time in ascending order.
+// A Layout is an immutable value; all its methods may be called concurrently. A goroutine that
+// holds several stripe locks takes them in ascending table order (Locks.LockSpan), or takes the
+// extra ones only with TryLock; see the Locking section of package stripe/cache for every place
+// that does.
 package stripe

@@ -8,9 +8,9 @@ const NumLocks = 1024
 // Locks is a fixed table of stripe locks: stripe s is guarded by the mutex For(s), shared by
 // every stripe congruent to s modulo NumLocks. The zero value is ready to use.
 //
-// A goroutine holds at most one of them, except LockSpan, which takes several in ascending
-// table order; together the two rules rule out deadlock. The write-back cache (package stripe/cache) takes other stripes' locks
-// only with TryLock.
+// A goroutine that holds several of them takes them in ascending table order (LockSpan), or
+// takes the extra ones only with TryLock; together the two rules rule out deadlock. The
+// Locking section of package stripe/cache lists every place that holds several.
 type Locks struct {
 	mu [NumLocks]sync.Mutex
 }

@@ -63,27 +63,8 @@ type Counters struct {
 	WriteThroughs    uint64 // partial writes written synchronously: no head was free
 }
 
-// Cache is a write-back RAID-5 stripe cache: one head per cached stripe, holding per 4 KiB unit
-// of each data chunk whether it is up to date and whether it is dirty (newer than the members),
-// with its data either copied into the head or referenced in a pinned caller buffer (Pin).
-//
-// A write that covers a whole stripe is written at once with parity from the new data alone.
-// Other writes land in the head as dirty units and return; background goroutines write a head
-// out after WriteBackDelay, or at once when it has become full or the cache is under pressure,
-// choosing read-modify-write or reconstruct-write by counting the member reads each needs.
-// Reads are served from up-to-date units and go to the members for the rest, so a read sees
-// every write that returned before it started.
-//
-// # Locking
-//
-// A head bound to stripe s is guarded by the stripe lock stripe.Locks.For(s), shared with the array:
-// every access to its units, and all member I/O for the stripe, happens under it. Write-outs
-// hold it for their whole duration, so a write to a stripe being written out waits, and a
-// write-out never races a newer write to the same units. Cache.mu guards the table of heads,
-// the LRU and write-out lists and each head's binding; it is taken under a stripe lock, never
-// the other way round, and other stripes' locks are taken only with TryLock (eviction).
-//
-// All methods may be called concurrently.
+// Cache is a write-back RAID-5 stripe cache (see the package doc). All methods may be called
+// concurrently.
 type Cache struct {
 	layout stripe.Layout
 	coder  *parity.Coder
