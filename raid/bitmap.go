@@ -7,8 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Write-intent bitmap defaults and limits (doc.go # Layout, # Crash consistency).
@@ -237,8 +235,8 @@ func (b *bitmap) flushLocked() error {
 	return nil
 }
 
-// dsyncWriter is a Member that can write one range durably by itself (pwritev2 RWF_DSYNC),
-// cheaper than a write and an fdatasync of the whole member.
+// dsyncWriter is a Member that can write one range durably by itself (member.DSyncWriter:
+// pwritev2 RWF_DSYNC), cheaper than a write and an fdatasync of the whole member.
 type dsyncWriter interface {
 	WriteAtDSync(p []byte, off int64) (int, error)
 }
@@ -257,30 +255,6 @@ func writeDurable(m *member, p []byte, off int64, last bool) error {
 		return m.Sync()
 	}
 	return nil
-}
-
-// WriteAtDSync writes p at off with pwritev2(RWF_DSYNC): durable on return, like a write and
-// an fdatasync of just this range. Falls back to pwrite and fdatasync where the kernel or
-// file system refuses the flag.
-func (m *fileMember) WriteAtDSync(p []byte, off int64) (int, error) {
-	n, err := 0, error(nil)
-	for n < len(p) {
-		k, e := unix.Pwritev2(m.fd, [][]byte{p[n:]}, off+int64(n), unix.RWF_DSYNC)
-		if e == unix.EINTR {
-			continue
-		}
-		if e == unix.EOPNOTSUPP || e == unix.ENOSYS || e == unix.EINVAL {
-			if _, err = m.WriteAt(p[n:], off+int64(n)); err != nil {
-				return n, err
-			}
-			return len(p), m.Sync()
-		}
-		if e != nil {
-			return n, e
-		}
-		n += k
-	}
-	return n, err
 }
 
 // release lets the cleaner clear region r's bit: the resync has made it consistent.

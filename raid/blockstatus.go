@@ -1,10 +1,7 @@
 package raid
 
 import (
-	"errors"
 	"fmt"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/raid5d/raid5d/stripe"
 )
@@ -12,65 +9,6 @@ import (
 // blockStatusGrain is the granularity of BlockStatus: holes are reported in whole, aligned
 // 4 KiB blocks of the array (the cache's unit, and the usual file system block).
 const blockStatusGrain = 4096
-
-// holeFinder is implemented by members that can tell where their holes are: regular files,
-// through lseek SEEK_DATA/SEEK_HOLE. Block devices and other members (faulty: specs) cannot,
-// and are reported as data.
-type holeFinder interface {
-	// nextData returns the member offset of the first byte at or after off that may hold
-	// data, or end if there is none before end; ok is false when the member cannot tell.
-	nextData(off, end int64) (data int64, ok bool, err error)
-	// nextHole returns the member offset of the first byte at or after off (off < end) that
-	// is in a hole, or end if there is none before end.
-	nextHole(off, end int64) (int64, error)
-}
-
-func (m *fileMember) nextData(off, end int64) (int64, bool, error) {
-	if m.block {
-		return 0, false, nil
-	}
-	d, err := seek(m.fd, off, unix.SEEK_DATA)
-	switch {
-	case errors.Is(err, unix.ENXIO): // no data at or after off
-		return end, true, nil
-	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.EOPNOTSUPP):
-		return 0, false, nil // a file system without SEEK_DATA
-	case err != nil:
-		return 0, false, &fileErr{op: "lseek SEEK_DATA", path: m.path, err: err}
-	}
-	return min(d, end), true, nil
-}
-
-func (m *fileMember) nextHole(off, end int64) (int64, error) {
-	h, err := seek(m.fd, off, unix.SEEK_HOLE)
-	if errors.Is(err, unix.ENXIO) { // off at or past the end of the file: a hole from there
-		return off, nil
-	}
-	if err != nil {
-		return 0, &fileErr{op: "lseek SEEK_HOLE", path: m.path, err: err}
-	}
-	return min(h, end), nil
-}
-
-// fileErr names the member and the call in an lseek error.
-type fileErr struct {
-	op, path string
-	err      error
-}
-
-func (e *fileErr) Error() string { return fmt.Sprintf("%s %s: %v", e.op, e.path, e.err) }
-func (e *fileErr) Unwrap() error { return e.err }
-
-// seek is lseek, retrying EINTR. The file offset it moves is never used: members are read and
-// written with pread and pwrite.
-func seek(fd int, off int64, whence int) (int64, error) {
-	for {
-		n, err := unix.Seek(fd, off, whence)
-		if err != unix.EINTR {
-			return n, err
-		}
-	}
-}
 
 // Extent is a run of the array as BlockStatus describes it: Length bytes that are all a hole
 // (unallocated on the members, reading as zeroes) or all data.
@@ -166,7 +104,7 @@ func (a *Array) pieceStatus(e stripe.Extent, at int64, add func(int64, bool) boo
 	base := a.dataOffset + e.MemberOff // member offset of array offset at
 	pos, end := base, base+e.Len
 	for pos < end {
-		d, known, err := f.nextData(pos, end)
+		d, known, err := f.NextData(pos, end)
 		if err != nil {
 			return false, fmt.Errorf("raid: block status: %w", err)
 		}
@@ -195,7 +133,7 @@ func (a *Array) pieceStatus(e stripe.Extent, at int64, add func(int64, bool) boo
 		if d >= end {
 			break
 		}
-		h, err := f.nextHole(d, end)
+		h, err := f.NextHole(d, end)
 		if err != nil {
 			return false, fmt.Errorf("raid: block status: %w", err)
 		}

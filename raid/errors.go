@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	memberpkg "github.com/raid5d/raid5d/raid/member"
 )
 
 // Errors of the I/O phase. Each carries the NBD errno the server should reply with
@@ -23,19 +25,19 @@ var (
 	ErrArrayFailed error = &ioError{"raid: array failed (two members lost)", uint32(unix.EIO)}
 	// ErrShortRead is the error, inside a *MemberError, of a member read that returned fewer
 	// bytes than asked: a file truncated (or a block device shrunk) under the array, or a
-	// Member that broke the ReadAt contract. fileMember's ReadAt and ReadvAt return it at the
-	// end of the file, saying how long the file now is, and the array turns any short count
-	// (with io.EOF or none) into it. It is a read error of the member like EIO — the bytes
+	// Member that broke the ReadAt contract. A file member's ReadAt and ReadvAt return it at
+	// the end of the file, saying how long the file now is, and the array turns any short
+	// count (with io.EOF or none) into it (member.ErrShortRead is this error). It is a read error of the member like EIO — the bytes
 	// are rebuilt from parity, and past IOOptions.ReadErrorLimit the member is marked faulty
 	// — never zeroes. The array's I/O methods return it only inside an ErrArrayFailed error.
 	// Errno EIO.
-	ErrShortRead error = &ioError{"raid: member returned less than asked (truncated?)", uint32(unix.EIO)}
+	ErrShortRead = memberpkg.ErrShortRead
 	// ErrMemberShrunk is the error, inside a *MemberError, of a member file or block device
 	// found smaller than when it was opened: every flush checks each member's size after its
 	// fdatasync, and fails a member that shrank, even if no read has met its new end
 	// (ErrShortRead). The array's I/O methods return it only inside an ErrArrayFailed error.
-	// Errno EIO.
-	ErrMemberShrunk error = &ioError{"raid: member is smaller than when it was opened (truncated?)", uint32(unix.EIO)}
+	// Errno EIO. It is member.ErrShrunk.
+	ErrMemberShrunk = memberpkg.ErrShrunk
 )
 
 // Errors of the management methods (Fail, Remove, AddSpare, Replace, StartScrub, StopScrub,
@@ -116,7 +118,8 @@ var (
 	// meets read-only ones), or the kernel holds a block device for exclusive use (mounted, part
 	// of md or dm, or opened with O_EXCL by another program). Nothing has been written. Unlike
 	// ErrInUse it is about a running user, not a superblock; Force does not override it.
-	ErrMemberBusy = errors.New("raid: member in use")
+	// It is member.ErrBusy.
+	ErrMemberBusy = memberpkg.ErrBusy
 )
 
 type ioError struct {

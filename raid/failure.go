@@ -382,7 +382,7 @@ func (a *Array) readMember(m *member, buf []byte, off int64) (int, error) {
 // short read is ErrShortRead).
 func (a *Array) readMemberNow(m *member, buf []byte, off int64) (int, error) {
 	if a.mapReads && len(buf) <= MappedCopyMax {
-		if fm, ok := m.Member.(*fileMember); ok && fm.copyMapped(buf, off) {
+		if fm, ok := m.Member.(mapper); ok && fm.CopyMapped(buf, off) {
 			return len(buf), nil
 		}
 	}

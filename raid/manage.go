@@ -248,7 +248,7 @@ func (a *Array) addSpare(path string, force, first bool) error {
 	var old *member
 	var file *fileMember
 	for _, x := range a.retired {
-		if fm := baseFile(x.Member); fm != nil && fm.path == path {
+		if fm := baseFile(x.Member); fm != nil && fm.Name() == path {
 			old, file = x, fm
 		}
 	}

@@ -1,16 +1,13 @@
 package raid
 
 import (
-	"runtime/debug"
 	"sync"
-	"unsafe"
 
 	"github.com/raid5d/raid5d/stripe"
-	"golang.org/x/sys/unix"
 )
 
 // Mapped reads (IOOptions.MappedReads): small member reads copy from a read-only mapping of the
-// member file instead of calling pread (copyMapped, MappedCopyMax), and a large read whose bytes
+// member file instead of calling pread (mapper.CopyMapped, MappedCopyMax), and a large read whose bytes
 // sit in the page cache of healthy member files need not be copied into a buffer only to be
 // copied again into the socket. ReadMapped hands out slices of the members' files mapped
 // read-only into memory, and the NBD server writes its reply straight from them: one copy (page
@@ -35,17 +32,17 @@ import (
 //   - A mapping is never unmapped while a reply may still read it: every successful
 //     ReadMapped holds mapMu for reading until its ReleaseMapped, and Close takes it for
 //     writing before it closes (and unmaps) the members. Replacing a mapping in place
-//     (MAP_FIXED, see remap) is safe under readers: a send that faults afterwards finds the
+//     (MAP_FIXED, see member.File.Remap) is safe under readers: a send that faults afterwards finds the
 //     same file pages in the new mapping.
 //   - An unreadable page of a mapping raises SIGBUS in whoever touches it. The array's own
-//     copies (copyMapped) turn it into a recovered panic (SetPanicOnFault) and read with pread
+//     copies (CopyMapped) turn it into a recovered panic (SetPanicOnFault) and read with pread
 //     instead; ReadMapped's slices are only to be handed to the kernel (the socket write), which
 //     returns EFAULT rather than faulting. Callers that would read them in user space (TLS
 //     encrypts in Go) must not use ReadMapped.
 //   - A member file truncated under the array: its pages past the new end leave the page
 //     cache (not resident, so ReadMapped does not hand them out) and fault when touched, but
 //     the page the new end falls in stays, reading as zeroes past that end. Neither path takes
-//     a range whose last byte reads as zero unless fstat says the file covers it (inFile): it
+//     a range whose last byte reads as zero unless fstat says the file covers it (mapper.InFile): it
 //     goes to pread, which stops at the end of the file (ErrShortRead), and the chunk is
 //     rebuilt from parity. A truncation that
 //     lands while a reply is being sent from the mapping is not seen: pages past the new end
@@ -69,110 +66,6 @@ const MappedReadMin = 64 << 10
 // and after a pass over a large array that is memory: replacing the mappings from time to time
 // bounds it to about remapEvery/512 (8 MiB).
 const remapEvery = 4 << 30
-
-// maxMapped bounds the address space the members' mappings of one array take; an array whose
-// members add up to more is not read through mappings.
-const maxMapped = 16 << 40
-
-// mapping returns the member file mapped read-only in full, mapping it at the first call, or nil
-// if it cannot be mapped (empty, too big, or mmap refused).
-func (m *fileMember) mapping() []byte {
-	m.mapOnce.Do(func() {
-		if m.size <= 0 || m.size > maxMapped {
-			return
-		}
-		p, err := unix.MmapPtr(m.fd, 0, nil, uintptr(m.size), unix.PROT_READ, unix.MAP_SHARED)
-		if err != nil {
-			return
-		}
-		m.mapped = unsafe.Slice((*byte)(p), m.size)
-		unix.Madvise(m.mapped, unix.MADV_RANDOM) // advice only: a failure changes nothing
-	})
-	return m.mapped
-}
-
-// remap replaces the member's mapping with a fresh one at the same address, releasing the page
-// tables the old one accumulated. Readers of the old one are unaffected (see the file comment).
-func (m *fileMember) remap() error {
-	m.mapOnce.Do(func() {}) // no mapping made after this point races with us
-	if m.mapped == nil {
-		return nil
-	}
-	_, err := unix.MmapPtr(m.fd, 0, unsafe.Pointer(unsafe.SliceData(m.mapped)), uintptr(len(m.mapped)),
-		unix.PROT_READ, unix.MAP_SHARED|unix.MAP_FIXED)
-	return err
-}
-
-// copyMapped copies the member's bytes at off into p from its mapping and reports whether it
-// could: false if the member is not mapped, the range is outside it, a page faults (a read
-// error, or a page wholly past the end of a file truncated under the array), or the range ran
-// past the end of the file (inFile): the caller then reads with pread, which reports
-// the error (ErrShortRead for the end of the file). The fault arrives as a signal that the
-// runtime turns into a panic for this goroutine only (SetPanicOnFault) and that is recovered
-// here.
-func (m *fileMember) copyMapped(p []byte, off int64) (ok bool) {
-	mp := m.mapping()
-	if off < 0 || off > int64(len(mp))-int64(len(p)) || len(p) == 0 {
-		return false
-	}
-	defer func(old bool) {
-		debug.SetPanicOnFault(old)
-		if recover() != nil {
-			ok = false
-		}
-	}(debug.SetPanicOnFault(true))
-	copy(p, mp[off:])
-	return m.inFile(mp, off+int64(len(p)))
-}
-
-// inFile reports whether the range of the mapping mp that ends at end lay within the file, as
-// a mapped read must know before it uses the range: a file truncated under the array leaves
-// the page its new end falls in mapped, reading as zeroes past that end (the pages after it
-// fault, which the caller catches). So the range's last byte is loaded again (not taken from
-// a copy, which may load its tail first): not zero, the file reached past it then; zero, the
-// file's size now (fstat) must cover the range. It may fault.
-func (m *fileMember) inFile(mp []byte, end int64) bool {
-	if mp[end-1] != 0 {
-		return true
-	}
-	now, err := m.sizeNow()
-	return err == nil && now >= end
-}
-
-// unmap removes the mapping; the caller guarantees nothing reads it any more.
-func (m *fileMember) unmap() error {
-	m.mapOnce.Do(func() {})
-	if m.mapped == nil {
-		return nil
-	}
-	err := unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(m.mapped)), uintptr(len(m.mapped)))
-	m.mapped = nil
-	return err
-}
-
-// resident reports whether every page of b, a slice of a mapping, is in the page cache. vec is
-// scratch space, grown as needed and returned.
-func resident(b []byte, vec []byte) (bool, []byte) {
-	const page = 4096
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	lo := start &^ (page - 1)
-	hi := (start + uintptr(len(b)) + page - 1) &^ (page - 1)
-	n := int((hi - lo) / page)
-	if cap(vec) < n {
-		vec = make([]byte, n)
-	}
-	vec = vec[:n]
-	_, _, errno := unix.Syscall(unix.SYS_MINCORE, lo, hi-lo, uintptr(unsafe.Pointer(unsafe.SliceData(vec))))
-	if errno != 0 {
-		return false, vec
-	}
-	for _, v := range vec {
-		if v&1 == 0 {
-			return false, vec
-		}
-	}
-	return true, vec
-}
 
 // mappedState is the scratch space of one ReadMapped, pooled.
 type mappedState struct {
@@ -255,17 +148,17 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 		if sp[0] < 0 {
 			continue
 		}
-		fm, isFile := st.mem[r].Member.(*fileMember)
-		if !isFile {
+		fm, isMapper := st.mem[r].Member.(mapper)
+		if !isMapper {
 			continue
 		}
-		mp := fm.mapping()
+		mp := fm.Mapping()
 		lo, hi := a.dataOffset+sp[0], a.dataOffset+sp[1]
 		if mp == nil || hi > int64(len(mp)) {
 			continue
 		}
 		var in bool
-		if in, st.vec = resident(mp[lo:hi], st.vec); in && fm.inFileSafe(mp, hi) {
+		if in, st.vec = resident(mp[lo:hi], st.vec); in && fm.InFile(mp, hi) {
 			st.src[r] = mp
 			some = true
 		}
@@ -301,17 +194,6 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 	return v, true
 }
 
-// inFileSafe is inFile with a fault caught (false): a file truncated since the residency check.
-func (m *fileMember) inFileSafe(mp []byte, end int64) (ok bool) {
-	defer func(old bool) {
-		debug.SetPanicOnFault(old)
-		if recover() != nil {
-			ok = false
-		}
-	}(debug.SetPanicOnFault(true))
-	return m.inFile(mp, end)
-}
-
 // ReleaseMapped ends a successful ReadMapped: its slices are no longer read.
 func (a *Array) ReleaseMapped() { a.mapMu.RUnlock() }
 
@@ -330,9 +212,9 @@ func (a *Array) remapAll() {
 		if m == nil {
 			continue
 		}
-		if fm, ok := m.Member.(*fileMember); ok {
-			if err := fm.remap(); err != nil {
-				a.log.Warn("raid: replacing a member's read mapping failed", "member", fm.path, "err", err)
+		if fm, ok := m.Member.(mapper); ok {
+			if err := fm.Remap(); err != nil {
+				a.log.Warn("raid: replacing a member's read mapping failed", "member", m.Name(), "err", err)
 			}
 		}
 	}

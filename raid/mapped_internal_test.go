@@ -25,16 +25,16 @@ func TestCopyMappedFault(t *testing.T) {
 	defer mem.Close()
 	fm := mem.(*fileMember)
 	p := make([]byte, 8192)
-	if !fm.copyMapped(p, 4096) || !bytes.Equal(p, want[4096:4096+8192]) {
+	if !fm.CopyMapped(p, 4096) || !bytes.Equal(p, want[4096:4096+8192]) {
 		t.Fatalf("copy from the mapping: wrong bytes or refused")
 	}
-	if fm.copyMapped(p, int64(len(want))-4096) {
+	if fm.CopyMapped(p, int64(len(want))-4096) {
 		t.Fatalf("copy past the member's end: not refused")
 	}
 	if err := os.Truncate(path, 64<<10); err != nil {
 		t.Fatal(err)
 	}
-	if fm.copyMapped(p, 512<<10) {
+	if fm.CopyMapped(p, 512<<10) {
 		t.Fatalf("copy of a page past the end of the cut file: no fault reported")
 	}
 	a := &Array{mapReads: true}
@@ -44,7 +44,7 @@ func TestCopyMappedFault(t *testing.T) {
 	if n, err := a.readMember(m, p, 512<<10); n != 0 || !errors.Is(err, ErrShortRead) {
 		t.Fatalf("readMember after the fault = %d, %v; want 0, ErrShortRead", n, err)
 	}
-	if !fm.copyMapped(p, 4096) || !bytes.Equal(p, want[4096:4096+8192]) {
+	if !fm.CopyMapped(p, 4096) || !bytes.Equal(p, want[4096:4096+8192]) {
 		t.Fatalf("copy within the cut file after a fault: wrong bytes or refused")
 	}
 }

@@ -1,4 +1,4 @@
-package raid_test
+package member_test
 
 import (
 	"bytes"
@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member"
 )
 
-func TestFileMember(t *testing.T) {
+func TestFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.img")
 	if err := os.WriteFile(path, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -19,7 +19,7 @@ func TestFileMember(t *testing.T) {
 	if err := os.Truncate(path, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	m, err := raid.OpenMember(path, false)
+	m, err := member.OpenFile(path, member.Exclusive)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,11 +55,11 @@ func TestFileMember(t *testing.T) {
 		t.Fatal("a trim past the member's end must fail")
 	}
 
-	if _, err := raid.OpenMember(path, true); !errors.Is(err, raid.ErrMemberBusy) {
-		t.Fatalf("read-only open beside a read-write one: %v, want ErrMemberBusy", err)
+	if _, err := member.OpenFile(path, member.Shared); !errors.Is(err, member.ErrBusy) {
+		t.Fatalf("read-only open beside a read-write one: %v, want ErrBusy", err)
 	}
 	m.Close()
-	ro, err := raid.OpenMember(path, true)
+	ro, err := member.OpenFile(path, member.Shared)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,12 +68,12 @@ func TestFileMember(t *testing.T) {
 		t.Fatal("a read-only member accepted a write")
 	}
 	for _, bad := range []string{t.TempDir(), "/dev/null", filepath.Join(t.TempDir(), "absent")} {
-		if m, err := raid.OpenMember(bad, true); err == nil {
+		if m, err := member.OpenFile(bad, member.Shared); err == nil {
 			m.Close()
-			t.Errorf("OpenMember(%s) succeeded; want an error", bad)
+			t.Errorf("OpenFile(%s) succeeded; want an error", bad)
 		}
 	}
-	if _, err := raid.OpenMember(filepath.Join(t.TempDir(), "absent"), true); !errors.Is(err, os.ErrNotExist) {
+	if _, err := member.OpenFile(filepath.Join(t.TempDir(), "absent"), member.Shared); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("absent member: %v, want ErrNotExist", err)
 	}
 }

@@ -1,4 +1,4 @@
-package raid
+package member
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Exclusive use of members (doc.go # Exclusive use). A member, spare or journal opened for use
+// Exclusive use of members (package doc # Exclusive use). A member, spare or journal opened for use
 // holds a flock(2) lock on its open file description: exclusive when read-write, shared when
 // read-only, so that read-only assemblies may share members but not with a writer. flock, not
 // fcntl locks: POSIX record locks belong to the process and are dropped when any descriptor of
@@ -23,16 +23,17 @@ import (
 // device opened read-write is also opened with O_EXCL, the kernel's exclusive claim that md and
 // mkfs use: it fails while the device is mounted, part of md or dm, or so opened elsewhere.
 
-// memberUse says how openMember opens a member and locks it.
-type memberUse int
+// Use says how a member is opened and locked (Open, OpenFile). A kind whose members have no
+// lock (a remote export) opens read-write for Exclusive and read-only otherwise.
+type Use int
 
 const (
-	// useExclusive: read-write, flock LOCK_EX, and O_EXCL on a block device.
-	useExclusive memberUse = iota
-	// useShared: read-only, flock LOCK_SH.
-	useShared
-	// useInspect: read-only, no lock: Examine reads the superblocks of members in use.
-	useInspect
+	// Exclusive: read-write, flock LOCK_EX, and O_EXCL on a block device.
+	Exclusive Use = iota
+	// Shared: read-only, flock LOCK_SH (a read-only assembly).
+	Shared
+	// Inspect: read-only, no lock: Examine reads the superblocks of members in use.
+	Inspect
 )
 
 // blockLockTries bounds the attempts at a block device's lock, 50 ms apart: udev takes a shared
@@ -46,7 +47,7 @@ type Holder struct {
 	Command string // its command name (/proc/PID/comm), "" if unknown
 }
 
-// BusyError is the error for a member in use: errors.Is(err, ErrMemberBusy). It names the
+// BusyError is the error for a member in use: errors.Is(err, ErrBusy). It names the
 // holders where they can be found.
 type BusyError struct {
 	Path string
@@ -60,7 +61,7 @@ type BusyError struct {
 }
 
 func (e *BusyError) Error() string {
-	s := ErrMemberBusy.Error() + ": " + e.Path
+	s := ErrBusy.Error() + ": " + e.Path
 	if e.Claimed {
 		s += ": the kernel holds it for exclusive use"
 		if e.Claim != "" {
@@ -92,14 +93,14 @@ func (e *BusyError) Error() string {
 	return s
 }
 
-func (e *BusyError) Unwrap() error { return ErrMemberBusy }
+func (e *BusyError) Unwrap() error { return ErrBusy }
 
-// openUse opens the file or block device at path for use (see memberUse). A lock or an
+// openUse opens the file or block device at path for use (see Use). A lock or an
 // exclusive claim held elsewhere is a *BusyError.
-func openUse(path string, use memberUse) (*os.File, error) {
+func openUse(path string, use Use) (*os.File, error) {
 	flag := os.O_RDONLY | unix.O_CLOEXEC
 	block := false
-	if use == useExclusive {
+	if use == Exclusive {
 		flag = os.O_RDWR | unix.O_CLOEXEC
 		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0 {
 			block, flag = true, flag|unix.O_EXCL
@@ -112,11 +113,11 @@ func openUse(path string, use memberUse) (*os.File, error) {
 		}
 		return nil, err
 	}
-	if use == useInspect {
+	if use == Inspect {
 		return f, nil
 	}
 	how := unix.LOCK_EX
-	if use == useShared {
+	if use == Shared {
 		how = unix.LOCK_SH
 	}
 	if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeDevice != 0 {

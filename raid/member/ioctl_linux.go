@@ -1,4 +1,4 @@
-package raid
+package member
 
 import (
 	"unsafe"

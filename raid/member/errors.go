@@ -1,0 +1,40 @@
+package member
+
+import (
+	"errors"
+
+	"golang.org/x/sys/unix"
+)
+
+// Errors of member I/O. Each carries the NBD errno a server should reply with (Errno() uint32);
+// the raid package re-exports them (raid.ErrShortRead, raid.ErrMemberShrunk) and returns them
+// inside a *raid.MemberError.
+var (
+	// ErrShortRead is the error of a member read that returned fewer bytes than asked: a file
+	// truncated (or a block device shrunk) under the array, or a Member that broke the ReadAt
+	// contract. File's ReadAt and ReadvAt return it at the end of the file, saying how long
+	// the file now is, and ReadFull, Readv and CheckRead turn any short count (with io.EOF or
+	// none) into it. Errno EIO.
+	ErrShortRead error = &errnoError{"raid: member returned less than asked (truncated?)", uint32(unix.EIO)}
+	// ErrShrunk is returned by SizeChecker.CheckSize, and so by SyncData, for a member found
+	// smaller than when it was opened. Errno EIO.
+	ErrShrunk error = &errnoError{"raid: member is smaller than when it was opened (truncated?)", uint32(unix.EIO)}
+)
+
+// Errors of opening a member.
+var (
+	// ErrBusy is returned, inside a *BusyError naming the holder, by OpenFile (and so by
+	// Open for a path) when the file or device is in use: another raid5d holds its lock (or
+	// another open of it in this process does, or a read-write open meets read-only ones),
+	// or the kernel holds a block device for exclusive use (mounted, part of md or dm, or
+	// opened with O_EXCL by another program). raid.ErrMemberBusy is this error.
+	ErrBusy = errors.New("raid: member in use")
+)
+
+type errnoError struct {
+	msg   string
+	errno uint32
+}
+
+func (e *errnoError) Error() string { return e.msg }
+func (e *errnoError) Errno() uint32 { return e.errno }

@@ -1,0 +1,336 @@
+package member
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// File is a Member on a regular file or a block device, the kind a plain path opens. Besides
+// Member it has every optional capability: Vectored (preadv, pwritev), DSyncWriter
+// (pwritev2 RWF_DSYNC), SizeChecker, Mapper (mapped.go) and HoleFinder (holes.go).
+type File struct {
+	f     *os.File
+	fd    int
+	path  string
+	size  int64
+	block bool
+
+	// The file mapped read-only for mapped reads (mapped.go), made at the first use; nil if
+	// none could be made. Unmapped by Close.
+	mapOnce sync.Once
+	mapped  []byte
+}
+
+// OpenFile opens a regular file or a block device as a member, for use (see Use): it holds a
+// lock on it until Close, exclusive for Exclusive (and a block device is then opened with
+// O_EXCL), shared for Shared, none for Inspect (package doc # Exclusive use). A member in use
+// elsewhere is ErrBusy, in a *BusyError naming the holder. A block device's size comes from
+// BLKGETSIZE64, a file's from its length.
+func OpenFile(path string, use Use) (*File, error) {
+	f, err := openUse(path, use)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newFileMember(f, path)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func newFileMember(f *os.File, path string) (*File, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	m := &File{f: f, fd: int(f.Fd()), path: path}
+	switch {
+	case st.Mode().IsRegular():
+		m.size = st.Size()
+	case st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
+		sz, err := unix.IoctlGetUint64(m.fd, unix.BLKGETSIZE64)
+		if err != nil {
+			return nil, &os.PathError{Op: "BLKGETSIZE64", Path: path, Err: err}
+		}
+		m.size, m.block = int64(sz), true
+	default:
+		return nil, &os.PathError{Op: "open member", Path: path, Err: errors.New("not a regular file or block device")}
+	}
+	return m, nil
+}
+
+// CreateFile creates an absent member file, sparse, of size bytes, mode 0600: it will
+// hold the array's data.
+func CreateFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
+}
+
+func (m *File) Name() string { return m.path }
+func (m *File) Size() int64  { return m.size }
+func (m *File) Close() error { return errors.Join(m.unmap(), m.f.Close()) }
+
+// ReadAt reads with pread, retrying EINTR and short reads. The end of the file before Size is
+// ErrShortRead (shortRead), never zeroes: a file is Size bytes when it is opened, and holes
+// within it read as zeroes by pread itself, so an end of file within Size means the file was
+// truncated under the array. A read past Size ends there with io.EOF, as io.ReaderAt's do.
+func (m *File) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, &os.PathError{Op: "read", Path: m.path, Err: unix.EINVAL}
+	}
+	n := 0
+	for n < len(p) {
+		k, err := unix.Pread(m.fd, p[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, &os.PathError{Op: "pread", Path: m.path, Err: err}
+		}
+		if k == 0 { // end of file
+			if off+int64(n) >= m.size {
+				return n, io.EOF
+			}
+			return n, m.shortRead("pread", off, n, len(p))
+		}
+		n += k
+	}
+	return n, nil
+}
+
+// shortRead is the error of a read at off that met the end of the file after n of want bytes:
+// ErrShortRead, saying how long the member is now against its size at open.
+func (m *File) shortRead(op string, off int64, n, want int) error {
+	now := "unknown"
+	if sz, err := m.sizeNow(); err == nil {
+		now = fmt.Sprint(sz)
+	}
+	return &os.PathError{Op: op, Path: m.path, Err: fmt.Errorf("%w: end of file after %d of %d bytes at offset %d; the member is now %s bytes, %d when opened",
+		ErrShortRead, n, want, off, now, m.size)}
+}
+
+// sizeNow is the member's size now: fstat for a file, BLKGETSIZE64 for a block device.
+func (m *File) sizeNow() (int64, error) {
+	if m.block {
+		sz, err := unix.IoctlGetUint64(m.fd, unix.BLKGETSIZE64)
+		return int64(sz), err
+	}
+	var st unix.Stat_t
+	err := retryEINTR(func() error { return unix.Fstat(m.fd, &st) })
+	return st.Size, err
+}
+
+// WriteAt writes with pwrite, retrying EINTR and short writes. Writes past Size are refused.
+func (m *File) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > m.size {
+		return 0, &os.PathError{Op: "write", Path: m.path, Err: fmt.Errorf("range [%d, %d) outside member of %d bytes", off, off+int64(len(p)), m.size)}
+	}
+	n := 0
+	for n < len(p) {
+		k, err := unix.Pwrite(m.fd, p[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, &os.PathError{Op: "pwrite", Path: m.path, Err: err}
+		}
+		if k == 0 {
+			return n, &os.PathError{Op: "pwrite", Path: m.path, Err: io.ErrShortWrite}
+		}
+		n += k
+	}
+	return n, nil
+}
+
+// vec calls preadv or pwritev (trap) on iov at off, retrying EINTR. It calls the system call
+// directly because unix.Preadv builds its iovecs in a new slice on every call.
+func (m *File) vec(trap uintptr, iov []unix.Iovec, off int64) (int, error) {
+	lo, hi := uintptr(off), uintptr(uint64(off)>>(unix.SizeofLong*8-1)>>1) // as the kernel splits pos
+	for {
+		r, _, e := unix.Syscall6(trap, uintptr(m.fd), uintptr(unsafe.Pointer(unsafe.SliceData(iov))),
+			uintptr(len(iov)), lo, hi, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			return 0, e
+		}
+		return int(r), nil
+	}
+}
+
+// ReadvAt reads bufs at consecutive offsets from off with preadv (Vectored), finishing a
+// short read with ReadAt: its end of file is ErrShortRead, as for ReadAt.
+func (m *File) ReadvAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error) {
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	if off < 0 || len(bufs) > MaxIov {
+		return 0, &os.PathError{Op: "preadv", Path: m.path, Err: unix.EINVAL}
+	}
+	n, err := m.vec(unix.SYS_PREADV, Iovecs(iov, bufs, 0), off)
+	if err != nil {
+		return 0, &os.PathError{Op: "preadv", Path: m.path, Err: err}
+	}
+	for n < total { // short: the rest buffer by buffer
+		b, skip := bufAt(bufs, n)
+		k, err := m.ReadAt(b[skip:], off+int64(n))
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// WritevAt writes bufs at consecutive offsets from off with pwritev (Vectored), finishing
+// a short write with WriteAt. Writes past Size are refused.
+func (m *File) WritevAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error) {
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	if off < 0 || off+int64(total) > m.size || len(bufs) > MaxIov {
+		return 0, &os.PathError{Op: "pwritev", Path: m.path, Err: fmt.Errorf("range [%d, %d) outside member of %d bytes, or %d buffers", off, off+int64(total), m.size, len(bufs))}
+	}
+	n, err := m.vec(unix.SYS_PWRITEV, Iovecs(iov, bufs, 0), off)
+	if err != nil {
+		return 0, &os.PathError{Op: "pwritev", Path: m.path, Err: err}
+	}
+	for n < total {
+		b, skip := bufAt(bufs, n)
+		k, err := m.WriteAt(b[skip:], off+int64(n))
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// bufAt returns the buffer of bufs that holds byte n of their concatenation, and n's offset in it.
+func bufAt(bufs [][]byte, n int) ([]byte, int) {
+	for _, b := range bufs {
+		if n < len(b) {
+			return b, n
+		}
+		n -= len(b)
+	}
+	return nil, 0
+}
+
+func (m *File) Sync() error {
+	for {
+		err := unix.Fdatasync(m.fd)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return &os.PathError{Op: "fdatasync", Path: m.path, Err: err}
+		}
+		return nil
+	}
+}
+
+// CheckSize (SizeChecker) is ErrShrunk, in an *os.PathError, if the member is now smaller than when it was opened, else nil
+// (also when its size cannot be read: that is for its I/O to report).
+func (m *File) CheckSize() error {
+	if now, err := m.sizeNow(); err == nil && now < m.size {
+		return &os.PathError{Op: "fstat", Path: m.path, Err: fmt.Errorf("%w: %d bytes, %d when opened", ErrShrunk, now, m.size)}
+	}
+	return nil
+}
+
+// WriteAtDSync (DSyncWriter) writes p at off with pwritev2(RWF_DSYNC): durable on return, like
+// a write and an fdatasync of just this range. Falls back to pwrite and fdatasync where the
+// kernel or file system refuses the flag.
+func (m *File) WriteAtDSync(p []byte, off int64) (int, error) {
+	n, err := 0, error(nil)
+	for n < len(p) {
+		k, e := unix.Pwritev2(m.fd, [][]byte{p[n:]}, off+int64(n), unix.RWF_DSYNC)
+		if e == unix.EINTR {
+			continue
+		}
+		if e == unix.EOPNOTSUPP || e == unix.ENOSYS || e == unix.EINVAL {
+			if _, err = m.WriteAt(p[n:], off+int64(n)); err != nil {
+				return n, err
+			}
+			return len(p), m.Sync()
+		}
+		if e != nil {
+			return n, e
+		}
+		n += k
+	}
+	return n, err
+}
+
+// Trim punches a hole (FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE). On a block device the kernel
+// turns that into a zero-out that may unmap, guaranteed to read back zeroes; where it is not
+// supported a block device falls back to BLKZEROOUT, and anything else to writing zeroes.
+func (m *File) Trim(off, length int64) error {
+	if off < 0 || length < 0 || off+length > m.size {
+		return &os.PathError{Op: "trim", Path: m.path, Err: unix.EINVAL}
+	}
+	if length == 0 {
+		return nil
+	}
+	err := retryEINTR(func() error {
+		return unix.Fallocate(m.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
+	})
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) {
+		return &os.PathError{Op: "fallocate", Path: m.path, Err: err}
+	}
+	if m.block {
+		r := [2]uint64{uint64(off), uint64(length)}
+		err := retryEINTR(func() error { return ioctlPtr(m.fd, unix.BLKZEROOUT, &r) })
+		if err == nil {
+			return nil
+		}
+	}
+	return WriteZeroes(m, off, length)
+}
+
+func retryEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// zeroBuf is a shared, never-written buffer of zeroes.
+var zeroBuf = make([]byte, 1<<20)
+
+// WriteZeroes writes zeroes to [off, off+length) of w, 1 MiB at a time: Trim's fallback for a
+// member that cannot release space.
+func WriteZeroes(w io.WriterAt, off, length int64) error {
+	for length > 0 {
+		n := min(length, int64(len(zeroBuf)))
+		if _, err := w.WriteAt(zeroBuf[:n], off); err != nil {
+			return err
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}

@@ -1,0 +1,128 @@
+package member
+
+import (
+	"runtime/debug"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// File's Mapper: the file mapped read-only, for the array's mapped reads (raid/mapped.go says
+// what keeps them correct).
+
+// maxMapped bounds the address space the members' mappings of one array take; an array whose
+// members add up to more is not read through mappings.
+const maxMapped = 16 << 40
+
+// Mapping (Mapper) returns the member file mapped read-only in full, mapping it at the first
+// call, or nil if it cannot be mapped (empty, too big, or mmap refused). Close unmaps it.
+func (m *File) Mapping() []byte {
+	m.mapOnce.Do(func() {
+		if m.size <= 0 || m.size > maxMapped {
+			return
+		}
+		p, err := unix.MmapPtr(m.fd, 0, nil, uintptr(m.size), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return
+		}
+		m.mapped = unsafe.Slice((*byte)(p), m.size)
+		unix.Madvise(m.mapped, unix.MADV_RANDOM) // advice only: a failure changes nothing
+	})
+	return m.mapped
+}
+
+// Remap (Mapper) replaces the member's mapping with a fresh one at the same address (MAP_FIXED),
+// releasing the page tables the old one accumulated. Readers of the old one are unaffected: a
+// page that faults afterwards finds the same file pages in the new mapping.
+func (m *File) Remap() error {
+	m.mapOnce.Do(func() {}) // no mapping made after this point races with us
+	if m.mapped == nil {
+		return nil
+	}
+	_, err := unix.MmapPtr(m.fd, 0, unsafe.Pointer(unsafe.SliceData(m.mapped)), uintptr(len(m.mapped)),
+		unix.PROT_READ, unix.MAP_SHARED|unix.MAP_FIXED)
+	return err
+}
+
+// CopyMapped (Mapper) copies the member's bytes at off into p from its mapping and reports whether it
+// could: false if the member is not mapped, the range is outside it, a page faults (a read
+// error, or a page wholly past the end of a file truncated under the array), or the range ran
+// past the end of the file (covers): the caller then reads with pread, which reports
+// the error (ErrShortRead for the end of the file). The fault arrives as a signal that the
+// runtime turns into a panic for this goroutine only (SetPanicOnFault) and that is recovered
+// here.
+func (m *File) CopyMapped(p []byte, off int64) (ok bool) {
+	mp := m.Mapping()
+	if off < 0 || off > int64(len(mp))-int64(len(p)) || len(p) == 0 {
+		return false
+	}
+	defer func(old bool) {
+		debug.SetPanicOnFault(old)
+		if recover() != nil {
+			ok = false
+		}
+	}(debug.SetPanicOnFault(true))
+	copy(p, mp[off:])
+	return m.covers(mp, off+int64(len(p)))
+}
+
+// covers reports whether the range of the mapping mp that ends at end lay within the file, as
+// a mapped read must know before it uses the range: a file truncated under the array leaves
+// the page its new end falls in mapped, reading as zeroes past that end (the pages after it
+// fault, which the caller catches). So the range's last byte is loaded again (not taken from
+// a copy, which may load its tail first): not zero, the file reached past it then; zero, the
+// file's size now (fstat) must cover the range. It may fault.
+func (m *File) covers(mp []byte, end int64) bool {
+	if mp[end-1] != 0 {
+		return true
+	}
+	now, err := m.sizeNow()
+	return err == nil && now >= end
+}
+
+// unmap removes the mapping; the caller guarantees nothing reads it any more.
+func (m *File) unmap() error {
+	m.mapOnce.Do(func() {})
+	if m.mapped == nil {
+		return nil
+	}
+	err := unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(m.mapped)), uintptr(len(m.mapped)))
+	m.mapped = nil
+	return err
+}
+
+// Resident reports whether every page of b, a slice of a mapping, is in the page cache. vec is
+// scratch space, grown as needed and returned.
+func Resident(b []byte, vec []byte) (bool, []byte) {
+	const page = 4096
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo := start &^ (page - 1)
+	hi := (start + uintptr(len(b)) + page - 1) &^ (page - 1)
+	n := int((hi - lo) / page)
+	if cap(vec) < n {
+		vec = make([]byte, n)
+	}
+	vec = vec[:n]
+	_, _, errno := unix.Syscall(unix.SYS_MINCORE, lo, hi-lo, uintptr(unsafe.Pointer(unsafe.SliceData(vec))))
+	if errno != 0 {
+		return false, vec
+	}
+	for _, v := range vec {
+		if v&1 == 0 {
+			return false, vec
+		}
+	}
+	return true, vec
+}
+
+// InFile (Mapper) is covers with a fault caught (false): a file truncated since the caller
+// checked the range's pages were resident.
+func (m *File) InFile(mp []byte, end int64) (ok bool) {
+	defer func(old bool) {
+		debug.SetPanicOnFault(old)
+		if recover() != nil {
+			ok = false
+		}
+	}(debug.SetPanicOnFault(true))
+	return m.covers(mp, end)
+}
