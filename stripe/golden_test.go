@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite the layout grids in testdata/ from Layout")
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ (layout grids, write plans) from the code")
 
 // gridMembers are the member counts that have a grid in testdata/.
 var gridMembers = []int{3, 4, 5}
