@@ -15,13 +15,21 @@
 // The grids in testdata/ show each layout for a few member counts; the tests compare them, and
 // real md member images, byte for byte.
 //
+// # Write plans
+//
+// PlanWrite is the one place that decides how a stripe is written: from the state of each 4 KiB
+// unit of its data chunks (UnitUp, UnitDirty), the member missing in it and whether its parity
+// can be trusted, it makes a Plan — per unit column how parity is made (encoded from the data,
+// read-modify-written, or not at all when the parity member is missing), the member reads
+// that must come first and into which buffer, and the member writes, merged into runs per
+// member. It is a pure function: no I/O, no goroutines, no allocation once the Plan's slices
+// have grown. The golden files in testdata/plan/ show every case, state in and plan out.
+//
 // # Stripe locks and member operations
 //
 // Locks is the table of stripe locks that the array and its write-back cache (package
 // stripe/cache) share; MemberOp is one member read or write in a stripe, and UnitSize the 4 KiB
-// unit of a stripe's cached state. A write planner, a pure function from a stripe's state to
-// the member operations that write it, is to join them here; the package does no I/O and starts
-// no goroutines.
+// unit of a stripe's cached state. The package does no I/O and starts no goroutines.
 //
 // # Concurrency
 //
