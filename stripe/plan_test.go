@@ -3,6 +3,7 @@ package stripe
 import (
 	"bytes"
 	"crypto/subtle"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -229,8 +230,8 @@ func execCheck(rng *rand.Rand, l Layout, w WriteState, p *Plan) error {
 	}
 	random := func(n int64) []byte {
 		b := make([]byte, n)
-		for i := range b {
-			b[i] = byte(rng.Uint32())
+		for i := 0; i < len(b); i += 8 {
+			binary.LittleEndian.PutUint64(b[i:], rng.Uint64())
 		}
 		return b
 	}
