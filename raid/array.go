@@ -280,6 +280,9 @@ func (a *Array) start() {
 	a.view.Store(a.readView())
 	a.sbMu.Unlock()
 	if a.cache != nil {
+		if a.jr != nil { // a batch of whole stripes is one journal record: it must fit
+			a.cache.LimitBatch(a.jr.ringSize / 2 / maxRecordSize(a.layout))
+		}
 		a.startIO()
 		a.cache.Start(context.Background())
 	}

@@ -753,3 +753,43 @@ func TestOverlapStress(t *testing.T) {
 
 // unitKey identifies a unit's whole contents: CRC-32 and the first 8 bytes.
 func unitKey(b []byte) uint64 { return uint64(crc32.ChecksumIEEE(b))<<32 ^ uint64(binaryGet(b)) }
+
+// TestJournalBatchFits: a large aligned write to an array whose journal has the smallest size
+// it accepts (JournalMinSize) succeeds and reads back, with and without write-back caching:
+// the cache's batch of whole stripes, one journal record, must fit the journal's ring (it
+// once took up to 1 MiB of data at once and failed with ErrJournal).
+func TestJournalBatchFits(t *testing.T) {
+	for _, chunk := range []int64{4 << 10, 64 << 10} {
+		for _, stripes := range []int{0, -1} {
+			t.Run(fmt.Sprintf("chunk%dK-StripeCache=%d", chunk>>10, stripes), func(t *testing.T) {
+				l, err := stripe.NewLayout(4, chunk, stripe.DefaultAlgorithm)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ms := newMems("jb", 4, raid.DataOffset+64*chunk)
+				jm := raidtest.NewMem("/nonexistent/jb-journal", raid.JournalMinSize(l))
+				a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk, Consistency: raid.ConsistencyJournal,
+					Journal: jm, IOOptions: raid.IOOptions{StripeCache: stripes}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer a.Close()
+				want := make([]byte, mustSize(a))
+				fill(newRand(uint64(chunk)), want)
+				if _, err := a.WriteAt(want, 0); err != nil {
+					t.Fatalf("writing %d bytes: %v", len(want), err)
+				}
+				if err := a.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				got := make([]byte, len(want))
+				if _, err := a.ReadAt(got, 0); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Fatal("the array reads back other bytes than were written")
+				}
+			})
+		}
+	}
+}

@@ -144,6 +144,11 @@ func New(layout stripe.Layout, coder *parity.Coder, m Backend, locks *stripe.Loc
 	return c
 }
 
+// LimitBatch bounds the whole stripes written together in one batch (one Backend.Do) to n; n < 2
+// turns batches off. A Backend that must hold a batch's member writes in one bounded record (the
+// array's write journal) calls it before the cache is first used.
+func (c *Cache) LimitBatch(n int64) { c.nBatch = min(c.nBatch, n) }
+
 // Capacity returns the capacity in stripes.
 func (c *Cache) Capacity() int { return c.cap }
 
