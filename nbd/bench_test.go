@@ -2,7 +2,6 @@ package nbd
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -78,12 +77,7 @@ func benchConn(b *testing.B, network string, size int, mode benchMode, structure
 	} else if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serve(ctx, s, ln)
-	b.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	nbdtest.Serve(b, s, ln)
 	nc, err := net.Dial(ln.Addr().Network(), ln.Addr().String())
 	if err != nil {
 		b.Fatal(err)

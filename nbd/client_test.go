@@ -70,6 +70,14 @@ func testServer(t testing.TB, opts Options) (*Server, *logStore) {
 	return s, logs
 }
 
+// serveUnix serves opts on a fresh unix socket until the test ends; it returns the server, its
+// log records and the socket's path.
+func serveUnix(t testing.TB, opts Options) (*Server, *logStore, string) {
+	t.Helper()
+	s, logs := testServer(t, opts)
+	return s, logs, nbdtest.ServeUnix(t, s)
+}
+
 // pipe serves one connection over net.Pipe and returns the client end. Cleanup closes the
 // client and waits for ServeConn to return; done is closed when it has.
 func pipe(t testing.TB, s *Server) (*rawClient, <-chan struct{}) {

@@ -2,13 +2,13 @@ package nbd
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/testpki"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -27,22 +27,6 @@ func (l *logStore) loggedLimit(name string) bool {
 		}
 	}
 	return false
-}
-
-// serveLimits serves opts on a unix socket until the test ends.
-func serveLimits(t *testing.T, opts Options) (*Server, *logStore, string) {
-	t.Helper()
-	s, logs := testServer(t, opts)
-	ln, path := unixListener(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serve(ctx, s, ln)
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return s, logs, path
 }
 
 // roundTrip writes a pattern at off and reads it back, comparing every byte.
@@ -71,7 +55,7 @@ func (c *rawClient) expectClosedWithin(min, d time.Duration) {
 
 func TestMaxConnections(t *testing.T) {
 	mem := nbdtest.NewMemDevice(testSize)
-	s, logs, path := serveLimits(t, Options{Exports: []Export{{Device: mem}}, MaxConnections: 2})
+	s, logs, path := serveUnix(t, Options{Exports: []Export{{Device: mem}}, MaxConnections: 2})
 	good := dial(t, path)
 	good.handshakeGo("")
 	hog := dial(t, path)
@@ -102,10 +86,10 @@ func TestMaxConnections(t *testing.T) {
 
 func TestHandshakeTimeout(t *testing.T) {
 	const timeout = 200 * time.Millisecond
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	mem := nbdtest.NewMemDevice(testSize)
-	_, logs, path := serveLimits(t, Options{Exports: []Export{{Device: mem}}, HandshakeTimeout: timeout,
-		TLSConfig: pki.serverConfig(t, false), TLSMode: TLSOn})
+	_, logs, path := serveUnix(t, Options{Exports: []Export{{Device: mem}}, HandshakeTimeout: timeout,
+		TLSConfig: serverConfig(t, pki, false), TLSMode: TLSOn})
 	good := dial(t, path)
 	good.handshakeGo("")
 
@@ -150,7 +134,7 @@ func TestHandshakeTimeout(t *testing.T) {
 	// A client over TLS that finishes in time keeps its connection past the timeout.
 	c := dial(t, path)
 	c.greet(clientFixedNewstyle | clientNoZeroes)
-	if err := c.startTLS(pki.clientConfig(nil)); err != nil {
+	if err := c.startTLS(pki.ClientConfig(nil)); err != nil {
 		t.Fatal(err)
 	}
 	c.handshakeGoAfterGreet("")
@@ -171,7 +155,7 @@ func TestIdleTimeout(t *testing.T) {
 			time.Sleep(2 * idle)
 		}
 	}
-	_, logs, path := serveLimits(t, Options{IdleTimeout: idle, Exports: []Export{
+	_, logs, path := serveUnix(t, Options{IdleTimeout: idle, Exports: []Export{
 		{Name: "fast", Device: nbdtest.NewMemDevice(testSize)},
 		{Name: "slow", Device: slow},
 	}})
@@ -213,7 +197,7 @@ func TestMaxTotalInFlightBytes(t *testing.T) {
 	const conns, n, bs = 2, 16, 16 << 10
 	mem := nbdtest.NewMemDevice(conns * n * bs)
 	mem.Delay = func(nbdtest.Op, int64, int64) { time.Sleep(2 * time.Millisecond) }
-	s, logs, path := serveLimits(t, Options{Exports: []Export{{Device: mem}}, MaxTotalInFlightBytes: 4 * bs})
+	s, logs, path := serveUnix(t, Options{Exports: []Export{{Device: mem}}, MaxTotalInFlightBytes: 4 * bs})
 	var wg sync.WaitGroup
 	for i := range conns {
 		c := dial(t, path)

@@ -26,22 +26,6 @@ func need(t *testing.T, tools ...string) {
 	}
 }
 
-// serveUnix serves opts on a fresh unix socket until the test ends and returns the socket path.
-func serveUnix(t *testing.T, opts Options) string {
-	t.Helper()
-	s, _ := testServer(t, opts)
-	ln, path := unixListener(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serve(ctx, s, ln)
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return path
-}
-
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -55,7 +39,7 @@ func run(t *testing.T, name string, args ...string) string {
 
 func TestNbdinfo(t *testing.T) {
 	need(t, "nbdinfo")
-	path := serveUnix(t, Options{Exports: []Export{
+	_, _, path := serveUnix(t, Options{Exports: []Export{
 		{Name: "disk", Description: "raid5d test", Device: nbdtest.NewMemDevice(testSize), PreferredBlock: 65536},
 		{Name: "ro", Device: nbdtest.NewMemDevice(testSize / 2), ReadOnly: true},
 	}})
@@ -147,7 +131,7 @@ func qemuIO(t *testing.T, stable bool) {
 		mem = nbdtest.NewMemDevice(size)
 		dev = mem
 	}
-	path := serveUnix(t, Options{
+	_, _, path := serveUnix(t, Options{
 		Exports:        []Export{{Name: "disk", Device: dev, StablePages: stable}},
 		DebugImmutable: stable,
 	})

@@ -29,7 +29,7 @@ func TestReplyTimeout(t *testing.T) {
 func replyTimeout(t *testing.T, structured bool) {
 	const timeout = 300 * time.Millisecond
 	const reads, bs = 32, 1 << 20
-	s, logs, path := serveLimits(t, Options{
+	s, logs, path := serveUnix(t, Options{
 		Exports:               []Export{{Device: nbdtest.NewMemDevice(reads * bs)}},
 		ReplyTimeout:          timeout,
 		MaxTotalInFlightBytes: 16 * bs,

@@ -2,7 +2,6 @@ package nbd
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"log/slog"
@@ -94,7 +93,7 @@ func TestStalledPayloads(t *testing.T) {
 	const attackers, length, sent = 8, 4 << 20, 256 << 10
 	const budget = attackers * length / 2
 	t.Run("others served", func(t *testing.T) {
-		s, logs, path := serveLimits(t, Options{
+		s, logs, path := serveUnix(t, Options{
 			Exports:               []Export{{Device: nbdtest.NewMemDevice(attackers * length)}},
 			MaxTotalInFlightBytes: budget,
 			PayloadTimeout:        time.Hour, // the attackers are still there while the good client runs
@@ -118,7 +117,7 @@ func TestStalledPayloads(t *testing.T) {
 	t.Run("closed after the deadline", func(t *testing.T) {
 		const timeout = 300 * time.Millisecond
 		mem := nbdtest.NewMemDevice(attackers * length)
-		s, logs, path := serveLimits(t, Options{
+		s, logs, path := serveUnix(t, Options{
 			Exports:               []Export{{Device: mem}},
 			MaxTotalInFlightBytes: budget,
 			PayloadTimeout:        timeout,
@@ -196,14 +195,7 @@ func TestLargeWritesShareBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serve(ctx, s, ln)
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	nbdtest.Serve(t, s, ln)
 	var peak atomic.Int64
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
@@ -272,7 +264,7 @@ func TestPayloadDeadlineWaitsForBudget(t *testing.T) {
 			time.Sleep(2 * timeout)
 		}
 	}
-	s, logs, path := serveLimits(t, Options{Exports: []Export{{Device: mem}},
+	s, logs, path := serveUnix(t, Options{Exports: []Export{{Device: mem}},
 		MaxTotalInFlightBytes: budget, PayloadTimeout: timeout})
 	w, l := dial(t, path), dial(t, path)
 	w.handshakeGo("")

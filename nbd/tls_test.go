@@ -3,117 +3,28 @@ package nbd
 import (
 	"bufio"
 	"bytes"
-	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/testpki"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
-// testPKI is a CA with a server certificate (localhost, 127.0.0.1) and two client
-// certificates, "alice" and "bob", written as PEM files in dir (the layout libnbd and qemu
-// read: ca-cert.pem, client-cert.pem and client-key.pem are alice's).
-type testPKI struct {
-	dir                string
-	caPool             *x509.CertPool
-	server, alice, bob tls.Certificate
-}
-
-func newTestPKI(t *testing.T) *testPKI {
-	t.Helper()
-	dir := t.TempDir()
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	writePEM := func(name, typ string, der []byte) {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	serial := int64(1)
-	now := time.Now()
-	caKey := key()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "raid5d test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	writePEM("ca-cert.pem", "CERTIFICATE", caDER)
-	p := &testPKI{dir: dir, caPool: x509.NewCertPool()}
-	p.caPool.AddCert(caCert)
-
-	issue := func(cn string, usage x509.ExtKeyUsage, file string) tls.Certificate {
-		k := key()
-		serial++
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-			KeyUsage:    x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		}
-		if usage == x509.ExtKeyUsageServerAuth {
-			tmpl.DNSNames = []string{"localhost"}
-			tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if file != "" {
-			writePEM(file+"-cert.pem", "CERTIFICATE", der)
-			writePEM(file+"-key.pem", "PRIVATE KEY", kder)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-	}
-	p.server = issue("localhost", x509.ExtKeyUsageServerAuth, "server")
-	p.alice = issue("alice", x509.ExtKeyUsageClientAuth, "client")
-	p.bob = issue("bob", x509.ExtKeyUsageClientAuth, "")
-	return p
-}
-
-// serverConfig loads the server's configuration from the PEM files, as the daemon would.
-func (p *testPKI) serverConfig(t *testing.T, mutual bool) *tls.Config {
+// serverConfig loads the server's configuration from p's PEM files, as the daemon would,
+// verifying client certificates when mutual.
+func serverConfig(t *testing.T, p *testpki.PKI, mutual bool) *tls.Config {
 	t.Helper()
 	ca := ""
 	if mutual {
-		ca = filepath.Join(p.dir, "ca-cert.pem")
+		ca = p.Path(testpki.CACert)
 	}
-	cfg, err := LoadTLSConfig(filepath.Join(p.dir, "server-cert.pem"), filepath.Join(p.dir, "server-key.pem"), ca)
+	cfg, err := LoadTLSConfig(p.Path(testpki.ServerCert), p.Path(testpki.ServerKey), ca)
 	if err != nil {
 		t.Fatal(err)
-	}
-	return cfg
-}
-
-func (p *testPKI) clientConfig(cert *tls.Certificate) *tls.Config {
-	cfg := &tls.Config{RootCAs: p.caPool, ServerName: "localhost"}
-	if cert != nil {
-		cfg.Certificates = []tls.Certificate{*cert}
 	}
 	return cfg
 }
@@ -145,10 +56,10 @@ func tlsExports() (Options, *nbdtest.MemDevice) {
 }
 
 func TestTLSRequire(t *testing.T) {
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	newServer := func(t *testing.T) (*Server, *logStore) {
 		opts, _ := tlsExports()
-		opts.TLSConfig = pki.serverConfig(t, true) // TLSDefault with a config: require
+		opts.TLSConfig = serverConfig(t, pki, true) // TLSDefault with a config: require
 		return testServer(t, opts)
 	}
 	t.Run("options before STARTTLS", func(t *testing.T) {
@@ -173,7 +84,7 @@ func TestTLSRequire(t *testing.T) {
 				t.Errorf("%s: reply (%d, %#x), want (%d, %#x)", tt.name, r.id, r.typ, tt.id, tt.want)
 			}
 		}
-		if err := c.startTLS(pki.clientConfig(&pki.alice)); err != nil {
+		if err := c.startTLS(pki.ClientConfig(&pki.Alice)); err != nil {
 			t.Fatal(err)
 		}
 		c.option(optStartTLS, nil)
@@ -207,7 +118,7 @@ func TestTLSRequire(t *testing.T) {
 		s, logs := newServer(t)
 		c, done := unixConn(t, s)
 		c.greet(clientFixedNewstyle | clientNoZeroes)
-		if err := c.startTLS(pki.clientConfig(&pki.bob)); err != nil {
+		if err := c.startTLS(pki.ClientConfig(&pki.Bob)); err != nil {
 			t.Fatal(err)
 		}
 		c.option(optInfo, infoData("alice"))
@@ -223,7 +134,7 @@ func TestTLSRequire(t *testing.T) {
 
 		c, done = unixConn(t, s)
 		c.greet(clientFixedNewstyle)
-		if err := c.startTLS(pki.clientConfig(&pki.bob)); err != nil {
+		if err := c.startTLS(pki.ClientConfig(&pki.Bob)); err != nil {
 			t.Fatal(err)
 		}
 		c.option(optExportName, []byte("alice"))
@@ -248,10 +159,10 @@ func TestTLSRequire(t *testing.T) {
 		name string
 		cfg  *tls.Config
 	}{
-		{"client without a certificate", pki.clientConfig(nil)},
+		{"client without a certificate", pki.ClientConfig(nil)},
 		{"client certificate from another CA", func() *tls.Config {
-			other := newTestPKI(t)
-			cfg := pki.clientConfig(&other.alice)
+			other := testpki.New(t)
+			cfg := pki.ClientConfig(&other.Alice)
 			return cfg
 		}()},
 	} {
@@ -277,10 +188,10 @@ func TestTLSRequire(t *testing.T) {
 }
 
 func TestTLSOn(t *testing.T) {
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	opts, mem := tlsExports()
-	opts.TLSConfig, opts.TLSMode = pki.serverConfig(t, false), TLSOn
-	opts.TLSConfig.ClientAuth, opts.TLSConfig.ClientCAs = tls.VerifyClientCertIfGiven, pki.caPool
+	opts.TLSConfig, opts.TLSMode = serverConfig(t, pki, false), TLSOn
+	opts.TLSConfig.ClientAuth, opts.TLSConfig.ClientCAs = tls.VerifyClientCertIfGiven, pki.CAPool
 	s, _ := testServer(t, opts)
 
 	// Plaintext: the open export works, the one that needs a certificate asks for TLS.
@@ -314,7 +225,7 @@ func TestTLSOn(t *testing.T) {
 	// TLS without a certificate (allowed: VerifyClientCertIfGiven) reaches disk, not alice.
 	c, done = unixConn(t, s)
 	c.greet(clientFixedNewstyle | clientNoZeroes)
-	if err := c.startTLS(pki.clientConfig(nil)); err != nil {
+	if err := c.startTLS(pki.ClientConfig(nil)); err != nil {
 		t.Fatal(err)
 	}
 	c.option(optInfo, infoData("alice"))
@@ -333,9 +244,9 @@ func TestTLSOn(t *testing.T) {
 }
 
 func TestTLSOff(t *testing.T) {
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	s, _ := testServer(t, Options{Exports: []Export{{Device: nbdtest.NewMemDevice(testSize)}},
-		TLSConfig: pki.serverConfig(t, false), TLSMode: TLSOff})
+		TLSConfig: serverConfig(t, pki, false), TLSMode: TLSOff})
 	c, _ := pipe(t, s)
 	c.greet(clientFixedNewstyle)
 	c.option(optStartTLS, nil)
@@ -384,9 +295,7 @@ func TestAllowedUIDs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := serve(ctx, s, ln)
-		defer func() { cancel(); <-done }()
+		nbdtest.Serve(t, s, ln)
 		nc, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
@@ -402,10 +311,10 @@ func TestAllowedUIDs(t *testing.T) {
 }
 
 func TestTLSOptionsValidation(t *testing.T) {
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	dev := nbdtest.NewMemDevice(4096)
-	plain := pki.serverConfig(t, false)
-	mutual := pki.serverConfig(t, true)
+	plain := serverConfig(t, pki, false)
+	mutual := serverConfig(t, pki, true)
 	for _, tt := range []struct {
 		name string
 		opts Options
@@ -454,7 +363,7 @@ func TestTLSOptionsValidation(t *testing.T) {
 	if _, err := ParseTLSMode("yes"); !errors.Is(err, ErrInvalidOptions) {
 		t.Errorf("ParseTLSMode(yes) = %v, want ErrInvalidOptions", err)
 	}
-	f := func(name string) string { return filepath.Join(pki.dir, name) }
+	f := pki.Path
 	if cfg := mutual; cfg.ClientAuth != tls.RequireAndVerifyClientCert || cfg.ClientCAs == nil || len(cfg.Certificates) != 1 {
 		t.Errorf("LoadTLSConfig with a client CA: %+v", cfg)
 	}

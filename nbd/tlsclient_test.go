@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/raid5d/raid5d/internal/testpki"
 )
 
 // runErr runs a tool and returns its combined output and error, within a minute.
@@ -19,56 +20,26 @@ func runErr(name string, args ...string) (string, error) {
 	return string(out), err
 }
 
-// anonDir holds only the CA certificate: a client with no certificate of its own.
-func (p *testPKI) anonDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	ca, err := os.ReadFile(filepath.Join(p.dir, "ca-cert.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "ca-cert.pem"), ca, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// serveUnixLogged is serveUnix that also returns the server's log records.
-func serveUnixLogged(t *testing.T, opts Options) (string, *logStore) {
-	t.Helper()
-	s, logs := testServer(t, opts)
-	ln, path := unixListener(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serve(ctx, s, ln)
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return path, logs
-}
-
 // TestNbdinfoTLS: nbdinfo over nbds+unix with alice's certificate sees the exports; without a
 // certificate, or in plaintext, it is refused by a server that requires both.
 func TestNbdinfoTLS(t *testing.T) {
 	need(t, "nbdinfo")
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	opts, _ := tlsExports()
-	opts.TLSConfig = pki.serverConfig(t, true)
-	path, logs := serveUnixLogged(t, opts)
+	opts.TLSConfig = serverConfig(t, pki, true)
+	_, logs, path := serveUnix(t, opts)
 
-	out := run(t, "nbdinfo", "--json", "nbds+unix:///alice?socket="+path+"&tls-certificates="+pki.dir)
+	out := run(t, "nbdinfo", "--json", "nbds+unix:///alice?socket="+path+"&tls-certificates="+pki.Dir)
 	if !strings.Contains(out, fmt.Sprintf(`"export-size": %d`, testSize)) || !strings.Contains(out, `"TLS": true`) {
 		t.Errorf("nbdinfo over TLS:\n%s", out)
 	}
-	out = run(t, "nbdinfo", "--list", "nbds+unix:///?socket="+path+"&tls-certificates="+pki.dir)
+	out = run(t, "nbdinfo", "--list", "nbds+unix:///?socket="+path+"&tls-certificates="+pki.Dir)
 	if !strings.Contains(out, "export=\"disk\"") || !strings.Contains(out, "export=\"alice\"") {
 		t.Errorf("nbdinfo --list over TLS as alice does not show both exports:\n%s", out)
 	}
 
 	t.Run("no client certificate", func(t *testing.T) {
-		out, err := runErr("nbdinfo", "nbds+unix:///disk?socket="+path+"&tls-certificates="+pki.anonDir(t))
+		out, err := runErr("nbdinfo", "nbds+unix:///disk?socket="+path+"&tls-certificates="+pki.CAOnlyDir(t))
 		if err == nil {
 			t.Fatalf("nbdinfo without a client certificate succeeded:\n%s", out)
 		}
@@ -98,12 +69,12 @@ func TestNbdinfoTLS(t *testing.T) {
 // compares the device's bytes.
 func TestQemuIOTLS(t *testing.T) {
 	need(t, "qemu-io")
-	pki := newTestPKI(t)
+	pki := testpki.New(t)
 	opts, mem := tlsExports()
-	opts.TLSConfig = pki.serverConfig(t, true)
-	path := serveUnix(t, opts)
+	opts.TLSConfig = serverConfig(t, pki, true)
+	_, _, path := serveUnix(t, opts)
 	out := run(t, "qemu-io",
-		"--object", "tls-creds-x509,id=tls0,dir="+pki.dir+",endpoint=client",
+		"--object", "tls-creds-x509,id=tls0,dir="+pki.Dir+",endpoint=client",
 		"--image-opts", "driver=nbd,server.type=unix,server.path="+path+",export=disk,tls-creds=tls0,tls-hostname=localhost",
 		"-c", "write -P 0x5a 4096 65536", "-c", "read -P 0x5a 4096 65536", "-c", "flush")
 	if strings.Contains(out, "failed") || strings.Contains(out, "error") {

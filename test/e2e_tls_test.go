@@ -1,72 +1,13 @@
 package test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-)
 
-// writeCerts makes a CA, a server certificate (localhost, 127.0.0.1) and a client certificate
-// named client, in the layout libnbd's tls-certificates=DIR expects (ca-cert.pem,
-// client-cert.pem, client-key.pem) plus server-cert.pem and server-key.pem.
-func writeCerts(t *testing.T, dir string) {
-	t.Helper()
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	write := func(name, typ string, der []byte) {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	now := time.Now()
-	caKey := newKey()
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "raid5d test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("ca-cert.pem", "CERTIFICATE", caDER)
-	for i, who := range []string{"server", "client"} {
-		k := newKey()
-		c := &x509.Certificate{
-			SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: who},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-			KeyUsage:    x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-			DNSNames:    []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, c, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		write(who+"-cert.pem", "CERTIFICATE", der)
-		write(who+"-key.pem", "PRIVATE KEY", kder)
-	}
-}
+	"github.com/raid5d/raid5d/internal/testpki"
+)
 
 // TestTLS serves with --tls-cert/--tls-key/--tls-client-ca (TLS required by default) and
 // checks, with nbdinfo: a client with a certificate gets the export over TLS; a plaintext
@@ -76,16 +17,9 @@ func TestTLS(t *testing.T) {
 	if standin {
 		t.Skip("raid5d's TLS flags")
 	}
-	certs := t.TempDir()
-	writeCerts(t, certs)
-	noCert := t.TempDir() // the CA only: a TLS client without a certificate of its own
-	ca, err := os.ReadFile(filepath.Join(certs, "ca-cert.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(noCert, "ca-cert.pem"), ca, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	pki := testpki.New(t)
+	certs := pki.Dir
+	noCert := pki.CAOnlyDir(t) // a TLS client without a certificate of its own
 	a := newArray(t)
 	s := a.serve(t, "--tls-cert", filepath.Join(certs, "server-cert.pem"), "--tls-key", filepath.Join(certs, "server-key.pem"),
 		"--tls-client-ca", filepath.Join(certs, "ca-cert.pem"))
@@ -119,8 +53,7 @@ func TestTLS(t *testing.T) {
 // byte written is read back and checked. Without TLS, bench is refused with the hint.
 func TestBenchTLS(t *testing.T) {
 	needRaid5d(t)
-	certs := t.TempDir()
-	writeCerts(t, certs)
+	certs := testpki.New(t).Dir
 	a := newArray(t)
 	s := a.serve(t, "--tls", "require", "--tls-cert", filepath.Join(certs, "server-cert.pem"), "--tls-key", filepath.Join(certs, "server-key.pem"),
 		"--tls-client-ca", filepath.Join(certs, "ca-cert.pem"))

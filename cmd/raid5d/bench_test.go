@@ -1,17 +1,8 @@
 package main
 
 import (
-	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"log/slog"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +12,7 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/cmd/raid5d/internal/loadgen"
+	"github.com/raid5d/raid5d/internal/testpki"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 	"github.com/raid5d/raid5d/raid"
@@ -36,16 +28,7 @@ func serveBench(t *testing.T, dev nbd.Device) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return "nbd+unix:///x?socket=" + sock
+	return "nbd+unix:///x?socket=" + nbdtest.ServeUnix(t, srv)
 }
 
 // TestBenchVerifyAndCheck runs bench writing with a verify log, checks the device against it,
@@ -196,62 +179,12 @@ func TestBenchNbdkit(t *testing.T) {
 	}
 }
 
-// writeTestCerts writes a self-signed CA (ca.pem) and a server certificate it signed for
-// localhost and 127.0.0.1 (server.pem, server.key) into dir.
-func writeTestCerts(t *testing.T, dir string) {
-	t.Helper()
-	write := func(name, typ string, der []byte) {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-	}, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("ca.pem", "CERTIFICATE", caDER)
-	write("server.pem", "CERTIFICATE", der)
-	write("server.key", "PRIVATE KEY", kder)
-}
-
 // TestBenchTLS: bench reaches a TLS-only server through an nbds+unix URI with --tls-ca and
 // verifies what it wrote; a plaintext URI gets the error that says what to do; TLS flags with
 // a plaintext URI are a usage error.
 func TestBenchTLS(t *testing.T) {
-	dir := t.TempDir()
-	writeTestCerts(t, dir)
-	conf, err := nbd.LoadTLSConfig(filepath.Join(dir, "server.pem"), filepath.Join(dir, "server.key"), "")
+	pki := testpki.New(t)
+	conf, err := nbd.LoadTLSConfig(pki.Path(testpki.ServerCert), pki.Path(testpki.ServerKey), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,17 +196,9 @@ func TestBenchTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "s.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
+	sock := nbdtest.ServeUnix(t, srv)
 
-	code, out, errOut := runCLI(t, "bench", "nbds+unix:///x?socket="+sock, "--tls-ca", filepath.Join(dir, "ca.pem"),
+	code, out, errOut := runCLI(t, "bench", "nbds+unix:///x?socket="+sock, "--tls-ca", pki.Path(testpki.CACert),
 		"--rw", "randwrite", "--time", "0", "--verify", "--iodepth", "4")
 	if code != 0 || !strings.Contains(out, "; 0 mismatches") {
 		t.Fatalf("bench over TLS: exit %d\n%s%s", code, out, errOut)
@@ -282,7 +207,7 @@ func TestBenchTLS(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "server requires TLS; use nbds://") {
 		t.Errorf("plaintext bench against a TLS-only server: exit %d, want 1 and the hint\n%s%s", code, out, errOut)
 	}
-	code, out, errOut = runCLI(t, "bench", "nbd+unix:///x?socket="+sock, "--tls-ca", filepath.Join(dir, "ca.pem"))
+	code, out, errOut = runCLI(t, "bench", "nbd+unix:///x?socket="+sock, "--tls-ca", pki.Path(testpki.CACert))
 	if code != 2 || !strings.Contains(errOut, "need an nbds://") {
 		t.Errorf("--tls-ca with a plaintext URI: exit %d, want 2\n%s%s", code, out, errOut)
 	}

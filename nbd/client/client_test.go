@@ -26,28 +26,14 @@ import (
 var _ nbd.Device = (*client.Conn)(nil)
 
 // serve runs an nbd.Server with exports on a unix socket for the test's lifetime and returns
-// the nbd+unix URI of the socket (without export).
+// the socket's path.
 func serve(t *testing.T, exports ...nbd.Export) string {
 	t.Helper()
 	srv, err := nbd.NewServer(nbd.Options{Exports: exports, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "nbd.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return sock
+	return nbdtest.ServeUnix(t, srv)
 }
 
 func dial(t *testing.T, uri string) *client.Conn {

@@ -3,111 +3,32 @@ package client_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"log/slog"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/testpki"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/nbd/client"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
-// pki is a test CA and the PEM files it signed, in dir: ca.pem, server.pem/server.key
-// (localhost, 127.0.0.1), client.pem/client.key ("alice"), and other-ca.pem, a CA that
-// signed nothing here.
-type pki struct{ dir string }
-
-func (p pki) file(name string) string { return filepath.Join(p.dir, name) }
-
-func newPKI(t *testing.T) pki {
-	t.Helper()
-	p := pki{dir: t.TempDir()}
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	write := func(name, typ string, der []byte) {
-		if err := os.WriteFile(p.file(name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	now := time.Now()
-	makeCA := func(name string) (*x509.Certificate, *ecdsa.PrivateKey) {
-		k := newKey()
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: name},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			t.Fatal(err)
-		}
-		write(name+".pem", "CERTIFICATE", der)
-		return c, k
-	}
-	ca, caKey := makeCA("ca")
-	makeCA("other-ca")
-	for i, who := range []string{"server", "client"} {
-		k := newKey()
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: who},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature,
-		}
-		if who == "server" {
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-			tmpl.DNSNames = []string{"localhost"}
-			tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-		} else {
-			tmpl.Subject.CommonName = "alice"
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		write(who+".pem", "CERTIFICATE", der)
-		write(who+".key", "PRIVATE KEY", kder)
-	}
-	return p
-}
-
 // serveTLS runs an nbd.Server with one export "x" on a unix socket and on a loopback TCP port,
 // with the PKI's server certificate, client certificates required (mutual TLS) when mutual,
 // and the given mode. It returns the socket path and the TCP address.
-func serveTLS(t *testing.T, p pki, mode nbd.TLSMode, mutual bool, dev nbd.Device) (sock, addr string) {
+func serveTLS(t *testing.T, p *testpki.PKI, mode nbd.TLSMode, mutual bool, dev nbd.Device) (sock, addr string) {
 	t.Helper()
 	clientCA := ""
 	if mutual {
-		clientCA = p.file("ca.pem")
+		clientCA = p.Path(testpki.CACert)
 	}
-	conf, err := nbd.LoadTLSConfig(p.file("server.pem"), p.file("server.key"), clientCA)
+	conf, err := nbd.LoadTLSConfig(p.Path(testpki.ServerCert), p.Path(testpki.ServerKey), clientCA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,26 +40,12 @@ func serveTLS(t *testing.T, p pki, mode nbd.TLSMode, mutual bool, dev nbd.Device
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock = filepath.Join(t.TempDir(), "nbd.sock")
-	uln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, ln := range []net.Listener{uln, tln} {
-		wg.Go(func() {
-			if err := srv.Serve(ctx, ln); err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("Serve: %v", err)
-			}
-		})
-	}
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return sock, tln.Addr().String()
+	nbdtest.Serve(t, srv, tln)
+	return nbdtest.ServeUnix(t, srv), tln.Addr().String()
 }
 
 func dialTLS(uri string, conf *tls.Config) (*client.Conn, error) {
@@ -169,9 +76,9 @@ func roundTrip(t *testing.T, c *client.Conn) {
 // 127.0.0.1); it refuses a plaintext client with ErrTLSRequired, a client without a
 // certificate, and a client that does not trust the server's CA.
 func TestTLSMutual(t *testing.T) {
-	p := newPKI(t)
+	p := testpki.New(t)
 	sock, addr := serveTLS(t, p, nbd.TLSRequire, true, nbdtest.NewMemDevice(1<<20))
-	good, err := client.LoadTLSConfig(p.file("ca.pem"), p.file("client.pem"), p.file("client.key"), "")
+	good, err := client.LoadTLSConfig(p.Path(testpki.CACert), p.Path(testpki.ClientCert), p.Path(testpki.ClientKey), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +100,7 @@ func TestTLSMutual(t *testing.T) {
 	if !errors.Is(err, client.ErrTLSRequired) {
 		t.Errorf("plaintext client: err = %v, want ErrTLSRequired", err)
 	}
-	noCert, err := client.LoadTLSConfig(p.file("ca.pem"), "", "", "")
+	noCert, err := client.LoadTLSConfig(p.Path(testpki.CACert), "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,14 +108,14 @@ func TestTLSMutual(t *testing.T) {
 		c.Close()
 		t.Error("a client without a certificate was served although the server requires one")
 	}
-	wrongCA, err := client.LoadTLSConfig(p.file("other-ca.pem"), p.file("client.pem"), p.file("client.key"), "")
+	wrongCA, err := client.LoadTLSConfig(testpki.New(t).Path(testpki.CACert), p.Path(testpki.ClientCert), p.Path(testpki.ClientKey), "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := dialTLS("nbds+unix:///x?socket="+sock, wrongCA); !errors.Is(err, client.ErrTLSHandshake) {
 		t.Errorf("server certificate from an untrusted CA: err = %v, want ErrTLSHandshake", err)
 	}
-	wrongName, err := client.LoadTLSConfig(p.file("ca.pem"), p.file("client.pem"), p.file("client.key"), "not-the-server")
+	wrongName, err := client.LoadTLSConfig(p.Path(testpki.CACert), p.Path(testpki.ClientCert), p.Path(testpki.ClientKey), "not-the-server")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,8 +127,8 @@ func TestTLSMutual(t *testing.T) {
 // TestTLSModes: a server with TLS on serves plaintext and TLS clients alike; one with TLS off
 // refuses NBD_OPT_STARTTLS, which Dial reports as an *OptionError for it.
 func TestTLSModes(t *testing.T) {
-	p := newPKI(t)
-	conf, err := client.LoadTLSConfig(p.file("ca.pem"), "", "", "")
+	p := testpki.New(t)
+	conf, err := client.LoadTLSConfig(p.Path(testpki.CACert), "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,9 +170,9 @@ func (r *recordingConn) Write(p []byte) (int, error) {
 // through the client never appears on the socket in the clear (it does without TLS, which
 // shows the check can fail).
 func TestTLSEncrypts(t *testing.T) {
-	p := newPKI(t)
+	p := testpki.New(t)
 	sock, _ := serveTLS(t, p, nbd.TLSOn, false, nbdtest.NewMemDevice(1<<20))
-	conf, err := client.LoadTLSConfig(p.file("ca.pem"), "", "", "localhost")
+	conf, err := client.LoadTLSConfig(p.Path(testpki.CACert), "", "", "localhost")
 	if err != nil {
 		t.Fatal(err)
 	}
