@@ -30,22 +30,14 @@ type Array struct {
 	readOnly   bool
 	log        *slog.Logger
 
-	// roles holds, by role, the member serving it: active, rebuilding (usable below recPos)
-	// or faulty; nil if none. Loaded without a lock on every I/O; changed under sbMu.
-	roles []atomic.Pointer[member]
-	// nBad counts the roles whose member is not active (none, faulty or rebuilding); 0 lets
-	// the I/O paths skip the per-stripe checks. Changed under sbMu (recount).
-	nBad atomic.Int32
-	// recPos is the rebuild position in stripes: the rebuilding member serves the stripes
-	// below it. It moves past stripe s only while s's lock is held.
-	recPos atomic.Int64
+	// roles is which member serves each role, what is usable, missing or lost, whether the
+	// array has failed, and the write gate (roles.go). Read without a lock on every I/O.
+	roles roleTable
 	// recording counts member failures being recorded (beginRecord; see awaitRecord); recIdle
 	// is closed when it drops to 0. recMu guards recIdle and the changes of recording.
 	recording atomic.Int32
 	recMu     sync.Mutex
 	recIdle   chan struct{}
-	// gate admits every member data write; recount shuts it when the array fails (gate.go).
-	gate writeGate
 	// view is the member list and superblock fields as the last Status (or assembly) read
 	// them under sbMu: what Status answers with while sbMu is held for long.
 	view atomic.Pointer[memberView]
@@ -192,7 +184,6 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 		size:       ref.DataSize / layout.ChunkSize() * layout.StripeSize(),
 		readOnly:   readOnly,
 		log:        log,
-		roles:      make([]atomic.Pointer[member], len(roles)),
 		spares:     spares,
 		events:     ref.Events,
 		uuid:       ref.ArrayUUID,
@@ -216,12 +207,14 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	if a.speedMax <= 0 {
 		a.speedMax = DefaultSyncSpeedMax
 	}
+	a.roles.init(len(roles), a.memberData/layout.ChunkSize(), a.timeout)
+	a.roles.onFail = a.releasePins
 	for r, m := range roles {
 		if m != nil {
-			a.roles[r].Store(m)
+			a.roles.set(r, m)
 		}
 	}
-	a.recount()
+	a.roles.recount()
 	n := layout.Members()
 	a.scratch.New = func() any {
 		return &scratch{bufs: make([][]byte, n), shards: make([][]byte, n), ops: make([]memberOp, 0, 2*n)}
@@ -243,30 +236,12 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	return a, nil
 }
 
-// recount recomputes nBad after a change of membership, and decides whether the array has
-// failed: two or more roles with no working member in some stripe (lostRoles: a role being
-// rebuilt is lost above the rebuild's position, so a second failure then fails the array). That decision is made here only; it shuts the write gate for good, and failed()
-// reports it. The caller holds sbMu (or owns the array alone).
-func (a *Array) recount() {
-	n := int32(0)
-	for r := range a.roles {
-		if m := a.roles[r].Load(); m == nil || m.faulty.Load() || m.rebuilding.Load() {
-			n++
-		}
-	}
-	a.nBad.Store(n)
-	if a.lostRoles(nil) > 1 {
-		a.gate.close()
-		a.releasePins()
-	}
-}
-
 // all returns every member the array tracks: by role, then faulty ones out of their role,
 // then spares. The caller holds sbMu.
 func (a *Array) all() []*member {
 	var ms []*member
-	for r := range a.roles {
-		if m := a.roles[r].Load(); m != nil {
+	for r := range a.roles.n() {
+		if m := a.roles.member(r); m != nil {
 			ms = append(ms, m)
 		}
 	}
@@ -437,13 +412,8 @@ func (a *Array) Status() Status {
 	st := Status{Events: v.events, Layout: a.layout, Size: a.size, Unclean: v.unclean, ReadOnly: a.readOnly, UUID: v.uuid,
 		WriteHole: a.writeHole.Load(), SuperblocksBusy: busy}
 	st.Dirty = a.dirty.Load() || v.unclean
-	for r := range a.roles {
-		m := a.roles[r].Load()
-		if m == nil || m.faulty.Load() || m.rebuilding.Load() {
-			st.Missing = append(st.Missing, r)
-		}
-	}
-	failed := a.failed()
+	st.Missing = a.roles.missing()
+	failed := a.roles.failed()
 	features := v.features
 	for i, m := range v.members {
 		ms := v.status[i]
@@ -532,14 +502,13 @@ func (a *Array) writeSuperblocks(set func(*superblock)) error {
 	for ; len(bad) > 0; bad, err = a.superblockWrite(set) {
 		a.log.Error("raid: a superblock update did not reach every member; failing those it missed", "err", err)
 		for _, b := range bad {
-			if !b.faulty.Swap(true) {
+			if !a.roles.markFaulty(b) {
 				rebuilding = rebuilding || b.rebuilding.Load()
-				a.log.Error("raid: member marked faulty", "member", b.Name(), "role", a.roleOf(b),
+				a.log.Error("raid: member marked faulty", "member", b.Name(), "role", a.roles.roleOf(b),
 					"why", "its superblock could not be written")
 			}
 		}
-		a.recount()
-		if a.failed() {
+		if a.roles.recount() {
 			return fmt.Errorf("%w: writing the superblocks: %w", ErrArrayFailed, err)
 		}
 	}
@@ -556,16 +525,10 @@ func (a *Array) writeSuperblocks(set func(*superblock)) error {
 func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error) {
 	a.events++
 	now := time.Now()
-	var states [stripe.MaxMembers]uint8
+	states, rebuilding := a.roles.states()
 	recovery := int64(0)
-	for r := range a.roles {
-		switch m := a.roles[r].Load(); {
-		case m == nil || m.faulty.Load():
-			states[r] = roleFaulty
-		case m.rebuilding.Load():
-			states[r] = roleRebuilding
-			recovery = a.recPos.Load() * a.layout.ChunkSize()
-		}
+	if rebuilding {
+		recovery = a.roles.rebuildPos() * a.layout.ChunkSize()
 	}
 	var ms []*member
 	var bufs [][]byte
@@ -576,7 +539,7 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 		}
 		sb := m.sb
 		sb.Events, sb.Updated, sb.States, sb.Recovery = a.events, now, states, recovery
-		sb.Role = a.roleOf(m)
+		sb.Role = a.roles.roleOf(m)
 		if set != nil {
 			set(sb)
 		}
@@ -651,7 +614,7 @@ func (a *Array) syncMembers() error {
 	// A failed array has nothing left to sync for its lost roles: a Flush (or FUA write)
 	// must not succeed then, even when every member was already marked faulty before it
 	// began and so nothing in syncWorking failed.
-	if a.failed() {
+	if a.roles.failed() {
 		return fmt.Errorf("%w: nothing can be made durable", ErrArrayFailed)
 	}
 	return nil
@@ -662,8 +625,8 @@ func (a *Array) syncMembers() error {
 func (a *Array) syncWorking() error {
 	var ms []*member
 	var roles []int
-	for r := range a.roles {
-		if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
+	for r := range a.roles.n() {
+		if m := a.roles.working(r); m != nil {
 			ms, roles = append(ms, m), append(roles, r)
 		}
 	}
@@ -677,7 +640,7 @@ func (a *Array) syncWorking() error {
 		}
 		merr := memberErr(ms[i], roles[i], "sync", -1, err)
 		a.fail(ms[i], merr)
-		if a.failed() {
+		if a.roles.failed() {
 			errs[i] = merr
 		}
 	}
@@ -708,24 +671,24 @@ func (a *Array) Close() error {
 		if a.cache != nil {
 			err = a.cache.Close()
 			a.stopIO()
-			if err != nil && a.failed() {
+			if err != nil && a.roles.failed() {
 				err = lostInCache(err)
 			}
 		}
 		err = errors.Join(err, a.syncWorking())
-		if err == nil && a.jr != nil && a.jr.m != nil && !a.failed() {
+		if err == nil && a.jr != nil && a.jr.m != nil && !a.roles.failed() {
 			// Everything is written and synced: nothing is left to replay.
 			err = a.jr.checkpoint()
 		}
 		errs = append(errs, err)
 		a.sbMu.Lock()
-		if err == nil && a.bm != nil && !a.failed() {
+		if err == nil && a.bm != nil && !a.roles.failed() {
 			// Everything is written and synced: no region needs its bit (but those still
 			// waiting for the resync).
 			err = a.bm.clearAll()
 			errs = append(errs, err)
 		}
-		if err == nil && a.dirty.Load() && !a.unclean && !a.failed() {
+		if err == nil && a.dirty.Load() && !a.unclean && !a.roles.failed() {
 			errs = append(errs, a.writeSuperblocks(func(sb *superblock) { sb.Dirty = false }))
 			a.dirty.Store(false)
 		}

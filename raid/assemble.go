@@ -591,7 +591,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	}
 	for _, m := range byRole {
 		if m != nil && m.rebuilding.Load() {
-			a.recPos.Store(ref.Recovery / ref.Chunk)
+			a.roles.setRebuilt(ref.Recovery / ref.Chunk)
 			log.Info("raid: resuming the rebuild from its checkpoint", "member", m.Name(), "role", m.sb.Role, "position", ref.Recovery)
 		}
 	}
@@ -1011,7 +1011,7 @@ func forcePlan(ref *superblock, byRole []*member, stale []*member) []*member {
 // assembly, which records it faulty the same way). If sb already records another
 // role faulty, the member's failure was the array's second loss: from then on every write was
 // refused (ErrArrayFailed), so nothing was written without it. A role it records as being
-// rebuilt counts as lost too (lostRoles: losing a member during a rebuild fails the array, so
+// rebuilt counts as lost too (roleTable.lost: losing a member during a rebuild fails the array, so
 // the array took no writes after it; raid5d before that rule kept writing the stripes below
 // the rebuild's position). Its history must agree with ref's: every role it records faulty is
 // faulty or being rebuilt in ref, and every role it records rebuilding is still rebuilding (or

@@ -187,8 +187,8 @@ func (b *bitmap) flushLocked() error {
 	}
 	var ms []*member
 	var roles []int
-	for r := range a.roles {
-		if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
+	for r := range a.roles.n() {
+		if m := a.roles.working(r); m != nil {
 			ms, roles = append(ms, m), append(roles, r)
 		}
 	}
@@ -199,11 +199,11 @@ func (b *bitmap) flushLocked() error {
 		r := roles[i]
 		for k, p := range pages {
 			off := BitmapOffset + int64(p)*bitmapPage
-			if !a.gate.enter(r) { // the array has failed: its survivors stay as they were
+			if !a.roles.enter(r) { // the array has failed: its survivors stay as they were
 				return errGateShut
 			}
 			err := writeDurable(m, img[k*bitmapPage:(k+1)*bitmapPage], off, k == len(pages)-1)
-			a.gate.leave(r)
+			a.roles.leave(r)
 			if err != nil {
 				return memberErr(m, r, "write bitmap", off, err)
 			}
@@ -222,7 +222,7 @@ func (b *bitmap) flushLocked() error {
 			}
 			ms[i].writeErrs.Add(1)
 			a.fail(ms[i], err)
-			if a.failed() {
+			if a.roles.failed() {
 				errs[i] = err
 			}
 		}
@@ -336,9 +336,9 @@ func (b *bitmap) load() ([]byte, error) {
 	a := b.a
 	union := make([]byte, len(b.bits))
 	buf := make([]byte, len(b.bits))
-	for r := range a.roles {
-		m := a.roles[r].Load()
-		if m == nil || m.faulty.Load() {
+	for r := range a.roles.n() {
+		m := a.roles.working(r)
+		if m == nil {
 			continue
 		}
 		if _, err := m.ReadAt(buf, BitmapOffset); err != nil {

@@ -70,7 +70,7 @@ func (a *Array) BlockStatus(off, length int64, dst []Extent) ([]Extent, error) {
 		pieces := a.layout.Extents(exts[:0], pos, n) // the stripe's data chunks in the range
 		lk := a.stripeLock(s)
 		lk.Lock()
-		whole := a.missingAt(s) < 0 && (a.cache == nil || !a.cache.Dirty(s, 1))
+		whole := a.roles.missingAt(s) < 0 && (a.cache == nil || !a.cache.Dirty(s, 1))
 		for _, e := range pieces {
 			if !whole {
 				if !add(e.Len, false) {
@@ -95,7 +95,7 @@ func (a *Array) BlockStatus(off, length int64, dst []Extent) ([]Extent, error) {
 // reports whether add ran out of room. The caller holds the stripe's lock.
 func (a *Array) pieceStatus(e stripe.Extent, at int64, add func(int64, bool) bool) (full bool, err error) {
 	var f holeFinder
-	if m := a.usable(e.Member, e.Stripe); m != nil {
+	if m := a.roles.usable(e.Member, e.Stripe); m != nil {
 		f, _ = m.Member.(holeFinder)
 	}
 	if f == nil {

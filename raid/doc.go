@@ -253,16 +253,17 @@
 // return ErrArrayFailed (EIO, never a guess), other chunks are still read from their members,
 // and every write returns ErrArrayFailed without touching any member. A role being rebuilt
 // counts as lost above the rebuild position, so a second loss during a rebuild fails the array
-// too: lostRoles is the one decision, used by the I/O paths, Status (StateFailed), Close
-// (which never marks a failed array clean) and Fail and Replace, which refuse to fail the array
-// (ErrWouldFail) unless given Force.
+// too. The role table (roles.go) answers every such question — which roles are usable,
+// missing or lost in a stripe, whether the array has failed — for the I/O paths, Status
+// (StateFailed), Close (which never marks a failed array clean) and Fail and Replace, which
+// refuse to fail the array (ErrWouldFail) unless given Force.
 //
-// The failure itself is taken in one place, recount, and enforced by one gate (gate.go): every
-// write of member data (client writes, cache write-outs, trims, rebuild and scrub writes, the
-// bitmap) enters the gate for its system call and leaves as soon as it returns. recount shuts
-// the gate when the array fails; the fail that did it, and every write that reports
-// ErrArrayFailed, first waits for the writes still inside on working members (drainWrites).
-// So when a client learns of the failure, the survivors hold what they will hold from then on,
+// The failure itself is decided in one place, the role table's recount, and enforced by one
+// gate (gate.go), which the role table holds: every write of member data (client writes, cache
+// write-outs, trims, rebuild and scrub writes, the bitmap) enters the gate for its system call
+// and leaves as soon as it returns. recount shuts the gate when the array fails; the fail that
+// did it, and every write that reports ErrArrayFailed, first waits for the writes still inside
+// on working members (drain). So when a client learns of the failure, the survivors hold what they will hold from then on,
 // which is what Force assembles from. A failed array also gives back the caller buffers its
 // cache held by reference (releasePins: Cache.Unpin copies them first), so the NBD server can
 // end its connections, and Close reports what the cache could not write out in one error.

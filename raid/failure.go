@@ -33,7 +33,7 @@ type member struct {
 	Member
 	sb *superblock // guarded by Array.sbMu
 	// faulty: failed; never read or written again. rebuilding: a spare being rebuilt into its
-	// role, usable only for stripes below Array.recPos.
+	// role, usable only for stripes below the rebuild position (roleTable.rebuilt).
 	faulty, rebuilding  atomic.Bool
 	readErrs, writeErrs atomic.Uint64
 	// The watchdog's clock (hung.go): blocking operations under way, and when the member last
@@ -45,87 +45,11 @@ type member struct {
 	abandoned atomic.Int32
 }
 
-// usable returns the member that serves role r in stripe s, or nil if none does.
-func (a *Array) usable(r int, s int64) *member {
-	m := a.roles[r].Load()
-	if m == nil || m.faulty.Load() || m.rebuilding.Load() && s >= a.recPos.Load() {
-		return nil
-	}
-	return m
-}
-
-// lostRoles returns how many roles would have no usable member in the array's last stripe if
-// gone (nil for none) stopped working too. The last stripe is where most roles are lost: a
-// rebuilding member serves only the stripes below recPos, so until its rebuild ends its role
-// counts as lost there. Two or more lost roles is a failed array (failed); Fail and Replace
-// refuse to make one without Force. The caller holds sbMu, or accepts a snapshot.
-func (a *Array) lostRoles(gone *member) int {
-	if gone == nil && a.nBad.Load() == 0 {
-		return 0
-	}
-	last := a.memberData/a.layout.ChunkSize() - 1
-	n := 0
-	for r := range a.roles {
-		if m := a.usable(r, last); m == nil || m == gone {
-			n++
-		}
-	}
-	return n
-}
-
-// missingAt returns the first role with no usable member in stripe s, or -1.
-func (a *Array) missingAt(s int64) int {
-	if a.nBad.Load() == 0 {
-		return -1
-	}
-	for r := range a.roles {
-		if a.usable(r, s) == nil {
-			return r
-		}
-	}
-	return -1
-}
-
-// lostAt returns how many roles have no usable member in stripe s.
-func (a *Array) lostAt(s int64) int {
-	if a.nBad.Load() == 0 {
-		return 0
-	}
-	n := 0
-	for r := range a.roles {
-		if a.usable(r, s) == nil {
-			n++
-		}
-	}
-	return n
-}
-
-// failed reports whether the array has failed: two or more roles have no working member in
-// some stripe (lostRoles), so data is lost; decided by recount, which shuts the write gate then. Once true it stays true.
-// It is a report, not a guard: what must not happen on a failed array goes through the gate.
-func (a *Array) failed() bool { return a.gate.closed() }
-
-// drainWrites waits, once the array has failed, until no member write admitted before the
-// failure is still under way on a member that works (gate.drain). Every path that reports
-// ErrArrayFailed for a write waits here first (fail, awaitRecord), so that when a client
-// learns of the failure, the survivors hold what they will hold from then on.
-func (a *Array) drainWrites() {
-	if !a.gate.closed() {
-		return
-	}
-	a.gate.drain(len(a.roles), func(r int) bool {
-		m := a.roles[r].Load()
-		// A member whose writes have hung past the timeout is not waited for: the watchdog
-		// that would fail it may be the very caller waiting here.
-		return m != nil && !m.faulty.Load() && (a.timeout <= 0 || m.stuckFor(time.Now()) <= a.timeout)
-	})
-}
-
 // releasePins, once the array has failed, gives back every caller buffer the stripe cache
 // holds by reference (stable pages): its dirty stripes will never be written out, and the NBD
 // server waits for its buffers before it ends a connection. The cache copies what they hold
-// first (Cache.Unpin), so it stays readable until Close. recount calls it when it decides the
-// array has failed; it runs on a goroutine of its own, once: fail may be called with a stripe
+// first (Cache.Unpin), so it stays readable until Close. recount calls it (roleTable.onFail) when it
+// decides the array has failed; it runs on a goroutine of its own, once: fail may be called with a stripe
 // lock held, and Unpin takes each of them.
 func (a *Array) releasePins() {
 	if a.cache == nil {
@@ -137,13 +61,13 @@ func (a *Array) releasePins() {
 // memberWrite writes buf at off to m, which serves role, through the write gate; it returns
 // errGateShut, writing nothing, once the array has failed.
 func (a *Array) memberWrite(m *member, role int, buf []byte, off int64) (int, error) {
-	if !a.gate.enter(role) {
+	if !a.roles.enter(role) {
 		return 0, errGateShut
 	}
 	m.begin()
 	n, err := m.WriteAt(buf, off)
 	m.end()
-	a.gate.leave(role)
+	a.roles.leave(role)
 	return n, err
 }
 
@@ -164,7 +88,7 @@ var errGateShut = fmt.Errorf("%w: member writes refused", ErrArrayFailed)
 // timeout is counted the same way but its data is used (readMember).
 func (a *Array) memberIO(role int, buf []byte, off int64, write, locked bool) error {
 	s := (off - a.dataOffset) / a.layout.ChunkSize()
-	m := a.usable(role, s)
+	m := a.roles.usable(role, s)
 	if write {
 		if m == nil {
 			return a.skipWrite(role, s, nil)
@@ -196,7 +120,7 @@ func (a *Array) memberIO(role int, buf []byte, off int64, write, locked bool) er
 // skipWrite decides a write to role, which has no usable member in stripe s: nil if the
 // stripe survives without it, else an ErrArrayFailed error (joined with cause).
 func (a *Array) skipWrite(role int, s int64, cause error) error {
-	if a.lostAt(s) < 2 {
+	if a.roles.lostAt(s) < 2 {
 		return nil
 	}
 	return errors.Join(fmt.Errorf("%w: stripe %d lost role %d and another", ErrArrayFailed, s, role), cause)
@@ -223,11 +147,11 @@ func (a *Array) rebuildRange(role int, s int64, buf []byte, off int64, locked bo
 	defer a.putScratch(sc)
 	C := a.layout.ChunkSize()
 	shards := sc.shards[:0]
-	for r := range a.roles {
+	for r := range a.roles.n() {
 		if r == role {
 			continue
 		}
-		m := a.usable(r, s)
+		m := a.roles.usable(r, s)
 		if m == nil {
 			return fmt.Errorf("%w: stripe %d: roles %d and %d have no working member", ErrArrayFailed, s, role, r)
 		}
@@ -251,21 +175,20 @@ func (a *Array) rebuildRange(role int, s int64, buf []byte, off int64, locked bo
 // (events bumped, synced) before fail returns, and writes that skip m wait for that record
 // (awaitRecord) before they are acknowledged. A rebuild onto a spare starts if one is idle.
 func (a *Array) fail(m *member, why error) {
-	// Marked faulty before sbMu is taken: I/O goes around m from now on (nBad, recomputed by
-	// recount below, counts it at once), and an update of the superblocks still waiting for a
+	// Marked faulty before sbMu is taken: I/O goes around m from now on (markFaulty counts it
+	// in the role table at once; recount below makes the count exact), and an update of the superblocks still waiting for a
 	// hung m gives up on it (eachMember), so failing a member never waits for the member.
 	// Writes that skip m meanwhile wait for the record (awaitRecord): it is counted before m
 	// is marked, so whoever sees m faulty also sees the record under way.
 	a.beginRecord()
-	if m.faulty.Swap(true) {
+	if a.roles.markFaulty(m) {
 		a.endRecord()
 		a.awaitRecord() // the record of the first fail, then the drain if that failed the array
 		return
 	}
-	a.nBad.Add(1)
 	a.sbMu.Lock()
-	role := a.roleOf(m)
-	a.recount()
+	role := a.roles.roleOf(m)
+	a.roles.recount()
 	wasRebuilding := m.rebuilding.Load()
 	a.log.Error("raid: member marked faulty", "member", m.Name(), "role", role, "why", why)
 	// A member whose superblock cannot record this failure has failed too (md does the same):
@@ -276,21 +199,21 @@ func (a *Array) fail(m *member, why error) {
 	for bad, err := a.superblockWrite(nil); len(bad) > 0; bad, err = a.superblockWrite(nil) {
 		a.log.Error("raid: recording a faulty member in the superblocks failed", "err", err)
 		for _, b := range bad {
-			if !b.faulty.Swap(true) {
-				r := a.roleOf(b)
+			if !a.roles.markFaulty(b) {
+				r := a.roles.roleOf(b)
 				wasRebuilding = wasRebuilding || b.rebuilding.Load()
 				role = max(role, r)
 				a.log.Error("raid: member marked faulty", "member", b.Name(), "role", r,
 					"why", "its superblock could not record another member's failure")
 			}
 		}
-		a.recount()
+		a.roles.recount()
 	}
-	failed := a.failed()
+	failed := a.roles.failed() // decided by the recounts above, under sbMu
 	a.sbMu.Unlock()
 	a.endRecord()
 	if failed {
-		a.drainWrites()
+		a.roles.drain()
 		a.log.Error("raid: array failed: two roles have no working member; data on them is lost; member writes stopped")
 	}
 	if wasRebuilding || role >= 0 {
@@ -320,7 +243,7 @@ func (a *Array) endRecord() {
 // awaitRecord waits until every superblock update recording a faulty member that had begun
 // (beginRecord) is durable. Writing methods call it before they return, so that no write that
 // skipped a faulty member is acknowledged before the superblocks say the member is faulty, and
-// no write that failed with the array returns before the gate has drained (drainWrites). It
+// no write that failed with the array returns before the gate has drained (roleTable.drain). It
 // does not wait on sbMu: a member is marked faulty before its fail takes sbMu, so a waiter
 // could take sbMu first and return before the record.
 func (a *Array) awaitRecord() {
@@ -335,7 +258,7 @@ func (a *Array) awaitRecord() {
 			<-idle
 		}
 	}
-	a.drainWrites()
+	a.roles.drain()
 }
 
 // awaitDurable is awaitRecord for a FLUSH or a FUA write that made err of its syncs: the array
@@ -344,21 +267,10 @@ func (a *Array) awaitRecord() {
 // written to them is not durable, and the superblocks do not say so.
 func (a *Array) awaitDurable(err error) error {
 	a.awaitRecord()
-	if err == nil && a.failed() {
+	if err == nil && a.roles.failed() {
 		return fmt.Errorf("%w: a member failed during the sync and the failure could not be recorded", ErrArrayFailed)
 	}
 	return err
-}
-
-// roleOf returns the role m holds or is being rebuilt into, or -1 (spare, retired). The caller
-// holds sbMu.
-func (a *Array) roleOf(m *member) int {
-	for r := range a.roles {
-		if a.roles[r].Load() == m {
-			return r
-		}
-	}
-	return -1
 }
 
 // readMember reads buf at off from m straight into buf, in the calling goroutine. With a member

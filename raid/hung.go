@@ -57,9 +57,9 @@ func (a *Array) watchdog(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			for r := range a.roles {
-				m := a.roles[r].Load()
-				if m == nil || m.faulty.Load() {
+			for r := range a.roles.n() {
+				m := a.roles.working(r)
+				if m == nil {
 					continue
 				}
 				if d := m.stuckFor(now); d > a.timeout {

@@ -105,7 +105,7 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 	// are read here.
 	var here uint64
 	first := -1
-	for r := range a.roles {
+	for r := range a.roles.n() {
 		if touched&(1<<r) == 0 {
 			continue
 		}
@@ -118,7 +118,7 @@ func (a *Array) ReadAt(p []byte, off int64) (int, error) {
 		}
 	}
 	st.readRole(first)
-	for r := range a.roles {
+	for r := range a.roles.n() {
 		if here&(1<<r) != 0 {
 			st.readRole(r)
 		}
@@ -203,7 +203,7 @@ func (st *readState) readRole(r int) {
 		}
 		var m *member
 		if b := e.Stripe - st.s0; st.cached[b/64]&(1<<(b%64)) == 0 {
-			m = a.usable(r, e.Stripe)
+			m = a.roles.usable(r, e.Stripe)
 		}
 		if len(bufs) > 0 && (m != runM || e.MemberOff != runEnd || len(bufs) == maxIov) {
 			if !st.readRun(r, runM, runOff, bufs, i0, i) {
@@ -350,7 +350,10 @@ func (a *Array) writable() error {
 	if a.readOnly {
 		return ErrReadOnly
 	}
-	if a.failed() {
+	if a.roles.failed() {
+		// A fast-path refusal: past this check the gate refuses every member write of a
+		// failed array, so a write racing the failure fails there or lands only in the cache
+		// (never written out; its FLUSH or FUA reports the failure).
 		return ErrArrayFailed
 	}
 	return nil
@@ -608,22 +611,22 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 		var errs []error
 		var jops []intentOp
 		if a.journaled() {
-			for r := range a.roles {
+			for r := range a.roles.n() {
 				jops = append(jops, intentOp{role: r, off: a.dataOffset + s*C, trim: n * C})
 			}
 		}
 		ierr := a.writeIntent(s, n, jops, func() error {
-			for r := range a.roles {
-				if m := a.roles[r].Load(); m != nil && !m.faulty.Load() {
+			for r := range a.roles.n() {
+				if m := a.roles.working(r); m != nil {
 					moff := a.dataOffset + s*C
-					if !a.gate.enter(r) {
+					if !a.roles.enter(r) {
 						errs = append(errs, fmt.Errorf("%w (trim of stripes %d-%d)", errGateShut, s, s+n-1))
 						break
 					}
 					m.begin()
 					err := m.Trim(moff, n*C)
 					m.end()
-					a.gate.leave(r)
+					a.roles.leave(r)
 					if err != nil {
 						merr := memberErr(m, r, "trim", moff, err)
 						m.writeErrs.Add(1)

@@ -1032,7 +1032,7 @@ func (j *journal) apply(r *jrecord, b []byte) error {
 	a := j.a
 	p := r.hdrLen
 	for _, op := range r.ops {
-		if op.role >= len(a.roles) || op.off < a.dataOffset || op.off+op.n > a.dataOffset+a.memberData {
+		if op.role >= a.roles.n() || op.off < a.dataOffset || op.off+op.n > a.dataOffset+a.memberData {
 			return fmt.Errorf("%w: record %d: %d bytes at member offset %d of role %d: outside the data area",
 				ErrJournal, r.seq, op.n, op.off, op.role)
 		}
@@ -1041,8 +1041,8 @@ func (j *journal) apply(r *jrecord, b []byte) error {
 			data = b[p : p+op.n]
 			p += op.n
 		}
-		m := a.roles[op.role].Load()
-		if m == nil || m.faulty.Load() {
+		m := a.roles.working(op.role)
+		if m == nil {
 			continue
 		}
 		var err error

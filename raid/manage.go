@@ -16,8 +16,8 @@ func (a *Array) findMember(name string) (*member, error) {
 		name, _, _ = strings.Cut(spec, "?")
 	}
 	if r, err := strconv.Atoi(name); err == nil {
-		if r >= 0 && r < len(a.roles) {
-			if m := a.roles[r].Load(); m != nil {
+		if r >= 0 && r < a.roles.n() {
+			if m := a.roles.member(r); m != nil {
 				return m, nil
 			}
 		}
@@ -48,7 +48,7 @@ func forced(opts []ManageOption) bool { return slices.Contains(opts, Force) }
 // a role number. The other superblocks record it before Fail returns; the array continues
 // degraded and a rebuild onto a spare starts if there is one. Failing a spare takes it out of
 // the spares; failing a faulty member does nothing. A member whose loss would fail the array
-// (lostRoles: a second role without a working member, counting a role whose rebuild has not
+// (roleTable.lost: a second role without a working member, counting a role whose rebuild has not
 // finished) is refused with ErrWouldFail, unless opts has Force.
 func (a *Array) Fail(member string, opts ...ManageOption) error {
 	a.opMu.RLock()
@@ -123,8 +123,8 @@ func (a *Array) roleMember(name string) *member {
 		name, _, _ = strings.Cut(spec, "?")
 	}
 	r, err := strconv.Atoi(name)
-	for i := range a.roles {
-		if m := a.roles[i].Load(); m != nil && (err == nil && i == r || err != nil && m.Name() == name) {
+	for i := range a.roles.n() {
+		if m := a.roles.member(i); m != nil && (err == nil && i == r || err != nil && m.Name() == name) {
 			return m
 		}
 	}
@@ -132,33 +132,33 @@ func (a *Array) roleMember(name string) *member {
 }
 
 // checkLoss returns an ErrWouldFail error, saying which roles would be lost, if losing m would
-// leave the array failed when it is not, or more roles lost when it is (lostRoles); nil
+// leave the array failed when it is not, or more roles lost when it is (roleTable.lost); nil
 // otherwise. The caller holds sbMu.
 func (a *Array) checkLoss(m *member, what string) error {
-	n := a.lostRoles(m)
-	if n < 2 || n == a.lostRoles(nil) {
+	n := a.roles.lost(m)
+	if n < 2 || n == a.roles.lost(nil) {
 		return nil
 	}
 	C := a.layout.ChunkSize()
 	last := a.memberData/C - 1
 	var lost []string
-	for r := range a.roles {
-		x := a.roles[r].Load()
+	for r := range a.roles.n() {
+		x := a.roles.member(r)
 		switch {
 		case x == m:
 			lost = append(lost, fmt.Sprintf("role %d: %s", r, m.Name()))
-		case a.usable(r, last) != nil:
+		case a.roles.usable(r, last) != nil:
 		case x == nil:
 			lost = append(lost, fmt.Sprintf("role %d: no member", r))
 		case x.faulty.Load():
 			lost = append(lost, fmt.Sprintf("role %d: %s is faulty", r, x.Name()))
 		default:
 			lost = append(lost, fmt.Sprintf("role %d: %s is being rebuilt, %.1f%% done", r, x.Name(),
-				100*float64(a.recPos.Load()*C)/float64(a.memberData)))
+				100*float64(a.roles.rebuildPos()*C)/float64(a.memberData)))
 		}
 	}
 	return fmt.Errorf("%w: %s would leave %d of %d roles without a working member (%s); RAID-5 survives the loss of one",
-		ErrWouldFail, what, n, len(a.roles), strings.Join(lost, "; "))
+		ErrWouldFail, what, n, a.roles.n(), strings.Join(lost, "; "))
 }
 
 // Remove drops a faulty member or a spare from the array (like mdadm --remove); name is a path
@@ -182,11 +182,7 @@ func (a *Array) Remove(name string) error {
 	if !m.faulty.Load() && m.sb.Role >= 0 {
 		return fmt.Errorf("%w: %s holds role %d", ErrNotFaulty, m.Name(), m.sb.Role)
 	}
-	for r := range a.roles {
-		if a.roles[r].Load() == m {
-			a.roles[r].Store(nil)
-		}
-	}
+	a.roles.remove(m)
 	drop := func(ms []*member) []*member {
 		kept := ms[:0]
 		for _, x := range ms {
@@ -199,7 +195,7 @@ func (a *Array) Remove(name string) error {
 	a.spares, a.faulty = drop(a.spares), drop(a.faulty)
 	// Kept open until Close: I/O begun before it failed may still be using it.
 	a.retired = append(a.retired, m)
-	a.recount()
+	a.roles.recount()
 	if m.faulty.Load() {
 		return nil
 	}
@@ -407,7 +403,7 @@ func (a *Array) Replace(member, path string, opts ...ManageOption) error {
 	force := forced(opts)
 	a.sbMu.Lock()
 	m, err := a.findMember(member)
-	if err == nil && (m.faulty.Load() || a.roleOf(m) < 0) {
+	if err == nil && (m.faulty.Load() || a.roles.roleOf(m) < 0) {
 		err = fmt.Errorf("%w: %s is not an active member", ErrNoSuchMember, member)
 	}
 	if err == nil && !force {

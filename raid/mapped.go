@@ -122,7 +122,7 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 		if b := e.Stripe - s0; st.cached[b/64]&(1<<(b%64)) != 0 {
 			return nil
 		}
-		return a.usable(e.Member, e.Stripe)
+		return a.roles.usable(e.Member, e.Stripe)
 	}
 
 	// Which members can serve their share from their mapping: a plain file or block device,
@@ -144,7 +144,7 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 		sp[1] = e.MemberOff + e.Len
 	}
 	some := false
-	for r, sp := range st.span[:len(a.roles)] {
+	for r, sp := range st.span[:a.roles.n()] {
 		if sp[0] < 0 {
 			continue
 		}
@@ -207,8 +207,8 @@ func (a *Array) remapAll() {
 		return
 	}
 	a.mapServed.Store(0)
-	for r := range a.roles {
-		m := a.roles[r].Load()
+	for r := range a.roles.n() {
+		m := a.roles.member(r)
 		if m == nil {
 			continue
 		}

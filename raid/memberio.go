@@ -48,9 +48,9 @@ var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
 
 // startIO starts the member I/O goroutines: ioWorkers per role (they serve whichever member
 // holds the role when the I/O runs), on a.ioq[role], and readWorkers per role read workers,
-// on the one queue after them, a.ioq[len(a.roles)] (readQueue).
+// on the one queue after them, a.ioq[a.roles.n()] (readQueue).
 func (a *Array) startIO() {
-	n := len(a.roles)
+	n := a.roles.n()
 	a.ioq = make([]chan ioJob, n+1)
 	a.ioq[n] = make(chan ioJob)
 	for range readWorkers * n {
@@ -61,7 +61,7 @@ func (a *Array) startIO() {
 			}
 		})
 	}
-	for r := range a.roles {
+	for r := range n {
 		a.ioq[r] = make(chan ioJob)
 		for range ioWorkers {
 			a.ioWG.Go(func() {
@@ -93,7 +93,7 @@ func (a *Array) stopIO() {
 // they cannot deadlock with writes or write-outs.
 func (a *Array) handOff(st *readState, r int) bool {
 	st.wg.Add(1)
-	if len(a.ioq) <= len(a.roles) {
+	if len(a.ioq) <= a.roles.n() {
 		go func() {
 			st.readRole(r)
 			st.wg.Done()
@@ -101,7 +101,7 @@ func (a *Array) handOff(st *readState, r int) bool {
 		return true
 	}
 	select {
-	case a.ioq[len(a.roles)] <- ioJob{st: st, role: r}:
+	case a.ioq[a.roles.n()] <- ioJob{st: st, role: r}:
 		return true
 	default:
 		st.wg.Done()
@@ -144,8 +144,8 @@ func (a *Array) memberWritev(role int, bufs [][]byte, off int64, iov []unix.Iove
 		total += int64(len(b))
 	}
 	s0, s1 := (off-a.dataOffset)/C, (off+total-1-a.dataOffset)/C
-	m := a.usable(role, s0)
-	if m == nil || a.usable(role, s1) != m || len(bufs) > maxIov {
+	m := a.roles.usable(role, s0)
+	if m == nil || a.roles.usable(role, s1) != m || len(bufs) > maxIov {
 		for _, b := range bufs {
 			if err := a.memberIO(role, b, off, true, true); err != nil {
 				return err
@@ -154,13 +154,13 @@ func (a *Array) memberWritev(role int, bufs [][]byte, off int64, iov []unix.Iove
 		}
 		return nil
 	}
-	if !a.gate.enter(role) {
+	if !a.roles.enter(role) {
 		return fmt.Errorf("%w (stripes %d-%d, role %d)", errGateShut, s0, s1, role)
 	}
 	m.begin()
 	n, err := writev(m.Member, bufs, off, iov)
 	m.end()
-	a.gate.leave(role)
+	a.roles.leave(role)
 	a.ctr.memberWrit.Add(uint64(n))
 	if err == nil {
 		return nil
@@ -177,14 +177,14 @@ func (a *Array) memberWritev(role int, bufs [][]byte, off int64, iov []unix.Iove
 }
 
 // Missing returns the role with no usable member in stripe s, or -1.
-func (m memberIO) Missing(s int64) int { return m.a.missingAt(s) }
+func (m memberIO) Missing(s int64) int { return m.a.roles.missingAt(s) }
 
 // Do performs ops (member data-area offsets): the first member's in the calling goroutine, the
 // others' concurrently on their members' I/O goroutines, each member's in order. It returns
 // the error of the lowest role that failed, as a *MemberError.
 func (m memberIO) Do(ops []stripe.MemberOp) error {
 	a := m.a
-	if a.failed() {
+	if a.roles.failed() {
 		// Nothing is written to a failed array, not even data acknowledged before it failed
 		// and still dirty in the cache: the surviving members keep what they held at the
 		// failure (what a forced reassembly or a recovery tool would work from). The data
@@ -268,7 +268,7 @@ func (m memberIO) do(ops []stripe.MemberOp) error {
 	// members' goroutines.
 	inline := writes && bytes <= inlineWriteMax
 	first := -1
-	for r := range a.roles {
+	for r := range a.roles.n() {
 		switch {
 		case roles&(1<<r) == 0:
 		case inline:

@@ -95,7 +95,7 @@ func (a *Array) resumePoint(ref *superblock, readOnly bool) int64 {
 // bitmap keeps the regions not yet resynced.
 func (a *Array) recordResyncStop() {
 	rs := a.resync
-	if a.readOnly || rs == nil || !rs.full || a.bm != nil || a.jr != nil || !a.resyncPending() || a.failed() {
+	if a.readOnly || rs == nil || !rs.full || a.bm != nil || a.jr != nil || !a.resyncPending() || a.roles.failed() {
 		return
 	}
 	pos := a.resyncPos.Load()
@@ -166,7 +166,7 @@ func (a *Array) maybeResync() {
 		a.sbMu.Unlock()
 		return
 	}
-	if a.nBad.Load() > 0 {
+	if a.roles.degraded() {
 		return
 	}
 	a.syncMu.Lock()
@@ -267,7 +267,7 @@ func (a *Array) runResync(ctx context.Context, j *syncJob) error {
 // resyncStopped records why a resync stopped; if the array is degraded now, the regions left
 // are the write hole.
 func (a *Array) resyncStopped(err error) error {
-	if a.nBad.Load() > 0 {
+	if a.roles.degraded() {
 		a.noteWriteHole()
 	}
 	return err

@@ -196,13 +196,13 @@ func (a *Array) maybeRebuild() {
 	}
 	a.sbMu.Lock()
 	need := false
-	for r := range a.roles {
-		m := a.roles[r].Load()
-		if m != nil && m.rebuilding.Load() && !m.faulty.Load() || (m == nil || m.faulty.Load()) && len(a.spares) > 0 {
+	for r := range a.roles.n() {
+		m := a.roles.working(r)
+		if m != nil && m.rebuilding.Load() || m == nil && len(a.spares) > 0 {
 			need = true
 		}
 	}
-	need = need && !a.failed()
+	need = need && !a.roles.failed() // a fast path: rebuild asks again as it starts, and its writes pass the gate
 	a.sbMu.Unlock()
 	if !need {
 		return
@@ -300,40 +300,41 @@ func (a *Array) setDone(j *syncJob, t *throttle, done int64) {
 	}
 }
 
-// rebuild picks the role to rebuild and its member (a rebuilding one resumes at recPos; else
-// the first spare takes the first role without a working member, from stripe 0) and
-// reconstructs the role's chunks onto it, batch by batch, each under its stripes' locks:
-// below recPos the new member is written like any other, at and above it it counts as missing.
+// rebuild picks the role to rebuild and its member (a rebuilding one resumes at the rebuild
+// position; else the first spare takes the first role without a working member, from stripe
+// 0) and reconstructs the role's chunks onto it, batch by batch, each under its stripes'
+// locks: below the rebuild position the new member is written like any other, at and above it
+// it counts as missing.
 // The position is checkpointed in the superblocks every checkpointEvery and when it stops.
 // When done the member takes the role and the faulty member it replaces is dropped.
 func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	a.sbMu.Lock()
-	if a.failed() {
+	if a.roles.failed() {
 		a.sbMu.Unlock()
 		return nil
 	}
 	role, sp := -1, (*member)(nil)
-	for r := range a.roles {
-		if m := a.roles[r].Load(); m != nil && m.rebuilding.Load() && !m.faulty.Load() {
+	for r := range a.roles.n() {
+		if m := a.roles.working(r); m != nil && m.rebuilding.Load() {
 			role, sp = r, m
 			break
 		}
 	}
 	if sp == nil {
-		for r := range a.roles {
-			if m := a.roles[r].Load(); (m == nil || m.faulty.Load()) && len(a.spares) > 0 {
+		for r := range a.roles.n() {
+			if m := a.roles.member(r); (m == nil || m.faulty.Load()) && len(a.spares) > 0 {
 				role, sp = r, a.spares[0]
 				a.spares = a.spares[1:]
 				if m != nil {
 					a.faulty = append(a.faulty, m)
 				}
-				a.recPos.Store(0)
+				a.roles.setRebuilt(0)
 				sp.rebuilding.Store(true)
-				a.roles[r].Store(sp)
+				a.roles.set(r, sp)
 				if a.bm != nil {
 					a.bm.hold(nil) // the spare's bitmap is written whole at the next flush
 				}
-				a.recount()
+				a.roles.recount()
 				break
 			}
 		}
@@ -347,7 +348,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	}
 	C := a.layout.ChunkSize()
 	total := a.memberData / C
-	pos := a.recPos.Load()
+	pos := a.roles.rebuildPos()
 	a.sbMu.Unlock()
 
 	a.syncMu.Lock()
@@ -373,7 +374,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		err = a.rebuildSpan(sp, role, s0, k, bufs)
 		if err == nil {
 			pos = s0 + k
-			a.recPos.Store(pos)
+			a.roles.setRebuilt(pos)
 		}
 		a.locks.UnlockSpan(s0, k)
 		if err != nil {
@@ -410,7 +411,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		}
 	}
 	a.faulty = kept
-	a.recount()
+	a.roles.recount()
 	werr := a.writeSuperblocks(nil)
 	a.sbMu.Unlock()
 	a.log.Info("raid: rebuild finished; the member is active", "member", sp.Name(), "role", role,
@@ -450,13 +451,13 @@ func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) er
 	off := a.dataOffset + s0*C
 	L := k * C
 	shards := make([][]byte, 0, len(bufs))
-	errs := make([]error, len(a.roles))
+	errs := make([]error, a.roles.n())
 	var wg sync.WaitGroup
-	for r := range a.roles {
+	for r := range a.roles.n() {
 		if r == role {
 			continue
 		}
-		m := a.usable(r, s0)
+		m := a.roles.usable(r, s0)
 		if m == nil {
 			return fmt.Errorf("%w: role %d lost during the rebuild of role %d", ErrArrayFailed, r, role)
 		}
@@ -506,7 +507,7 @@ func (a *Array) StartScrub(repair bool) error {
 	if err := a.writable(); err != nil {
 		return err
 	}
-	if a.nBad.Load() > 0 {
+	if a.roles.degraded() {
 		return ErrDegraded
 	}
 	kind := "check"
@@ -587,11 +588,11 @@ func (a *Array) scrubSpan(s0, k int64, bufs [][]byte, repair bool) ([]int64, err
 	}
 	C := a.layout.ChunkSize()
 	off := a.dataOffset + s0*C
-	n := len(a.roles)
+	n := a.roles.n()
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for r := range a.roles {
-		m := a.usable(r, s0)
+	for r := range n {
+		m := a.roles.usable(r, s0)
 		if m == nil {
 			return nil, ErrDegraded
 		}

@@ -1,0 +1,254 @@
+package raid
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// roleTable says which member serves each role, and answers what follows from that: which
+// roles are usable, missing or lost in a stripe, and whether the array has failed. It owns the
+// write gate that the failure shuts. Every I/O reads it, without a lock.
+//
+// Who changes what: set, remove and recount run under Array.sbMu (or in newArray, which owns
+// the array alone); markFaulty runs without sbMu (fail marks a member before it takes sbMu, so
+// that I/O goes around the member at once); setRebuilt moves the rebuild position past stripe s
+// only while s's stripe lock is held. A member's own flags (faulty, rebuilding) are atomics of
+// the member.
+//
+// The decision that the array has failed is made in one place, recount, which shuts the gate.
+// failed only reports it; what must not happen on a failed array (a member write) is refused
+// by the gate, not by a check of failed before the action.
+type roleTable struct {
+	// byRole holds, by role, the member serving it: active, rebuilding (usable below the
+	// rebuild position) or faulty; nil if none. Stored by set and remove.
+	byRole []atomic.Pointer[member]
+	// bad counts the roles whose member is not active (none, faulty or rebuilding); 0 lets the
+	// per-stripe questions answer without looking at each role. recount makes it exact and
+	// markFaulty adds to it, so it never counts fewer roles than there are (see recount).
+	bad atomic.Int32
+	// rebuilt is the rebuild position in stripes: the rebuilding member serves the stripes
+	// below it. It moves past stripe s only while s's lock is held.
+	rebuilt atomic.Int64
+	// last is the array's last stripe, where a role being rebuilt stays lost longest.
+	last int64
+	// timeout is the member timeout (≤ 0: none): drain does not wait for a member whose
+	// writes have hung for longer.
+	timeout time.Duration
+	// gate admits every member data write; recount shuts it when the array fails (gate.go).
+	gate writeGate
+	// onFail runs each time recount finds the array failed (Array.releasePins, which acts
+	// once); recount's caller may hold sbMu and a stripe lock.
+	onFail func()
+}
+
+// init sizes t for roles roles in an array of stripes stripes (per member).
+func (t *roleTable) init(roles int, stripes int64, timeout time.Duration) {
+	t.byRole = make([]atomic.Pointer[member], roles)
+	t.last = stripes - 1
+	t.timeout = timeout
+}
+
+// n returns the number of roles.
+func (t *roleTable) n() int { return len(t.byRole) }
+
+// member returns the member serving role r in any state (active, rebuilding, faulty), or nil.
+func (t *roleTable) member(r int) *member { return t.byRole[r].Load() }
+
+// working returns role r's member unless it is faulty or there is none (nil): a rebuilding
+// member is working, though it serves only the stripes below the rebuild position.
+func (t *roleTable) working(r int) *member {
+	if m := t.byRole[r].Load(); m != nil && !m.faulty.Load() {
+		return m
+	}
+	return nil
+}
+
+// usable returns the member that serves role r in stripe s, or nil if none does.
+func (t *roleTable) usable(r int, s int64) *member {
+	m := t.byRole[r].Load()
+	if m == nil || m.faulty.Load() || m.rebuilding.Load() && s >= t.rebuilt.Load() {
+		return nil
+	}
+	return m
+}
+
+// degraded reports whether some role has no active member (none, faulty or rebuilding).
+func (t *roleTable) degraded() bool { return t.bad.Load() > 0 }
+
+// missing returns the roles with no active member, in order; nil if none.
+func (t *roleTable) missing() []int {
+	var rs []int
+	for r := range t.byRole {
+		if m := t.byRole[r].Load(); m == nil || m.faulty.Load() || m.rebuilding.Load() {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
+// missingAt returns the first role with no usable member in stripe s, or -1.
+func (t *roleTable) missingAt(s int64) int {
+	if t.bad.Load() == 0 {
+		return -1
+	}
+	for r := range t.byRole {
+		if t.usable(r, s) == nil {
+			return r
+		}
+	}
+	return -1
+}
+
+// lostAt returns how many roles have no usable member in stripe s.
+func (t *roleTable) lostAt(s int64) int {
+	if t.bad.Load() == 0 {
+		return 0
+	}
+	n := 0
+	for r := range t.byRole {
+		if t.usable(r, s) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// lost returns how many roles would have no usable member in the array's last stripe if gone
+// (nil for none) stopped working too. The last stripe is where most roles are lost: a
+// rebuilding member serves only the stripes below the rebuild position, so until its rebuild
+// ends its role counts as lost there. Two or more lost roles is a failed array (recount); Fail
+// and Replace refuse to make one without Force. The caller holds sbMu, or accepts a snapshot.
+func (t *roleTable) lost(gone *member) int {
+	if gone == nil && t.bad.Load() == 0 {
+		return 0
+	}
+	n := 0
+	for r := range t.byRole {
+		if m := t.usable(r, t.last); m == nil || m == gone {
+			n++
+		}
+	}
+	return n
+}
+
+// roleOf returns the role m holds or is being rebuilt into, or -1 (spare, retired).
+func (t *roleTable) roleOf(m *member) int {
+	for r := range t.byRole {
+		if t.byRole[r].Load() == m {
+			return r
+		}
+	}
+	return -1
+}
+
+// states returns the per-role state table the superblocks record (roleFaulty, roleRebuilding,
+// else 0 for active) and whether a role is being rebuilt.
+func (t *roleTable) states() (states [stripe.MaxMembers]uint8, rebuilding bool) {
+	for r := range t.byRole {
+		switch m := t.byRole[r].Load(); {
+		case m == nil || m.faulty.Load():
+			states[r] = roleFaulty
+		case m.rebuilding.Load():
+			states[r] = roleRebuilding
+			rebuilding = true
+		}
+	}
+	return states, rebuilding
+}
+
+// rebuildPos returns the rebuild position in stripes.
+func (t *roleTable) rebuildPos() int64 { return t.rebuilt.Load() }
+
+// setRebuilt moves the rebuild position to stripe s. Moving it past a stripe needs that
+// stripe's lock (or no rebuilding member yet: the rebuild's start, under sbMu).
+func (t *roleTable) setRebuilt(s int64) { t.rebuilt.Store(s) }
+
+// set makes m (nil: none) serve role r. The caller holds sbMu and calls recount after.
+func (t *roleTable) set(r int, m *member) { t.byRole[r].Store(m) }
+
+// remove takes m out of any role it holds. The caller holds sbMu and calls recount after.
+func (t *roleTable) remove(m *member) {
+	for r := range t.byRole {
+		if t.byRole[r].Load() == m {
+			t.byRole[r].Store(nil)
+		}
+	}
+}
+
+// markFaulty marks m faulty and reports whether it already was. Without sbMu: from now on
+// I/O goes around m; the caller records the failure and then calls recount under sbMu.
+func (t *roleTable) markFaulty(m *member) (already bool) {
+	if m.faulty.Swap(true) {
+		return true
+	}
+	t.bad.Add(1) // counted at once, before recount: see bad
+	return false
+}
+
+// recount recomputes bad after a change of membership, and decides whether the array has
+// failed: two or more roles with no usable member in the last stripe (lost: a role being
+// rebuilt is lost above the rebuild position, so a second failure then fails the array). That
+// decision is made here only: it shuts the write gate for good (and runs onFail), and failed
+// reports it from then on. recount returns failed. The caller holds sbMu (or owns the array
+// alone).
+//
+// bad is stored by compare-and-swap, so that a markFaulty that lands between the count and the
+// store (it runs without sbMu) is not overwritten: bad may then count one role too many until
+// that failure's own recount, never one too few (which would let missingAt and lostAt answer
+// "none" for a role already faulty).
+func (t *roleTable) recount() bool {
+	for {
+		old := t.bad.Load()
+		n := int32(0)
+		for r := range t.byRole {
+			if m := t.byRole[r].Load(); m == nil || m.faulty.Load() || m.rebuilding.Load() {
+				n++
+			}
+		}
+		if t.bad.CompareAndSwap(old, n) {
+			break
+		}
+	}
+	if t.lost(nil) > 1 {
+		t.gate.close()
+		if t.onFail != nil {
+			t.onFail()
+		}
+	}
+	return t.gate.closed()
+}
+
+// failed reports whether the array has failed (decided by recount; once true it stays true).
+// It is a report, not a guard: what must not happen on a failed array goes through the gate.
+func (t *roleTable) failed() bool { return t.gate.closed() }
+
+// enter admits a write of role r's member through the gate, or reports false once the array
+// has failed. Every true must be followed by leave(r) as soon as the write's system call returns.
+func (t *roleTable) enter(r int) bool { return t.gate.enter(r) }
+
+// leave ends a member write that enter admitted.
+func (t *roleTable) leave(r int) { t.gate.leave(r) }
+
+// drain waits, once the array has failed, until no member write admitted before the failure
+// is still under way on a member that works (gate.drain). Every path that reports
+// ErrArrayFailed for a write waits here first (fail, awaitRecord), so that when a client learns
+// of the failure, the survivors hold what they will hold from then on. A member whose writes
+// have hung past the member timeout is not waited for: the watchdog that would fail it may be
+// the very caller waiting here.
+func (t *roleTable) drain() {
+	if !t.gate.closed() {
+		return
+	}
+	t.gate.drain(len(t.byRole), func(r int) bool {
+		m := t.byRole[r].Load()
+		return m != nil && !m.faulty.Load() && (t.timeout <= 0 || m.stuckFor(time.Now()) <= t.timeout)
+	})
+}
+
+// usable, missingAt and lostAt are the role table's, for the cacheless write path (io.go
+// writeStripe) until it goes (issue 14: the cache executes every write plan).
+func (a *Array) usable(r int, s int64) *member { return a.roles.usable(r, s) }
+func (a *Array) missingAt(s int64) int         { return a.roles.missingAt(s) }
+func (a *Array) lostAt(s int64) int            { return a.roles.lostAt(s) }
