@@ -9,14 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Member states in Status.Members[i].State. They are stable strings, shown to users and in JSON.
-const (
-	MemberActive     = "active"
-	MemberFaulty     = "faulty"     // failed: no longer read or written
-	MemberSpare      = "spare"      // idle spare, takes over a failed role by itself
-	MemberRebuilding = "rebuilding" // a spare being rebuilt into Role
-)
-
 // Defaults of IOOptions.MemberTimeout and IOOptions.ReadErrorLimit.
 const (
 	DefaultMemberTimeout  = 30 * time.Second
