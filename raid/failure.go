@@ -214,57 +214,6 @@ func (a *Array) fail(m *member, why error) {
 	a.maybeRebuild()
 }
 
-// beginRecord counts a member failure being recorded in the superblocks, before the member
-// is marked faulty; endRecord ends it once the record is durable (or has failed the array).
-func (a *Array) beginRecord() {
-	a.recMu.Lock()
-	if a.recording.Add(1) == 1 {
-		a.recIdle = make(chan struct{})
-	}
-	a.recMu.Unlock()
-}
-
-func (a *Array) endRecord() {
-	a.recMu.Lock()
-	if a.recording.Add(-1) == 0 {
-		close(a.recIdle)
-	}
-	a.recMu.Unlock()
-}
-
-// awaitRecord waits until every superblock update recording a faulty member that had begun
-// (beginRecord) is durable. Writing methods call it before they return, so that no write that
-// skipped a faulty member is acknowledged before the superblocks say the member is faulty, and
-// no write that failed with the array returns before the gate has drained (roleTable.drain). It
-// does not wait on sbMu: a member is marked faulty before its fail takes sbMu, so a waiter
-// could take sbMu first and return before the record.
-func (a *Array) awaitRecord() {
-	if a.recording.Load() > 0 {
-		a.recMu.Lock()
-		idle := a.recIdle
-		if a.recording.Load() == 0 {
-			idle = nil
-		}
-		a.recMu.Unlock()
-		if idle != nil {
-			<-idle
-		}
-	}
-	a.roles.drain()
-}
-
-// awaitDurable is awaitRecord for a FLUSH or a FUA write that made err of its syncs: the array
-// may have failed meanwhile although err is nil, when the syncs skipped members marked faulty
-// whose record then failed (their superblocks could not be written: a power cut). What was
-// written to them is not durable, and the superblocks do not say so.
-func (a *Array) awaitDurable(err error) error {
-	a.awaitRecord()
-	if err == nil && a.roles.failed() {
-		return fmt.Errorf("%w: a member failed during the sync and the failure could not be recorded", ErrArrayFailed)
-	}
-	return err
-}
-
 // readMember reads buf at off from m straight into buf, in the calling goroutine. With a member
 // timeout (IOOptions.MemberTimeout > 0), a read that succeeds but takes longer is counted as a
 // read error of m (slowRead) and its data is still returned: the read cannot be cancelled, so
