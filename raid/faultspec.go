@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	memberpkg "github.com/raid5d/raid5d/raid/member"
 )
 
 // FaultySpecPrefix starts a member spec that wraps a member in fault injection, a testing aid
@@ -40,19 +42,21 @@ func splitSpec(spec string) (prefix, path, query string, hasQuery bool) {
 	return "", spec, "", false
 }
 
-// SpecPath returns the file or device a member spec opens: the PATH of faulty:PATH?... or
-// volatile:PATH?..., or a plain path itself. Checks that compare files (is this journal a
-// member?) stat it.
-func SpecPath(spec string) string {
+// The faulty: and volatile: kinds of member (memberpkg.Register).
+func init() {
+	for _, prefix := range []string{FaultySpecPrefix, VolatileSpecPrefix} {
+		memberpkg.Register(prefix, memberpkg.Kind{Open: openSpec, Path: specFile, MapPath: mapSpecFile})
+	}
+}
+
+// specFile is the file a faulty: or volatile: spec opens: its PATH.
+func specFile(spec string) string {
 	_, path, _, _ := splitSpec(spec)
 	return path
 }
 
-// MapSpecPath returns spec with the path it opens replaced by f(path), its prefix and keys
-// unchanged: the command line makes member and journal paths absolute with it
-// (MapSpecPath(s, filepath.Abs)) without turning a spec into a path of a file named
-// "faulty:...".
-func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
+// mapSpecFile returns spec with its PATH replaced by f(PATH), its prefix and keys unchanged.
+func mapSpecFile(spec string, f func(string) (string, error)) (string, error) {
 	prefix, path, query, hasQuery := splitSpec(spec)
 	path, err := f(path)
 	if err != nil {
@@ -64,19 +68,10 @@ func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
 	return prefix + path, nil
 }
 
-// openSpec opens a member spec (faulty: or volatile:); ok is false for a plain path, which it
-// leaves to the caller.
-func openSpec(spec string, use memberUse) (m Member, ok bool, err error) {
+// openSpec opens a member spec, faulty: or volatile:.
+func openSpec(spec string, use memberUse) (Member, error) {
 	prefix, path, query, _ := splitSpec(spec)
-	switch prefix {
-	case FaultySpecPrefix:
-		m, err = openFaultySpec(spec, path, query, false, use)
-	case VolatileSpecPrefix:
-		m, err = openFaultySpec(spec, path, query, true, use)
-	default:
-		return nil, false, nil
-	}
-	return m, true, err
+	return openFaultySpec(spec, path, query, prefix == VolatileSpecPrefix, use)
 }
 
 // errInjected is what a faulty: member's injected faults return (EIO, like a failing disk).

@@ -32,15 +32,19 @@ func OpenMember(path string, readOnly bool) (Member, error) {
 
 // openMember is OpenMember with the use (and lock) spelled out; Examine inspects members
 // without a lock.
-func openMember(path string, use memberUse) (Member, error) {
-	if m, ok, err := openSpec(path, use); ok {
-		return m, err
-	}
-	m, err := memberpkg.OpenFile(path, use)
-	if err != nil {
-		return nil, err // not a nil *memberpkg.File in a Member
-	}
-	return m, nil
+func openMember(path string, use memberUse) (Member, error) { return memberpkg.Open(path, use) }
+
+// SpecPath returns the file or device a member spec opens: the PATH of faulty:PATH?... or
+// volatile:PATH?..., a plain path itself, "" for a kind with no local file (memberpkg.SpecPath).
+// Checks that compare files (is this journal a member?) stat it.
+func SpecPath(spec string) string { return memberpkg.SpecPath(spec) }
+
+// MapSpecPath returns spec with the path it opens replaced by f(path), its prefix and keys
+// unchanged: the command line makes member and journal paths absolute with it
+// (MapSpecPath(s, filepath.Abs)) without turning a spec into a path of a file named
+// "faulty:..." (memberpkg.MapSpecPath).
+func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
+	return memberpkg.MapSpecPath(spec, f)
 }
 
 // The member package's names as the array's files use them.

@@ -1,6 +1,6 @@
 // Package member is the disks of an array as the raid package sees them: the Member interface
-// and its contract, the optional capabilities a member may have, and the file and
-// block-device member (File).
+// and its contract, the optional capabilities a member may have, the file and block-device
+// member (File), and the registry of member kinds by spec prefix (Register, Open).
 //
 // # Contract
 //
@@ -17,6 +17,38 @@
 // one call per buffer without it), DSyncWriter (one durable write; else WriteAt and Sync),
 // SizeChecker (SyncData: no check without it), Mapper (mapped reads; else ReadAt),
 // HoleFinder (block status; else all data) and Wrapper (Base). File has all but Wrapper.
+//
+// # Kinds
+//
+// A member spec is a plain path (a file or block device: OpenFile) or starts with the prefix
+// of a registered kind. Open, SpecPath and MapSpecPath dispatch on it, and the raid package
+// opens every member, spare and journal through Open, so it knows no kind but plain paths
+// and imports none. raid/member/faulty is one kind (faulty:PATH?..., volatile:PATH); cmd/raid5d
+// registers it.
+//
+// A new kind is one file, in its own package, registered from cmd/raid5d:
+//
+//	// Package nbdmember: members that are NBD exports (nbd://host[:port]/export, nbds://...,
+//	// nbd+unix:///export?socket=PATH), served by nbd/client.
+//	func Register(opts Options) { // TLS files, timeout, connections: from the flags
+//		k := member.Kind{Open: func(spec string, use member.Use) (member.Member, error) {
+//			return open(spec, use, opts) // parses the URI and its query keys
+//		}}
+//		for _, p := range []string{"nbd://", "nbds://", "nbd+unix://"} {
+//			member.Register(p, k)
+//		}
+//	}
+//
+// and in cmd/raid5d, once the flags are parsed and before anything is opened,
+// nbdmember.Register(nbdmember.Options{...}). Options the kind takes are bound into its
+// Open that way; per-member ones come from the spec (URI query keys). Its members' Name is
+// the spec (the URI: what status shows and the configuration records), Size what the
+// export says, and it keeps the Member contract: a short answer is an error, Trim leaves
+// zeroes (WRITE_ZEROES where TRIM is not advertised), Sync is FLUSH, and a member that
+// disappears mid-call returns an error within its deadline rather than hanging. It may add
+// capabilities (Vectored, DSyncWriter as FUA, SizeChecker as a re-read of the export size);
+// it has no local file, so Kind.Path and Kind.MapPath stay nil (SpecPath "": no lock, no
+// file to make or compare), and Use only says read-write or read-only.
 //
 // # Exclusive use
 //

@@ -1,0 +1,105 @@
+package member
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+)
+
+// Kind is a kind of member other than a plain path: the members whose specs start with its
+// prefix (Register). Only Open is required.
+type Kind struct {
+	// Open opens the member spec names (spec starts with the kind's prefix) for use: read-write
+	// for Exclusive, read-only otherwise, holding whatever claim the kind has on it (a file's
+	// lock) until Close. Its Name is what the array records and matches (the spec, or the
+	// path a wrapper wraps). A member that does not exist is fs.ErrNotExist, which Assemble
+	// takes for a missing member; any other failure is an error naming the spec.
+	Open func(spec string, use Use) (Member, error)
+	// Path returns the local file or device spec opens, for the checks that compare files
+	// (is the journal one of the members?) and for Create to make; "" if none, as for a
+	// remote export. nil: "".
+	Path func(spec string) string
+	// MapPath returns spec with the local path it opens replaced by f(path), all else
+	// unchanged: the command line makes paths absolute, a configuration file resolves them
+	// from its directory. nil: spec unchanged.
+	MapPath func(spec string, f func(string) (string, error)) (string, error)
+}
+
+var kinds struct {
+	mu sync.RWMutex // guards m
+	m  map[string]Kind
+}
+
+// Register adds the kind of member whose specs start with prefix ("faulty:", "nbd://"), so that
+// Open, SpecPath and MapSpecPath dispatch to it. The program registers its kinds before it
+// opens members (cmd/raid5d does, from main; a test from TestMain), with whatever options
+// they take bound into k's functions: the raid package knows no kind but plain paths. Where
+// several prefixes match a spec, the longest wins. It panics for an empty prefix, a nil Open,
+// or a prefix registered twice: those are programming errors.
+func Register(prefix string, k Kind) {
+	if prefix == "" || k.Open == nil {
+		panic("member: Register needs a prefix and an Open function")
+	}
+	kinds.mu.Lock()
+	defer kinds.mu.Unlock()
+	if _, dup := kinds.m[prefix]; dup {
+		panic(fmt.Sprintf("member: kind %q registered twice", prefix))
+	}
+	if kinds.m == nil {
+		kinds.m = map[string]Kind{}
+	}
+	kinds.m[prefix] = k
+}
+
+// kindOf returns the registered kind whose prefix spec starts with (the longest), ok false for
+// a plain path.
+func kindOf(spec string) (k Kind, ok bool) {
+	kinds.mu.RLock()
+	defer kinds.mu.RUnlock()
+	best := -1
+	for p, kk := range kinds.m {
+		if len(p) > best && strings.HasPrefix(spec, p) {
+			k, ok, best = kk, true, len(p)
+		}
+	}
+	return k, ok
+}
+
+// Open opens the member spec names for use: a registered kind's (Register) if spec starts
+// with its prefix, else the file or block device at the path spec (OpenFile).
+func Open(spec string, use Use) (Member, error) {
+	if k, ok := kindOf(spec); ok {
+		return k.Open(spec, use)
+	}
+	m, err := OpenFile(spec, use)
+	if err != nil {
+		return nil, err // not a nil *File in a Member
+	}
+	return m, nil
+}
+
+// SpecPath returns the local file or device a member spec opens: the spec itself for a plain
+// path, what its kind's Path says for another ("" for a remote member).
+func SpecPath(spec string) string {
+	k, ok := kindOf(spec)
+	switch {
+	case !ok:
+		return spec
+	case k.Path == nil:
+		return ""
+	}
+	return k.Path(spec)
+}
+
+// MapSpecPath returns spec with the local path it opens replaced by f(path) (Kind.MapPath;
+// for a plain path, f(spec)).
+func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
+	k, ok := kindOf(spec)
+	switch {
+	case !ok:
+		return f(spec)
+	case k.MapPath == nil:
+		return spec, nil
+	}
+	return k.MapPath(spec, f)
+}
