@@ -25,13 +25,6 @@ const (
 	ConsistencyJournal = "journal"
 )
 
-// ErrConsistency is returned by Create for a consistency policy it does not implement ("ppl")
-// or does not know, and for the journal policy without a journal.
-var ErrConsistency = errors.New("raid: consistency policy not implemented")
-
-// ErrDuplicateMember is returned by Create and Assemble when one file or device is given twice.
-var ErrDuplicateMember = errors.New("raid: the same member is given twice")
-
 // CreateOptions configure Create. The zero value is a valid default.
 type CreateOptions struct {
 	Chunk      int64  // chunk size in bytes; 0 = stripe.DefaultChunk

@@ -38,6 +38,18 @@ var (
 	// (ErrShortRead). The array's I/O methods return it only inside an ErrArrayFailed error.
 	// Errno EIO. It is member.ErrShrunk.
 	ErrMemberShrunk = memberpkg.ErrShrunk
+	// ErrMemberHung is the error a member is failed with when it stops answering: writes (data,
+	// trims, syncs, the bitmap, superblocks) were under way on it and none completed within
+	// IOOptions.MemberTimeout (the watchdog), or a superblock write or a sync of it did not complete
+	// in that time. Wrapped in a *MemberError. A read slower than the timeout is only counted as
+	// a read error (ErrTimeout), as md counts a read that times out in the disk driver: its data
+	// is good and a rewrite is not needed; a write that does not complete is a member that no
+	// longer holds what the array thinks it holds.
+	ErrMemberHung error = &ioError{"raid: member stopped answering (no I/O completed within the member timeout)", uint32(unix.EIO)}
+	// ErrTimeout is the error a member read that took longer than IOOptions.MemberTimeout is
+	// counted and logged with (inside a *MemberError); the read's data is still used. Never returned
+	// by the array's I/O methods.
+	ErrTimeout error = &ioError{"raid: member read timed out", uint32(unix.EIO)}
 )
 
 // Errors of the management methods (Fail, Remove, AddSpare, Replace, StartScrub, StopScrub,
@@ -102,6 +114,13 @@ var (
 	ErrGeometry = errors.New("raid: members disagree on the array geometry")
 	// ErrMemberTooSmall is returned by Create and Assemble for a member too small for the array.
 	ErrMemberTooSmall = errors.New("raid: member too small")
+	// ErrDuplicateMember is returned by Create and Assemble when one file or device is given
+	// twice, and by AddSpare and Replace for a path that is already a member or spare (under
+	// any name).
+	ErrDuplicateMember = errors.New("raid: the same member is given twice")
+	// ErrConsistency is returned by Create for a consistency policy it does not implement ("ppl")
+	// or does not know, and for the journal policy without a journal.
+	ErrConsistency = errors.New("raid: consistency policy not implemented")
 	// ErrInUse is returned by Create for a member or spare that already carries a valid raid5d
 	// superblock, unless CreateOptions.Force is set; and by AddSpare and Replace for a path
 	// that carries another array's superblock or journal, unless given Force.

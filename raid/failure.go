@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Defaults of IOOptions.MemberTimeout and IOOptions.ReadErrorLimit.
@@ -14,11 +12,6 @@ const (
 	DefaultMemberTimeout  = 30 * time.Second
 	DefaultReadErrorLimit = 20
 )
-
-// ErrTimeout is the error a member read that took longer than IOOptions.MemberTimeout is
-// counted and logged with (inside a *MemberError); the read's data is still used. Never returned
-// by the array's I/O methods.
-var ErrTimeout error = &ioError{"raid: member read timed out", uint32(unix.EIO)}
 
 // member is one member of the array as the array tracks it.
 type member struct {

@@ -5,18 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
-
-// ErrMemberHung is the error a member is failed with when it stops answering: writes (data,
-// trims, syncs, the bitmap, superblocks) were under way on it and none completed within
-// IOOptions.MemberTimeout (the watchdog), or a superblock write or a sync of it did not complete
-// in that time. Wrapped in a *MemberError. A read slower than the timeout is only counted as
-// a read error (ErrTimeout), as md counts a read that times out in the disk driver: its data
-// is good and a rewrite is not needed; a write that does not complete is a member that no
-// longer holds what the array thinks it holds.
-var ErrMemberHung error = &ioError{"raid: member stopped answering (no I/O completed within the member timeout)", uint32(unix.EIO)}
 
 // A member's clock of its writes (data, trims, syncs, the bitmap, superblocks) for the
 // watchdog: begin and end bracket each one. since is when the member last completed an operation, or
