@@ -341,13 +341,10 @@
 // for regions with no write in flight and none begun for BitmapClearDelay (3 s), the members
 // are synced and, if no write began meanwhile, the bits cleared and written; a region written
 // again soon after keeps its bit and costs nothing. Close clears every bit after the final
-// sync. Measured on /dev/shm files (TestBitmapCost with RAID5D_BENCH=1, 4 members, 64 KiB
-// chunks, 4 writers, fresh array so every first write to a region sets a bit): 4 KiB random
-// writes at 0.94× (cached) and 1.13× (cacheless) the speed without a bitmap — within the
-// noise of the shared machine — with one bitmap write per ~300 writes. On a disk each
-// bitmap write costs a synchronous write per member, once per region per idle spell. After
-// a crash in which 1% of the regions had been written, the resync took 0.06× the time of a
-// full one (BenchmarkResync: 5 ms against 83 ms, 320 KiB against 32 MiB per member).
+// sync. So a region costs one bitmap write per member when it is first written after an idle
+// spell, a synchronous write on a disk, and a resync after a crash reads and writes only the
+// regions that were being written (the README's "Crashes" gives the measured cost, with its
+// commands).
 //
 // What the bitmap does not cover: the write hole. If the array crashes while degraded (or is
 // assembled dirty with a member missing), the stripes written at the crash cannot be resynced —
@@ -429,15 +426,11 @@
 //
 // The journal is not the default: every byte written is written twice (plus a 4 KiB header
 // per record: a 4 KiB read-modify-write logs 12 KiB), and every group of writes waits for a
-// journal fdatasync. Measured on /dev/shm files (BenchmarkConsistency, 4 members, 64 KiB
-// chunks, cache on, 4 writers, a fresh array; a busy 2-core machine, so only roughly): in five
-// rounds alternating the policies, medians, random 4 KiB writes ran at 0.57× the speed of no
-// policy with the journal (about 10 KiB logged and 0.55 journal commits per write) and at
-// 1.02× with the bitmap, i.e. the bitmap's cost is within the noise; an earlier run on a
-// busier machine gave 0.42× and 0.62×. On disks the journal's fdatasyncs cost more, and it
-// belongs on a fast device of its own. The bitmap (the default) costs little and shortens the
-// resync after a crash to what was being written; choose the journal when a crash while
-// degraded must not corrupt anything. "ppl" is refused with ErrConsistency.
+// journal fdatasync (BenchmarkConsistency compares the policies; figures in the README's
+// "Crashes"). On disks the journal's fdatasyncs cost more, and it belongs on a fast device of
+// its own. The bitmap (the default) costs little and shortens the resync after a crash to what
+// was being written; choose the journal when a crash while degraded must not corrupt
+// anything. "ppl" is refused with ErrConsistency.
 //
 // Writes not yet flushed may be lost in a crash, as NBD allows; a 4 KiB block written whole
 // holds its old or new contents, never a mix (TestPowerCut checks this with raidtest.Volatile
@@ -497,6 +490,30 @@
 // /tmp/fail-m1 is created, then fails every data write (and the array marks it faulty).
 // In-process tests use raidtest.Faulty, which offers the same and counts operations.
 //
+// # Errors
+//
+// The sentinel errors are gathered in errors.go, grouped by phase, each with a comment saying
+// which methods return it; test for them with errors.Is, never by message. An error that a
+// member is to blame for comes in a *MemberError (errors.As) naming the member, its role, the
+// operation and the member offset. The errors of the I/O methods carry the errno an NBD server
+// replies with (an Errno() uint32 method; EIO where none is found):
+//
+//   - the request itself: ErrOutOfRange (EINVAL), ErrReadOnly (EPERM), ErrClosed (ESHUTDOWN);
+//   - the array: ErrArrayFailed (EIO), from every write, Flush and WriteAtFUA of an array that
+//     has lost two roles, and from reads of the data those roles held;
+//   - a member, inside a *MemberError: ErrShortRead, ErrMemberShrunk and ErrMemberHung, which
+//     the I/O methods return only once the array has failed (until then the member is failed,
+//     or its data rebuilt, and the request succeeds), and ErrTimeout, which is only logged.
+//
+// The management methods return ErrBusy, ErrNoSuchMember, ErrNotFaulty, ErrDegraded,
+// ErrWouldFail, ErrNotRunning and ErrBadSpeed, with errnos too. Create, Assemble and Examine
+// return the superblock errors (ErrBadSuperblock, matched by ErrBadMagic, ErrChecksum and
+// ErrVersion), the membership errors (ErrForeignMember, ErrDuplicateRole, ErrDuplicateMember,
+// ErrStaleMember, ErrTooManyMissing, ErrNeedsForce, ErrGeometry, ErrMemberTooSmall, ErrInUse,
+// ErrNoMembers, ErrMemberBusy in a *BusyError naming the holder), and those of the consistency
+// policy (ErrConsistency, ErrBitmapRegion, ErrJournal, ErrJournalCorrupt, ErrJournalMissing,
+// ErrJournalOnMember).
+//
 // # Caveats
 //
 //   - Without the journal policy (the bitmap, the default, or none) a crash while degraded can
@@ -515,7 +532,7 @@
 //     limit, the member failed. A hung member is thus failed only once its reads come back
 //     (the kernel's own device timeouts bound that for block devices). The earlier design,
 //     which gave up on a read at the timeout and rebuilt its data, needed a goroutine hand-off
-//     and a bounce-buffer copy per read (8× the cost of an in-memory 4 KiB read).
+//     and a bounce-buffer copy per read, which cost more than an in-memory 4 KiB read itself.
 //   - Read errors are not repaired by rewriting the sector from the rebuilt data (md does);
 //     the member is failed at the read-error limit. No bad-block list.
 //   - Replace is the simple version: the member is failed first and the array runs degraded
