@@ -47,9 +47,12 @@ type Array struct {
 	timeout      time.Duration // IOOptions.MemberTimeout; ≤ 0: none
 	readErrLimit int           // IOOptions.ReadErrorLimit
 
-	// locks serialise writes, and reads that reconstruct, per stripe (hashed). A request
-	// holds one at a time, in ascending stripe order; Trim, rebuild, scrub and resync batches hold several (see lockSpan).
-	// With a cache they also guard the stripe's cache head (see cache.Cache).
+	// locks serialise writes, and reads that reconstruct, per stripe (hashed, stripe.Locks);
+	// with a cache they also guard the stripe's cache head. A request takes them one at a
+	// time in ascending stripe order. Those that hold several — Trim of whole stripes, the
+	// rebuild, scrub and resync batches, the cache's batch of whole stripes (writeFulls) —
+	// take them in ascending lock order (LockSpan); the cache's eviction takes a second one
+	// only with TryLock (stripe/cache's doc.go, # Locking). So none can deadlock.
 	locks stripe.Locks
 
 	// cache is the write-back stripe cache; nil without one (IOOptions.StripeCache < 0, or
@@ -68,7 +71,8 @@ type Array struct {
 	scratch sync.Pool // *scratch: chunk-sized buffers for one stripe operation
 	extents sync.Pool // *[]stripe.Extent
 
-	// opMu: I/O methods hold it for reading, Close for writing; it guards closed.
+	// opMu: the I/O and management methods hold it for reading, Close for writing; it
+	// guards closed.
 	opMu   sync.RWMutex
 	closed bool
 
@@ -85,9 +89,10 @@ type Array struct {
 	// Taken before sbMu, never by the I/O paths.
 	mgmtMu sync.Mutex
 
-	// sbMu serialises superblock updates and membership changes; it guards every member's sb,
-	// spares, faulty, retired, events, unclean, uuid. It is never held while taking a stripe
-	// lock (a failing member I/O takes it under one).
+	// sbMu serialises superblock updates (record.go) and membership changes; it guards every
+	// member's sb, spares, faulty, retired, events, unclean, uuid, the role table's changes
+	// (roleTable.set, remove, recount) and the storing of view and dirty. It is never held
+	// while taking a stripe lock (a failing member I/O takes it under one).
 	sbMu    sync.Mutex
 	spares  []*member // idle spares, in the order added
 	faulty  []*member // faulty members no longer in roles, shown until removed or replaced
@@ -108,8 +113,9 @@ type Array struct {
 	// jr is the write journal (journal.go); nil unless the consistency policy is journal.
 	jr *journal
 
-	// syncMu guards job, lastScrub, speedMin, speedMax, closing: the background rebuild or
-	// scrub (sync.go). Never held while taking sbMu or a stripe lock.
+	// syncMu guards job, lastScrub, lastRebuild, lastResync, speedMin, speedMax and closing:
+	// the background rebuild, scrub or resync (sync.go). Never held while taking sbMu or a
+	// stripe lock.
 	syncMu             sync.Mutex
 	job                *syncJob
 	lastScrub          *Progress
@@ -117,7 +123,7 @@ type Array struct {
 	lastResync         *Progress
 	speedMin, speedMax int64
 	closing            bool
-	bgWG               sync.WaitGroup // the sync goroutines, and the cache's Unpin after a failure
+	bgWG               sync.WaitGroup // sync jobs, the bitmap's cleaner, work after a failure (Unpin, a rebuild's start)
 	unpinOnce          sync.Once
 	stopWatchdog       context.CancelFunc // stops the watchdog (hung.go); nil if none runs
 	watchWG            sync.WaitGroup     // the watchdog: it runs until Close has flushed

@@ -220,12 +220,17 @@
 // without a cache), the rebuild or scrub, the member watchdog (with a member timeout), and
 // the cache's Unpin after a failure — are started by Create and Assemble (a rebuild also by a
 // failure or AddSpare) and stopped, and waited for, by Close. Superblock updates, syncs and
-// bitmap flushes start a goroutine per member that ends with its system call (eachMember). Member reads run in
-// the goroutine that needs them, or a read worker (without read workers, a request touching
-// several members starts one goroutine per extra member). Marking a member faulty takes sbMu under a stripe lock; so
-// nothing holding sbMu (or syncMu) ever waits for a stripe lock, and a failure only cancels a
-// running rebuild or scrub, never waits for it. Close waits for the calls in flight and makes
-// later calls fail with ErrClosed.
+// bitmap flushes start a goroutine per member that ends with its system call (eachMember).
+// Member reads run in the goroutine that needs them, or a read worker (without read workers, a
+// request touching several members starts one goroutine per extra member).
+//
+// The main locks, outermost first: opMu (the methods read-lock it, Close write-locks it), mgmtMu
+// (management), a stripe lock or several (above), sbMu (superblock updates and membership),
+// syncMu (the background job); each is commented in array.go with what it guards. Marking a
+// member faulty takes sbMu under a stripe lock, so nothing holding sbMu (or syncMu) ever waits
+// for a stripe lock, and a failure only cancels a running rebuild or scrub, never waits for
+// it. The role table (roles.go) is read without a lock on every I/O; its changes are made
+// under sbMu. Close waits for the calls in flight and makes later calls fail with ErrClosed.
 //
 // WriteAt does not keep p after it returns (with stable pages on, p must not change during the
 // call). WritePinned may keep p until it calls release.

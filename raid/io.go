@@ -55,12 +55,6 @@ func (a *Array) check(off, n int64) error {
 
 func (a *Array) stripeLock(s int64) *sync.Mutex { return a.locks.For(s) }
 
-// lockSpan locks the stripes [s0, s0+n), n ≤ nLocks, in ascending lock order; unlockSpan
-// releases them. Whoever holds more than one stripe lock takes them so, or with TryLock (see the
-// Locking section of package stripe/cache for every place that does), ruling out deadlock.
-func (a *Array) lockSpan(s0, n int64)   { a.locks.LockSpan(s0, n) }
-func (a *Array) unlockSpan(s0, n int64) { a.locks.UnlockSpan(s0, n) }
-
 // ReadAt reads len(p) bytes at array offset off into p (io.ReaderAt). Units up to date in the
 // stripe cache (including writes not yet written out) are copied from it; member reads go
 // straight into p. A request that spans members reads each member's share on its own
@@ -607,7 +601,7 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 	C := a.layout.ChunkSize()
 	for s := first; s < end; s += nLocks {
 		n := min(nLocks, end-s)
-		a.lockSpan(s, n)
+		a.locks.LockSpan(s, n) // in ascending lock order, as every holder of several (Array.locks)
 		var errs []error
 		var jops []intentOp
 		if a.journaled() {
@@ -643,7 +637,7 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 		if a.cache != nil {
 			a.cache.Discard(s, n)
 		}
-		a.unlockSpan(s, n)
+		a.locks.UnlockSpan(s, n)
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
