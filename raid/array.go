@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/parity"
+	"github.com/raid5d/raid5d/raid/internal/bitmap"
 	"github.com/raid5d/raid5d/stripe"
 	"github.com/raid5d/raid5d/stripe/cache"
 )
@@ -109,7 +110,7 @@ type Array struct {
 	resyncPos atomic.Int64
 	writeHole atomic.Bool
 	// bm is the write-intent bitmap (bitmap.go); nil if the array has none.
-	bm *bitmap
+	bm *bitmap.Bitmap
 	// jr is the write journal (journal.go); nil unless the consistency policy is journal.
 	jr *journal
 
@@ -276,7 +277,7 @@ func (a *Array) start() {
 		a.maybeRebuild()
 		a.maybeResync()
 		if a.bm != nil {
-			a.bgWG.Go(a.bm.cleaner)
+			a.bgWG.Go(a.bm.Run)
 		}
 	}
 }
@@ -385,7 +386,7 @@ func (a *Array) Close() error {
 		if err == nil && a.bm != nil && !a.roles.failed() {
 			// Everything is written and synced: no region needs its bit (but those still
 			// waiting for the resync).
-			err = a.bm.clearAll()
+			err = a.bm.ClearAll()
 			errs = append(errs, err)
 		}
 		if err == nil && a.dirty.Load() && !a.unclean && !a.roles.failed() {

@@ -624,7 +624,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		}
 	}
 	if a.bm != nil {
-		a.bm.hold(a.resync)
+		a.bm.Hold(a.resync.isPending)
 	}
 	if len(missing) == 1 || rebuilt > 0 || len(forced) > 0 {
 		if len(missing) == 1 {

@@ -27,8 +27,16 @@ func CleanBitmap(a *Array, idle time.Duration) bool {
 	if a.bm == nil {
 		return false
 	}
-	a.bm.clean(idle)
+	a.bm.Clean(idle)
 	return true
+}
+
+// StopBitmapCleaner stops the write-intent bitmap's background cleaner (if the array has a
+// bitmap), so that no bit is cleared until Close: tests that count bitmap writes call it.
+func StopBitmapCleaner(a *Array) {
+	if a.bm != nil {
+		a.bm.Stop()
+	}
 }
 
 // JournalOp is one op of a journal record, for the record tests: Data written at member

@@ -27,11 +27,11 @@ func (a *Array) writeIntent(s0, n int64, ops []intentOp, write func() error) err
 		return write()
 	}
 	if a.bm != nil {
-		if err := a.bm.begin(s0, n); err != nil {
-			a.bm.end(s0, n)
+		if err := a.bm.Begin(s0, n); err != nil {
+			a.bm.End(s0, n)
 			return err
 		}
-		defer a.bm.end(s0, n)
+		defer a.bm.End(s0, n)
 	}
 	if a.jr != nil {
 		done, err := a.jr.log(s0, n, ops)

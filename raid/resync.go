@@ -3,8 +3,11 @@ package raid
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/raid5d/raid5d/raid/internal/bitmap"
 )
 
 // resyncSet is the part of the array whose parity may not match its data after an unclean
@@ -43,12 +46,15 @@ func (a *Array) newResync(from int64) *resyncSet {
 		a.resyncPos.Store(from) // the stripes below it need no reconstruct-write (needsRCW)
 		return newResyncSet(stripes, max(stripes/64, 1), from, nil)
 	}
-	bits, err := a.bm.load()
+	bits, err := a.bm.Load()
+	if errors.Is(err, bitmap.ErrCorrupt) {
+		err = fmt.Errorf("%w: %w", ErrBadSuperblock, err)
+	}
 	if err != nil {
 		a.log.Warn("raid: write-intent bitmap unreadable; resyncing the whole array", "err", err)
-		return newResyncSet(stripes, a.bm.regionStripes, 0, nil)
+		return newResyncSet(stripes, a.bm.RegionStripes(), 0, nil)
 	}
-	return newResyncSet(stripes, a.bm.regionStripes, 0, func(r int64) bool { return bits[r/8]&(1<<(r%8)) != 0 })
+	return newResyncSet(stripes, a.bm.RegionStripes(), 0, bits.Has)
 }
 
 // resumePoint returns the stripe at which the resync of an array assembled dirty may resume:
@@ -133,6 +139,11 @@ func (rs *resyncSet) count() int {
 		}
 	}
 	return n
+}
+
+// isPending reports whether the region holding stripe s is pending (false for a nil set).
+func (rs *resyncSet) isPending(s int64) bool {
+	return rs != nil && rs.pending[s/rs.regionStripes].Load()
 }
 
 // needsRCW reports whether stripe s may still have stale parity (an unfinished resync has not
@@ -250,7 +261,7 @@ func (a *Array) runResync(ctx context.Context, j *syncJob) error {
 		}
 		rs.pending[r].Store(false)
 		if a.bm != nil {
-			a.bm.release(r)
+			a.bm.Release(r)
 		}
 	}
 	a.sbMu.Lock()

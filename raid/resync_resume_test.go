@@ -386,7 +386,7 @@ func TestResyncNothingLeft(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.policy == ConsistencyBitmap {
-				a.bm.clean(0)
+				a.bm.Clean(0)
 				if st := a.Status(); st.Bitmap == nil || st.Bitmap.Set != 0 {
 					t.Fatalf("bitmap after cleaning: %+v", st.Bitmap)
 				}

@@ -207,7 +207,7 @@ func (a *Array) Status() Status {
 	a.syncMu.Unlock()
 	st.Counters = a.Counters()
 	if a.bm != nil {
-		b := a.bm.status()
+		b := a.bitmapStatus()
 		st.Bitmap = &b
 	}
 	if a.jr != nil {

@@ -173,7 +173,7 @@ func (a *Array) stopSync(rebuildToo bool) {
 // resync it stops records its position for the next assembly (recordResyncStop).
 func (a *Array) stopAllSync() {
 	if a.bm != nil {
-		a.bm.stopCleaner()
+		a.bm.Stop()
 	}
 	a.syncMu.Lock()
 	a.closing = true
@@ -332,7 +332,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 				sp.rebuilding.Store(true)
 				a.roles.set(r, sp)
 				if a.bm != nil {
-					a.bm.hold(nil) // the spare's bitmap is written whole at the next flush
+					a.bm.Hold(nil) // the spare's bitmap is written whole at the next flush
 				}
 				a.roles.recount()
 				break
