@@ -9,6 +9,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -98,19 +99,19 @@ func benchConn(b *testing.B, network string, size int, mode benchMode, structure
 func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode benchMode, structured bool) {
 	const size = 64 << 20
 	nc, r := benchConn(b, network, size, mode, structured)
-	hs := replyHeaderSize
+	hs := wire.ReplyHeaderSize
 	if structured {
-		hs = chunkHeaderSize
-		if typ == cmdRead {
+		hs = wire.ChunkHeaderSize
+		if typ == wire.CmdRead {
 			hs += 8 // the OFFSET_DATA chunk's offset
 		}
 	}
-	req := make([]byte, requestHeaderSize+bs)
-	binary.BigEndian.PutUint32(req[0:], magicRequest)
+	req := make([]byte, wire.RequestHeaderSize+bs)
+	binary.BigEndian.PutUint32(req[0:], wire.MagicRequest)
 	binary.BigEndian.PutUint16(req[6:], typ)
 	binary.BigEndian.PutUint32(req[24:], uint32(bs))
-	if typ == cmdRead {
-		req = req[:requestHeaderSize]
+	if typ == wire.CmdRead {
+		req = req[:wire.RequestHeaderSize]
 	}
 	slots := make(chan struct{}, depth)
 	errs := make(chan error, 1)
@@ -124,9 +125,9 @@ func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode bench
 			}
 			ok := binary.BigEndian.Uint32(hdr[4:]) == 0 // simple: error 0
 			if structured {
-				want := replyTypeNone
-				if typ == cmdRead {
-					want = replyTypeOffsetData
+				want := wire.ReplyTypeNone
+				if typ == wire.CmdRead {
+					want = wire.ReplyTypeOffsetData
 				}
 				ok = binary.BigEndian.Uint16(hdr[6:]) == want
 			}
@@ -134,7 +135,7 @@ func benchIO(b *testing.B, network string, typ uint16, bs, depth int, mode bench
 				errs <- io.ErrUnexpectedEOF
 				return
 			}
-			if typ == cmdRead {
+			if typ == wire.CmdRead {
 				if _, err := io.ReadFull(r, payload); err != nil {
 					errs <- err
 					return
@@ -170,13 +171,13 @@ func benchReads(b *testing.B, bs int, depths ...int) {
 	for _, network := range benchNetworks {
 		for _, qd := range depths {
 			b.Run(fmt.Sprintf("%s/QD%d", network, qd), func(b *testing.B) {
-				benchIO(b, network, cmdRead, bs, qd, copyMode, false)
+				benchIO(b, network, wire.CmdRead, bs, qd, copyMode, false)
 			})
 		}
 	}
 	for _, qd := range depths {
 		b.Run(fmt.Sprintf("unix/QD%d/structured", qd), func(b *testing.B) {
-			benchIO(b, "unix", cmdRead, bs, qd, copyMode, true)
+			benchIO(b, "unix", wire.CmdRead, bs, qd, copyMode, true)
 		})
 	}
 }
@@ -187,7 +188,7 @@ func benchReads(b *testing.B, bs int, depths ...int) {
 func benchWrites(b *testing.B, bs int, depths ...int) {
 	run := func(network string, qd int, mode benchMode) {
 		b.Run(fmt.Sprintf("%s/QD%d/%v", network, qd, mode), func(b *testing.B) {
-			benchIO(b, network, cmdWrite, bs, qd, mode, false)
+			benchIO(b, network, wire.CmdWrite, bs, qd, mode, false)
 		})
 	}
 	for _, network := range benchNetworks {
@@ -200,7 +201,7 @@ func benchWrites(b *testing.B, bs int, depths ...int) {
 	}
 	qd := depths[len(depths)-1]
 	b.Run(fmt.Sprintf("unix/QD%d/%v/structured", qd, copyMode), func(b *testing.B) {
-		benchIO(b, "unix", cmdWrite, bs, qd, copyMode, true)
+		benchIO(b, "unix", wire.CmdWrite, bs, qd, copyMode, true)
 	})
 }
 

@@ -2,6 +2,8 @@ package nbd
 
 import (
 	"encoding/binary"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // Bounds of one NBD_CMD_BLOCK_STATUS reply. The protocol asks for at most 2^20 extents; a
@@ -23,7 +25,7 @@ const (
 func (c *conn) blockStatus(req *request) ([]byte, error) {
 	length := min(int64(req.length), maxBlockStatusLength)
 	limit := maxBlockStatusExtents
-	if req.flags&cmdFlagReqOne != 0 {
+	if req.flags&wire.CmdFlagReqOne != 0 {
 		limit = 1
 	}
 	if req.extents == nil {

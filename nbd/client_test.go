@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -155,10 +156,10 @@ func (c *rawClient) expectClosed() {
 func (c *rawClient) greet(clientFlags uint32) {
 	c.t.Helper()
 	g := c.read(18)
-	if binary.BigEndian.Uint64(g[0:]) != magicNBD || binary.BigEndian.Uint64(g[8:]) != magicOption {
+	if binary.BigEndian.Uint64(g[0:]) != wire.MagicNBD || binary.BigEndian.Uint64(g[8:]) != wire.MagicOption {
 		c.t.Fatalf("bad greeting %x", g)
 	}
-	if f := binary.BigEndian.Uint16(g[16:]); f != flagFixedNewstyle|flagNoZeroes {
+	if f := binary.BigEndian.Uint16(g[16:]); f != wire.FlagFixedNewstyle|wire.FlagNoZeroes {
 		c.t.Fatalf("handshake flags %#x, want FIXED_NEWSTYLE|NO_ZEROES", f)
 	}
 	c.write(binary.BigEndian.AppendUint32(nil, clientFlags))
@@ -166,7 +167,7 @@ func (c *rawClient) greet(clientFlags uint32) {
 
 func (c *rawClient) option(id uint32, data []byte) {
 	c.t.Helper()
-	b := binary.BigEndian.AppendUint64(nil, magicOption)
+	b := binary.BigEndian.AppendUint64(nil, wire.MagicOption)
 	b = binary.BigEndian.AppendUint32(b, id)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
 	c.write(append(b, data...))
@@ -180,7 +181,7 @@ type optReply struct {
 func (c *rawClient) optionReply() optReply {
 	c.t.Helper()
 	h := c.read(20)
-	if m := binary.BigEndian.Uint64(h); m != magicOptionReply {
+	if m := binary.BigEndian.Uint64(h); m != wire.MagicOptionReply {
 		c.t.Fatalf("option reply magic %#x", m)
 	}
 	r := optReply{id: binary.BigEndian.Uint32(h[8:]), typ: binary.BigEndian.Uint32(h[12:])}
@@ -217,19 +218,19 @@ func (c *rawClient) infoReplies(id uint32) (exportInfo, uint32) {
 		if r.id != id {
 			c.t.Fatalf("reply to option %d, want %d", r.id, id)
 		}
-		if r.typ != repInfo {
+		if r.typ != wire.RepInfo {
 			return in, r.typ
 		}
 		switch binary.BigEndian.Uint16(r.data) {
-		case infoExport:
+		case wire.InfoExport:
 			in.hasExport = true
 			in.size = binary.BigEndian.Uint64(r.data[2:])
 			in.flags = binary.BigEndian.Uint16(r.data[10:])
-		case infoName:
+		case wire.InfoName:
 			in.hasName, in.name = true, string(r.data[2:])
-		case infoDescription:
+		case wire.InfoDescription:
 			in.hasDesc, in.desc = true, string(r.data[2:])
-		case infoBlockSize:
+		case wire.InfoBlockSize:
 			in.hasBlock = true
 			in.minB = binary.BigEndian.Uint32(r.data[2:])
 			in.prefB = binary.BigEndian.Uint32(r.data[6:])
@@ -241,10 +242,10 @@ func (c *rawClient) infoReplies(id uint32) (exportInfo, uint32) {
 // handshakeGo greets with NO_ZEROES and enters transmission with NBD_OPT_GO on name.
 func (c *rawClient) handshakeGo(name string) exportInfo {
 	c.t.Helper()
-	c.greet(clientFixedNewstyle | clientNoZeroes)
-	c.option(optGo, infoData(name, infoBlockSize))
-	in, final := c.infoReplies(optGo)
-	if final != repAck {
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
+	c.option(wire.OptGo, infoData(name, wire.InfoBlockSize))
+	in, final := c.infoReplies(wire.OptGo)
+	if final != wire.RepAck {
 		c.t.Fatalf("NBD_OPT_GO %q: final reply %#x", name, final)
 	}
 	return in
@@ -252,24 +253,19 @@ func (c *rawClient) handshakeGo(name string) exportInfo {
 
 func (c *rawClient) request(typ, flags uint16, cookie, off uint64, length uint32, payload []byte) {
 	c.t.Helper()
-	b := make([]byte, requestHeaderSize, requestHeaderSize+len(payload))
-	binary.BigEndian.PutUint32(b[0:], magicRequest)
-	binary.BigEndian.PutUint16(b[4:], flags)
-	binary.BigEndian.PutUint16(b[6:], typ)
-	binary.BigEndian.PutUint64(b[8:], cookie)
-	binary.BigEndian.PutUint64(b[16:], off)
-	binary.BigEndian.PutUint32(b[24:], length)
-	c.write(append(b, payload...))
+	var h [wire.RequestHeaderSize]byte
+	wire.PutRequest(&h, flags, typ, cookie, off, length)
+	c.write(append(h[:], payload...))
 }
 
 // reply reads a simple reply header.
 func (c *rawClient) reply() (errno uint32, cookie uint64) {
 	c.t.Helper()
-	h := c.read(replyHeaderSize)
-	if m := binary.BigEndian.Uint32(h); m != magicSimpleReply {
-		c.t.Fatalf("reply magic %#x", m)
+	h := wire.DecodeReply((*[wire.ReplyHeaderSize]byte)(c.read(wire.ReplyHeaderSize)))
+	if h.ReplyMagic != wire.MagicSimpleReply {
+		c.t.Fatalf("reply magic %#x", h.ReplyMagic)
 	}
-	return binary.BigEndian.Uint32(h[4:]), binary.BigEndian.Uint64(h[8:])
+	return h.Error, h.Handle
 }
 
 // do sends one request and waits for its reply (and payload, for a successful READ).
@@ -281,7 +277,7 @@ func (c *rawClient) do(typ, flags uint16, off uint64, length uint32, payload []b
 	if got != cookie {
 		c.t.Fatalf("reply cookie %#x, want %#x", got, cookie)
 	}
-	if typ == cmdRead && errno == 0 {
+	if typ == wire.CmdRead && errno == 0 {
 		return 0, c.read(int(length))
 	}
 	return errno, nil

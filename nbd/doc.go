@@ -9,9 +9,9 @@
 //
 // # Protocol
 //
-// The wire format is doc/proto.md of the NBD reference implementation; constants and the
-// header structs come from go-nbd's protocol package, with the missing ones in types.go. The
-// files follow the protocol's phases: server.go (listeners, connections), handshake.go
+// The wire format is doc/proto.md of the NBD reference implementation; its constants and
+// header layouts are in nbd/internal/wire, shared with the client (nbd/client), on top of
+// go-nbd's protocol package (its values and header structs, where it has them). The files follow the protocol's phases: server.go (listeners, connections), handshake.go
 // (greeting and options), transmission.go (the transmission loop: read a request, call the
 // Device, reply), with request.go (request headers, their checks, WRITE payloads), reply.go
 // (simple and structured replies and their coalescing), blockstatus.go (NBD_CMD_BLOCK_STATUS),

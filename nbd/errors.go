@@ -3,6 +3,8 @@ package nbd
 import (
 	"errors"
 	"syscall"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // Configuration errors, returned by NewServer (wrapped with the offending detail).
@@ -78,25 +80,25 @@ func errnoOf(err error) uint32 {
 	var e interface{ Errno() uint32 }
 	if errors.As(err, &e) {
 		switch v := e.Errno(); v {
-		case errnoPerm, errnoIO, errnoInval, errnoNoSpace, errnoOverflow, errnoShutdown:
+		case wire.EPERM, wire.EIO, wire.EINVAL, wire.ENOSPC, wire.EOVERFLOW, wire.ESHUTDOWN:
 			return v
 		}
-		return errnoIO // including ENOMEM and ENOTSUP, which the protocol asks servers to avoid
+		return wire.EIO // including ENOMEM and ENOTSUP, which the protocol asks servers to avoid
 	}
 	var se syscall.Errno
 	if errors.As(err, &se) {
 		switch se {
 		case syscall.EPERM, syscall.EACCES, syscall.EROFS:
-			return errnoPerm
+			return wire.EPERM
 		case syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG:
-			return errnoNoSpace
+			return wire.ENOSPC
 		case syscall.EINVAL:
-			return errnoInval
+			return wire.EINVAL
 		case syscall.EOVERFLOW:
-			return errnoOverflow
+			return wire.EOVERFLOW
 		case syscall.ESHUTDOWN:
-			return errnoShutdown
+			return wire.ESHUTDOWN
 		}
 	}
-	return errnoIO
+	return wire.EIO
 }

@@ -8,16 +8,14 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
 func requestBytes(typ, flags uint16, cookie, off uint64, length uint32) []byte {
-	b := binary.BigEndian.AppendUint32(nil, magicRequest)
-	b = binary.BigEndian.AppendUint16(b, flags)
-	b = binary.BigEndian.AppendUint16(b, typ)
-	b = binary.BigEndian.AppendUint64(b, cookie)
-	b = binary.BigEndian.AppendUint64(b, off)
-	return binary.BigEndian.AppendUint32(b, length)
+	var b [wire.RequestHeaderSize]byte
+	wire.PutRequest(&b, flags, typ, cookie, off, length)
+	return b[:]
 }
 
 // FuzzRequestHeader decodes arbitrary request headers and checks that whatever checkRequest
@@ -25,18 +23,18 @@ func requestBytes(typ, flags uint16, cookie, off uint64, length uint32) []byte {
 // overflow, aligned, within MaxBlock, and no writes to a read-only export.
 func FuzzRequestHeader(f *testing.F) {
 	for _, seed := range [][]byte{
-		requestBytes(cmdRead, 0, 1, 0, 4096),
-		requestBytes(cmdWrite, cmdFlagFUA, 2, 512, 512),
-		requestBytes(cmdWriteZeroes, cmdFlagNoHole|cmdFlagFUA, 3, 1<<20, 1<<30),
-		requestBytes(cmdTrim, 0, 4, ^uint64(0)-511, 1024),
-		requestBytes(cmdFlush, 0, 5, 0, 0),
-		requestBytes(cmdRead, cmdFlagDF, 6, 0, 32<<20+512),
+		requestBytes(wire.CmdRead, 0, 1, 0, 4096),
+		requestBytes(wire.CmdWrite, wire.CmdFlagFUA, 2, 512, 512),
+		requestBytes(wire.CmdWriteZeroes, wire.CmdFlagNoHole|wire.CmdFlagFUA, 3, 1<<20, 1<<30),
+		requestBytes(wire.CmdTrim, 0, 4, ^uint64(0)-511, 1024),
+		requestBytes(wire.CmdFlush, 0, 5, 0, 0),
+		requestBytes(wire.CmdRead, wire.CmdFlagDF, 6, 0, 32<<20+512),
 		requestBytes(99, 0xffff, 7, 1, 1),
-		requestBytes(cmdDisc, 0, 8, 0, 0),
-		requestBytes(cmdBlockStatus, cmdFlagReqOne, 9, 4096, 1000),
-		requestBytes(cmdBlockStatus, 0, 10, 0, 0),
-		requestBytes(cmdRead, cmdFlagDF, 11, 512, 512),
-		make([]byte, requestHeaderSize), // bad magic
+		requestBytes(wire.CmdDisc, 0, 8, 0, 0),
+		requestBytes(wire.CmdBlockStatus, wire.CmdFlagReqOne, 9, 4096, 1000),
+		requestBytes(wire.CmdBlockStatus, 0, 10, 0, 0),
+		requestBytes(wire.CmdRead, wire.CmdFlagDF, 11, 512, 512),
+		make([]byte, wire.RequestHeaderSize), // bad magic
 	} {
 		f.Add(seed, uint64(1<<30), false, uint8(9))
 		f.Add(seed, uint64(1<<20+1), true, uint8(0))
@@ -45,12 +43,12 @@ func FuzzRequestHeader(f *testing.F) {
 	// minShift's low bits pick MinBlock; its top bit says the session negotiated structured
 	// replies and base:allocation.
 	f.Fuzz(func(t *testing.T, raw []byte, size uint64, readOnly bool, minShift uint8) {
-		if len(raw) < requestHeaderSize {
+		if len(raw) < wire.RequestHeaderSize {
 			return
 		}
-		var b [requestHeaderSize]byte
+		var b [wire.RequestHeaderSize]byte
 		copy(b[:], raw)
-		h := decodeRequest(&b)
+		h := wire.DecodeRequest(&b)
 		if got := requestBytes(h.Type, h.CommandFlags, h.Handle, h.Offset, h.Length); h.RequestMagic != binary.BigEndian.Uint32(b[:]) || !bytes.Equal(got[4:], b[4:]) {
 			t.Fatalf("decode/encode round trip: %x -> %x", b, got)
 		}
@@ -62,64 +60,64 @@ func FuzzRequestHeader(f *testing.F) {
 		sess := &session{export: e, size: size, flags: e.transmissionFlags()}
 		if minShift >= 128 {
 			sess.structured, sess.metaAlloc = true, true
-			sess.flags |= tflagSendDF
+			sess.flags |= wire.FlagSendDF
 		}
 		errno, err := checkRequest(&h, sess)
 		if err != nil {
-			if h.RequestMagic == magicRequest && !(h.Type == cmdWrite && h.Length > e.MaxBlock) {
+			if h.RequestMagic == wire.MagicRequest && !(h.Type == wire.CmdWrite && h.Length > e.MaxBlock) {
 				t.Fatalf("closed the connection for a request it could answer: %v", err)
 			}
 			return
 		}
-		if h.RequestMagic != magicRequest {
+		if h.RequestMagic != wire.MagicRequest {
 			t.Fatalf("admitted bad magic %#x", h.RequestMagic)
 		}
 		if errno == 0 {
 			switch h.Type {
-			case cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes, cmdCache, cmdFlush:
-			case cmdBlockStatus:
+			case wire.CmdRead, wire.CmdWrite, wire.CmdTrim, wire.CmdWriteZeroes, wire.CmdCache, wire.CmdFlush:
+			case wire.CmdBlockStatus:
 				if !sess.metaAlloc || h.Length == 0 {
 					t.Fatalf("admitted BLOCK_STATUS of %d bytes, metaAlloc %v", h.Length, sess.metaAlloc)
 				}
-			case cmdDisc:
+			case wire.CmdDisc:
 				return
 			default:
 				t.Fatalf("admitted unknown command %d", h.Type)
 			}
-			allowed := cmdFlagFUA
+			allowed := wire.CmdFlagFUA
 			switch {
-			case h.Type == cmdWriteZeroes:
-				allowed |= cmdFlagNoHole
-			case h.Type == cmdBlockStatus:
-				allowed |= cmdFlagReqOne
-			case h.Type == cmdRead && sess.structured:
-				allowed |= cmdFlagDF
+			case h.Type == wire.CmdWriteZeroes:
+				allowed |= wire.CmdFlagNoHole
+			case h.Type == wire.CmdBlockStatus:
+				allowed |= wire.CmdFlagReqOne
+			case h.Type == wire.CmdRead && sess.structured:
+				allowed |= wire.CmdFlagDF
 			}
-			if h.CommandFlags&^allowed != 0 || (readOnly && h.CommandFlags&cmdFlagFUA != 0) {
-				t.Fatalf("admitted flags %#x for %s (read-only %v)", h.CommandFlags, cmdName(h.Type), readOnly)
+			if h.CommandFlags&^allowed != 0 || (readOnly && h.CommandFlags&wire.CmdFlagFUA != 0) {
+				t.Fatalf("admitted flags %#x for %s (read-only %v)", h.CommandFlags, wire.CmdName(h.Type), readOnly)
 			}
-			if h.Type == cmdFlush {
+			if h.Type == wire.CmdFlush {
 				return
 			}
 			end := h.Offset + uint64(h.Length)
 			if end < h.Offset || end > size {
-				t.Fatalf("admitted %s past the end: off %d len %d size %d", cmdName(h.Type), h.Offset, h.Length, size)
+				t.Fatalf("admitted %s past the end: off %d len %d size %d", wire.CmdName(h.Type), h.Offset, h.Length, size)
 			}
 			if h.Offset%uint64(e.MinBlock) != 0 {
 				t.Fatalf("admitted misaligned offset %d (MinBlock %d)", h.Offset, e.MinBlock)
 			}
-			if (h.Type == cmdRead || h.Type == cmdWrite) && h.Length > e.MaxBlock {
-				t.Fatalf("admitted %s of %d bytes (MaxBlock %d)", cmdName(h.Type), h.Length, e.MaxBlock)
+			if (h.Type == wire.CmdRead || h.Type == wire.CmdWrite) && h.Length > e.MaxBlock {
+				t.Fatalf("admitted %s of %d bytes (MaxBlock %d)", wire.CmdName(h.Type), h.Length, e.MaxBlock)
 			}
-			if readOnly && (h.Type == cmdWrite || h.Type == cmdTrim || h.Type == cmdWriteZeroes) {
-				t.Fatalf("admitted %s on a read-only export", cmdName(h.Type))
+			if readOnly && (h.Type == wire.CmdWrite || h.Type == wire.CmdTrim || h.Type == wire.CmdWriteZeroes) {
+				t.Fatalf("admitted %s on a read-only export", wire.CmdName(h.Type))
 			}
 		}
 	})
 }
 
 func optionBytes(id uint32, data []byte) []byte {
-	b := binary.BigEndian.AppendUint64(nil, magicOption)
+	b := binary.BigEndian.AppendUint64(nil, wire.MagicOption)
 	b = binary.BigEndian.AppendUint32(b, id)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
 	return append(b, data...)
@@ -133,33 +131,33 @@ func optionBytes(id uint32, data []byte) []byte {
 // nothing but STARTTLS and ABORT is served before the upgrade, NBD_REP_ERR_TLS_REQD never comes
 // after it, and the export "secret" (AllowedClients: alice) is reached only by alice.
 func FuzzHandshake(f *testing.F) {
-	flags := binary.BigEndian.AppendUint32(nil, clientFixedNewstyle|clientNoZeroes)
+	flags := binary.BigEndian.AppendUint32(nil, wire.FlagCFixedNewstyle|wire.FlagCNoZeroes)
 	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 	for mode := range uint8(6) {
-		f.Add(mode, cat(flags, optionBytes(optGo, infoData("disk", infoBlockSize))))
-		f.Add(mode, cat(flags, optionBytes(optList, nil), optionBytes(optInfo, infoData("", infoName, infoDescription)),
-			optionBytes(0x77, []byte("junk")), optionBytes(optExportName, nil)))
-		f.Add(mode, cat(binary.BigEndian.AppendUint32(nil, 0), optionBytes(optExportName, []byte("disk"))))
-		f.Add(mode, cat(flags, optionBytes(optStartTLS, nil), optionBytes(optAbort, nil)))
-		f.Add(mode, cat(flags, optionBytes(optGo, []byte{0, 0, 0, 9, 'x'})))
-		f.Add(mode, cat(flags, optionBytes(optExportName, []byte("nope"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptGo, infoData("disk", wire.InfoBlockSize))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptList, nil), optionBytes(wire.OptInfo, infoData("", wire.InfoName, wire.InfoDescription)),
+			optionBytes(0x77, []byte("junk")), optionBytes(wire.OptExportName, nil)))
+		f.Add(mode, cat(binary.BigEndian.AppendUint32(nil, 0), optionBytes(wire.OptExportName, []byte("disk"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptStartTLS, nil), optionBytes(wire.OptAbort, nil)))
+		f.Add(mode, cat(flags, optionBytes(wire.OptGo, []byte{0, 0, 0, 9, 'x'})))
+		f.Add(mode, cat(flags, optionBytes(wire.OptExportName, []byte("nope"))))
 		// STARTTLS flows: the upgrade, a second STARTTLS, STARTTLS with data, then the exports.
-		f.Add(mode, cat(flags, optionBytes(optList, nil), optionBytes(optStartTLS, nil),
-			optionBytes(optStartTLS, nil), optionBytes(optList, nil), optionBytes(optGo, infoData("secret"))))
-		f.Add(mode, cat(flags, optionBytes(optStartTLS, []byte("x")), optionBytes(optStartTLS, nil),
-			optionBytes(optInfo, infoData("secret")), optionBytes(optExportName, []byte("secret"))))
-		f.Add(mode, cat(flags, optionBytes(optInfo, infoData("secret")), optionBytes(optExportName, []byte("disk"))))
-		f.Add(mode, cat(flags, optionBytes(optStartTLS, nil), optionBytes(optExportName, []byte("disk"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptList, nil), optionBytes(wire.OptStartTLS, nil),
+			optionBytes(wire.OptStartTLS, nil), optionBytes(wire.OptList, nil), optionBytes(wire.OptGo, infoData("secret"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptStartTLS, []byte("x")), optionBytes(wire.OptStartTLS, nil),
+			optionBytes(wire.OptInfo, infoData("secret")), optionBytes(wire.OptExportName, []byte("secret"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptInfo, infoData("secret")), optionBytes(wire.OptExportName, []byte("disk"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptStartTLS, nil), optionBytes(wire.OptExportName, []byte("disk"))))
 		// Structured replies and metadata contexts, in and out of order, around STARTTLS.
-		f.Add(mode, cat(flags, optionBytes(optSetMetaContext, metaData("disk", "base:allocation")),
-			optionBytes(optStructuredReply, nil), optionBytes(optListMetaContext, metaData("disk")),
-			optionBytes(optSetMetaContext, metaData("disk", "base:allocation")), optionBytes(optGo, infoData("disk"))))
-		f.Add(mode, cat(flags, optionBytes(optStructuredReply, []byte("x")), optionBytes(optStructuredReply, nil),
-			optionBytes(optSetMetaContext, metaData("secret", "base:allocation", "x-y:z")),
-			optionBytes(optStartTLS, nil), optionBytes(optGo, infoData("secret"))))
-		f.Add(mode, cat(flags, optionBytes(optStartTLS, nil), optionBytes(optStructuredReply, nil),
-			optionBytes(optListMetaContext, metaData("nope", "base:")), optionBytes(optSetMetaContext, []byte{0, 0, 0, 1}),
-			optionBytes(optExtendedHeaders, nil), optionBytes(optExportName, []byte("disk"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptSetMetaContext, metaData("disk", "base:allocation")),
+			optionBytes(wire.OptStructuredReply, nil), optionBytes(wire.OptListMetaContext, metaData("disk")),
+			optionBytes(wire.OptSetMetaContext, metaData("disk", "base:allocation")), optionBytes(wire.OptGo, infoData("disk"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptStructuredReply, []byte("x")), optionBytes(wire.OptStructuredReply, nil),
+			optionBytes(wire.OptSetMetaContext, metaData("secret", "base:allocation", "x-y:z")),
+			optionBytes(wire.OptStartTLS, nil), optionBytes(wire.OptGo, infoData("secret"))))
+		f.Add(mode, cat(flags, optionBytes(wire.OptStartTLS, nil), optionBytes(wire.OptStructuredReply, nil),
+			optionBytes(wire.OptListMetaContext, metaData("nope", "base:")), optionBytes(wire.OptSetMetaContext, []byte{0, 0, 0, 1}),
+			optionBytes(wire.OptExtendedHeaders, nil), optionBytes(wire.OptExportName, []byte("disk"))))
 	}
 	servers := make([]*Server, 3)
 	for i, m := range []TLSMode{TLSOff, TLSOn, TLSRequire} {
@@ -204,7 +202,7 @@ func FuzzHandshake(f *testing.F) {
 			if sess.metaAlloc && (!sess.structured || h.metaExport != sess.export) {
 				t.Fatalf("base:allocation on %q without structured replies or not selected for it", sess.export.Name)
 			}
-			if (sess.flags&tflagSendDF != 0) != sess.structured {
+			if (sess.flags&wire.FlagSendDF != 0) != sess.structured {
 				t.Fatalf("flags %#x with structured replies %v", sess.flags, sess.structured)
 			}
 			if s.tlsMode == TLSRequire && !h.peer.tls {
@@ -215,11 +213,11 @@ func FuzzHandshake(f *testing.F) {
 			}
 		}
 		o := out.Bytes()
-		if len(o) < 18 || binary.BigEndian.Uint64(o) != magicNBD {
+		if len(o) < 18 || binary.BigEndian.Uint64(o) != wire.MagicNBD {
 			t.Fatalf("no greeting: %x", o)
 		}
 		pos := 18
-		for len(o)-pos >= 20 && binary.BigEndian.Uint64(o[pos:]) == magicOptionReply {
+		for len(o)-pos >= 20 && binary.BigEndian.Uint64(o[pos:]) == wire.MagicOptionReply {
 			id, typ := binary.BigEndian.Uint32(o[pos+8:]), binary.BigEndian.Uint32(o[pos+12:])
 			n := 20 + int(binary.BigEndian.Uint32(o[pos+16:]))
 			if n > len(o)-pos {
@@ -227,14 +225,14 @@ func FuzzHandshake(f *testing.F) {
 			}
 			tlsOn := upgradedAt >= 0 && pos >= upgradedAt
 			switch {
-			case typ == repErrTLSReqd && (tlsOn || s.tlsMode == TLSOff):
+			case typ == wire.RepErrTLSReqd && (tlsOn || s.tlsMode == TLSOff):
 				t.Fatalf("NBD_REP_ERR_TLS_REQD to option %d with TLS %v in mode %v", id, tlsOn, s.tlsMode)
-			case s.tlsMode == TLSRequire && !tlsOn && id != optStartTLS && id != optAbort && typ != repErrTLSReqd:
+			case s.tlsMode == TLSRequire && !tlsOn && id != wire.OptStartTLS && id != wire.OptAbort && typ != wire.RepErrTLSReqd:
 				t.Fatalf("option %d answered %#x before STARTTLS under TLSRequire", id, typ)
-			case id == optInfo && typ == repInfo && !alice && bytes.Contains(o[pos+20:pos+n], []byte("secret")):
+			case id == wire.OptInfo && typ == wire.RepInfo && !alice && bytes.Contains(o[pos+20:pos+n], []byte("secret")):
 				t.Fatalf("INFO on the secret export without alice's certificate")
-			case typ == repMetaContext && ((id != optListMetaContext && id != optSetMetaContext) ||
-				string(o[pos+24:pos+n]) != metaBaseAllocation):
+			case typ == wire.RepMetaContext && ((id != wire.OptListMetaContext && id != wire.OptSetMetaContext) ||
+				string(o[pos+24:pos+n]) != wire.MetaBaseAllocation):
 				t.Fatalf("NBD_REP_META_CONTEXT %q to option %d", o[pos+24:pos+n], id)
 			}
 			pos += n

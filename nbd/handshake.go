@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // session is what the handshake agreed on: the export and what the client was told about it.
@@ -50,9 +51,9 @@ type handshakeConn struct {
 func (s *Server) handshake(h *handshakeConn) (*session, error) {
 	var out bytes.Buffer
 	binary.Write(&out, binary.BigEndian, protocol.NegotiationNewstyleHeader{
-		OldstyleMagic:  magicNBD,
-		OptionMagic:    magicOption,
-		HandshakeFlags: flagFixedNewstyle | flagNoZeroes,
+		OldstyleMagic:  wire.MagicNBD,
+		OptionMagic:    wire.MagicOption,
+		HandshakeFlags: wire.FlagFixedNewstyle | wire.FlagNoZeroes,
 	})
 	if _, err := h.w.Write(out.Bytes()); err != nil {
 		return nil, err
@@ -62,10 +63,10 @@ func (s *Server) handshake(h *handshakeConn) (*session, error) {
 		return nil, err
 	}
 	clientFlags := binary.BigEndian.Uint32(cf[:])
-	if clientFlags&^(clientFixedNewstyle|clientNoZeroes) != 0 {
+	if clientFlags&^(wire.FlagCFixedNewstyle|wire.FlagCNoZeroes) != 0 {
 		return nil, fmt.Errorf("%w: %#x", ErrClientFlags, clientFlags)
 	}
-	noZeroes := clientFlags&clientNoZeroes != 0
+	noZeroes := clientFlags&wire.FlagCNoZeroes != 0
 	// A client without NBD_FLAG_C_FIXED_NEWSTYLE gets fixed newstyle anyway (the protocol
 	// allows it); such a client sends only NBD_OPT_EXPORT_NAME, which is answered the same.
 
@@ -80,7 +81,7 @@ func (s *Server) handshake(h *handshakeConn) (*session, error) {
 			ID:          binary.BigEndian.Uint32(oh[8:12]),
 			Length:      binary.BigEndian.Uint32(oh[12:16]),
 		}
-		if opt.OptionMagic != magicOption {
+		if opt.OptionMagic != wire.MagicOption {
 			return nil, fmt.Errorf("%w: %#x", ErrBadOptionMagic, opt.OptionMagic)
 		}
 		if opt.Length > maxOptionLength {
@@ -97,19 +98,19 @@ func (s *Server) handshake(h *handshakeConn) (*session, error) {
 		h.log.Debug("nbd: option", "option", opt.ID, "length", opt.Length)
 
 		out.Reset()
-		if s.tlsMode == TLSRequire && !h.peer.tls && opt.ID != optStartTLS && opt.ID != optAbort {
+		if s.tlsMode == TLSRequire && !h.peer.tls && opt.ID != wire.OptStartTLS && opt.ID != wire.OptAbort {
 			// FORCEDTLS: nothing but STARTTLS and ABORT before the upgrade.
-			if opt.ID == optExportName {
+			if opt.ID == wire.OptExportName {
 				return nil, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS", ErrTLSRequired)
 			}
-			appendOptionError(&out, opt.ID, repErrTLSReqd, "TLS is required: send NBD_OPT_STARTTLS first")
+			appendOptionError(&out, opt.ID, wire.RepErrTLSReqd, "TLS is required: send NBD_OPT_STARTTLS first")
 			if _, err := h.w.Write(out.Bytes()); err != nil {
 				return nil, err
 			}
 			continue
 		}
 		switch opt.ID {
-		case optExportName:
+		case wire.OptExportName:
 			sess, err := s.exportName(&out, h, string(data), noZeroes)
 			if err != nil {
 				return nil, err
@@ -117,16 +118,16 @@ func (s *Server) handshake(h *handshakeConn) (*session, error) {
 			_, err = h.w.Write(out.Bytes())
 			return sess, err
 
-		case optAbort:
+		case wire.OptAbort:
 			// Data, if any, is ignored as the protocol asks. The client may already be gone,
 			// so a failed write of the ACK changes nothing.
-			appendOptionReply(&out, opt.ID, repAck, nil)
+			appendOptionReply(&out, opt.ID, wire.RepAck, nil)
 			h.w.Write(out.Bytes())
 			return nil, errClientAbort
 
-		case optList:
+		case wire.OptList:
 			if len(data) != 0 {
-				appendOptionError(&out, opt.ID, repErrInvalid, "NBD_OPT_LIST takes no data")
+				appendOptionError(&out, opt.ID, wire.RepErrInvalid, "NBD_OPT_LIST takes no data")
 				break
 			}
 			for i := range s.exports {
@@ -137,30 +138,30 @@ func (s *Server) handshake(h *handshakeConn) (*session, error) {
 				d := binary.BigEndian.AppendUint32(nil, uint32(len(e.Name)))
 				d = append(d, e.Name...)
 				d = append(d, e.Description...)
-				appendOptionReply(&out, opt.ID, repServer, d)
+				appendOptionReply(&out, opt.ID, wire.RepServer, d)
 			}
-			appendOptionReply(&out, opt.ID, repAck, nil)
+			appendOptionReply(&out, opt.ID, wire.RepAck, nil)
 
-		case optInfo, optGo:
+		case wire.OptInfo, wire.OptGo:
 			sess := s.infoOrGo(&out, h, opt.ID, data)
 			if _, err := h.w.Write(out.Bytes()); err != nil {
 				return nil, err
 			}
-			if sess != nil && opt.ID == optGo {
+			if sess != nil && opt.ID == wire.OptGo {
 				return sess, nil
 			}
 			continue
 
-		case optStartTLS:
+		case wire.OptStartTLS:
 			switch {
 			case s.tlsMode == TLSOff:
-				appendOptionError(&out, opt.ID, repErrUnsup, "TLS is not enabled on this server")
+				appendOptionError(&out, opt.ID, wire.RepErrUnsup, "TLS is not enabled on this server")
 			case h.peer.tls:
-				appendOptionError(&out, opt.ID, repErrInvalid, "TLS is already on")
+				appendOptionError(&out, opt.ID, wire.RepErrInvalid, "TLS is already on")
 			case len(data) != 0:
-				appendOptionError(&out, opt.ID, repErrInvalid, "NBD_OPT_STARTTLS takes no data")
+				appendOptionError(&out, opt.ID, wire.RepErrInvalid, "NBD_OPT_STARTTLS takes no data")
 			default:
-				appendOptionReply(&out, opt.ID, repAck, nil)
+				appendOptionReply(&out, opt.ID, wire.RepAck, nil)
 				if _, err := h.w.Write(out.Bytes()); err != nil {
 					return nil, err
 				}
@@ -171,22 +172,22 @@ func (s *Server) handshake(h *handshakeConn) (*session, error) {
 				h.log.Debug("nbd: TLS on", "peer", h.peer.String())
 				continue
 			}
-		case optStructuredReply:
+		case wire.OptStructuredReply:
 			if len(data) != 0 {
-				appendOptionError(&out, opt.ID, repErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
+				appendOptionError(&out, opt.ID, wire.RepErrInvalid, "NBD_OPT_STRUCTURED_REPLY takes no data")
 				break
 			}
 			// Extended headers are refused (ERR_UNSUP), so the protocol's rules on mixing
 			// them with structured replies never apply. A repeated STRUCTURED_REPLY is
 			// acknowledged again: it changes nothing.
 			h.structured = true
-			appendOptionReply(&out, opt.ID, repAck, nil)
-		case optListMetaContext, optSetMetaContext:
+			appendOptionReply(&out, opt.ID, wire.RepAck, nil)
+		case wire.OptListMetaContext, wire.OptSetMetaContext:
 			s.metaContext(&out, h, opt.ID, data)
-		case optExtendedHeaders:
-			appendOptionError(&out, opt.ID, repErrUnsup, "extended headers are not supported by this server")
+		case wire.OptExtendedHeaders:
+			appendOptionError(&out, opt.ID, wire.RepErrUnsup, "extended headers are not supported by this server")
 		default:
-			appendOptionError(&out, opt.ID, repErrUnsup, fmt.Sprintf("unknown option %d", opt.ID))
+			appendOptionError(&out, opt.ID, wire.RepErrUnsup, fmt.Sprintf("unknown option %d", opt.ID))
 		}
 		if _, err := h.w.Write(out.Bytes()); err != nil {
 			return nil, err
@@ -203,9 +204,9 @@ func (s *Server) admit(h *handshakeConn, e *Export) uint32 {
 	}
 	h.log.Warn("nbd: access to export denied", "export", e.Name, "peer", h.peer.String())
 	if !h.peer.tls && s.tlsMode != TLSOff && len(e.AllowedClients) > 0 {
-		return repErrTLSReqd
+		return wire.RepErrTLSReqd
 	}
-	return repErrPolicy
+	return wire.RepErrPolicy
 }
 
 // exportName answers NBD_OPT_EXPORT_NAME into out. An unknown export cannot be refused
@@ -249,7 +250,7 @@ func newSession(e *Export, h *handshakeConn) (*session, error) {
 	if h.structured {
 		sess.structured = true
 		sess.metaAlloc = h.metaExport == e
-		sess.flags |= tflagSendDF
+		sess.flags |= wire.FlagSendDF
 	}
 	return sess, nil
 }
@@ -262,12 +263,12 @@ func newSession(e *Export, h *handshakeConn) (*session, error) {
 func (s *Server) infoOrGo(out *bytes.Buffer, h *handshakeConn, id uint32, data []byte) *session {
 	name, reqs, ok := parseInfoRequest(data)
 	if !ok {
-		appendOptionError(out, id, repErrInvalid, "malformed NBD_OPT_INFO/NBD_OPT_GO data")
+		appendOptionError(out, id, wire.RepErrInvalid, "malformed NBD_OPT_INFO/NBD_OPT_GO data")
 		return nil
 	}
 	e := s.lookup(name)
 	if e == nil {
-		appendOptionError(out, id, repErrUnknown, fmt.Sprintf("no export named %q", name))
+		appendOptionError(out, id, wire.RepErrUnknown, fmt.Sprintf("no export named %q", name))
 		return nil
 	}
 	if rep := s.admit(h, e); rep != 0 {
@@ -276,40 +277,40 @@ func (s *Server) infoOrGo(out *bytes.Buffer, h *handshakeConn, id uint32, data [
 	}
 	sess, err := newSession(e, h)
 	if err != nil {
-		appendOptionError(out, id, repErrUnknown, "export unavailable")
+		appendOptionError(out, id, wire.RepErrUnknown, "export unavailable")
 		return nil
 	}
 	var wantName, wantDesc bool
 	for i := 0; i+1 < len(reqs); i += 2 {
 		switch binary.BigEndian.Uint16(reqs[i:]) {
-		case infoName:
+		case wire.InfoName:
 			wantName = true
-		case infoDescription:
+		case wire.InfoDescription:
 			wantDesc = true
 		}
 	}
 	var info bytes.Buffer
 	binary.Write(&info, binary.BigEndian, protocol.NegotiationReplyInfo{
-		Type: infoExport, Size: sess.size, TransmissionFlags: sess.flags,
+		Type: wire.InfoExport, Size: sess.size, TransmissionFlags: sess.flags,
 	})
-	appendOptionReply(out, id, repInfo, info.Bytes())
+	appendOptionReply(out, id, wire.RepInfo, info.Bytes())
 	if wantName {
-		d := binary.BigEndian.AppendUint16(nil, infoName)
-		appendOptionReply(out, id, repInfo, append(d, e.Name...))
+		d := binary.BigEndian.AppendUint16(nil, wire.InfoName)
+		appendOptionReply(out, id, wire.RepInfo, append(d, e.Name...))
 	}
 	if wantDesc && e.Description != "" {
-		d := binary.BigEndian.AppendUint16(nil, infoDescription)
-		appendOptionReply(out, id, repInfo, append(d, e.Description...))
+		d := binary.BigEndian.AppendUint16(nil, wire.InfoDescription)
+		appendOptionReply(out, id, wire.RepInfo, append(d, e.Description...))
 	}
 	info.Reset()
 	binary.Write(&info, binary.BigEndian, protocol.NegotiationReplyBlockSize{
-		Type:               infoBlockSize,
+		Type:               wire.InfoBlockSize,
 		MinimumBlockSize:   e.MinBlock,
 		PreferredBlockSize: e.PreferredBlock,
 		MaximumBlockSize:   e.MaxBlock,
 	})
-	appendOptionReply(out, id, repInfo, info.Bytes())
-	appendOptionReply(out, id, repAck, nil)
+	appendOptionReply(out, id, wire.RepInfo, info.Bytes())
+	appendOptionReply(out, id, wire.RepAck, nil)
 	return sess
 }
 
@@ -342,22 +343,22 @@ func parseInfoRequest(data []byte) (name string, reqs []byte, ok bool) {
 // (NBD_REP_ERR_INVALID before them, as for LIST), selects for the named export only, and
 // answers with the context id the connection uses (metaIDAllocation).
 func (s *Server) metaContext(out *bytes.Buffer, h *handshakeConn, id uint32, data []byte) {
-	set := id == optSetMetaContext
+	set := id == wire.OptSetMetaContext
 	if set {
 		h.metaExport = nil
 	}
 	if !h.structured {
-		appendOptionError(out, id, repErrInvalid, "negotiate NBD_OPT_STRUCTURED_REPLY first")
+		appendOptionError(out, id, wire.RepErrInvalid, "negotiate NBD_OPT_STRUCTURED_REPLY first")
 		return
 	}
 	name, queries, ok := parseMetaRequest(data)
 	if !ok {
-		appendOptionError(out, id, repErrInvalid, "malformed metadata context request")
+		appendOptionError(out, id, wire.RepErrInvalid, "malformed metadata context request")
 		return
 	}
 	e := s.lookup(name)
 	if e == nil {
-		appendOptionError(out, id, repErrUnknown, fmt.Sprintf("no export named %q", name))
+		appendOptionError(out, id, wire.RepErrUnknown, fmt.Sprintf("no export named %q", name))
 		return
 	}
 	if rep := s.admit(h, e); rep != 0 {
@@ -368,7 +369,7 @@ func (s *Server) metaContext(out *bytes.Buffer, h *handshakeConn, id uint32, dat
 	for _, q := range queries {
 		ns, leaf, ok := strings.Cut(q, ":")
 		if !ok || ns == "" {
-			appendOptionError(out, id, repErrInvalid, fmt.Sprintf("query %q has no namespace", q))
+			appendOptionError(out, id, wire.RepErrInvalid, fmt.Sprintf("query %q has no namespace", q))
 			return
 		}
 		if ns == "base" && (leaf == "allocation" || (leaf == "" && !set)) {
@@ -382,9 +383,9 @@ func (s *Server) metaContext(out *bytes.Buffer, h *handshakeConn, id uint32, dat
 			h.metaExport = e
 		}
 		d := binary.BigEndian.AppendUint32(nil, ctxID)
-		appendOptionReply(out, id, repMetaContext, append(d, metaBaseAllocation...))
+		appendOptionReply(out, id, wire.RepMetaContext, append(d, wire.MetaBaseAllocation...))
 	}
-	appendOptionReply(out, id, repAck, nil)
+	appendOptionReply(out, id, wire.RepAck, nil)
 }
 
 // parseMetaRequest splits NBD_OPT_LIST/SET_META_CONTEXT data: 32-bit name length, name,
@@ -425,7 +426,7 @@ func parseMetaRequest(data []byte) (name string, queries []string, ok bool) {
 // appendOptionReply appends one fixed-newstyle option reply to out.
 func appendOptionReply(out *bytes.Buffer, id, typ uint32, data []byte) {
 	binary.Write(out, binary.BigEndian, protocol.NegotiationReplyHeader{
-		ReplyMagic: magicOptionReply, ID: id, Type: typ, Length: uint32(len(data)),
+		ReplyMagic: wire.MagicOptionReply, ID: id, Type: typ, Length: uint32(len(data)),
 	})
 	out.Write(data)
 }

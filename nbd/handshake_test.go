@@ -6,6 +6,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -62,20 +63,20 @@ func TestHandshakeExportName(t *testing.T) {
 		size     uint64
 		flags    uint16
 	}{
-		{"default with zeroes", "", false, testSize, tflagHasFlags | tflagSendFlush | tflagSendFUA | tflagSendTrim | tflagSendWriteZeroes | tflagCanMultiConn},
-		{"named no zeroes", "disk", true, testSize, tflagHasFlags | tflagSendFlush | tflagSendFUA | tflagSendTrim | tflagSendWriteZeroes | tflagCanMultiConn},
-		{"read-only", "ro", true, testSize / 2, tflagHasFlags | tflagSendFlush | tflagCanMultiConn | tflagReadOnly},
+		{"default with zeroes", "", false, testSize, wire.FlagHasFlags | wire.FlagSendFlush | wire.FlagSendFUA | wire.FlagSendTrim | wire.FlagSendWriteZeroes | wire.FlagCanMultiConn},
+		{"named no zeroes", "disk", true, testSize, wire.FlagHasFlags | wire.FlagSendFlush | wire.FlagSendFUA | wire.FlagSendTrim | wire.FlagSendWriteZeroes | wire.FlagCanMultiConn},
+		{"read-only", "ro", true, testSize / 2, wire.FlagHasFlags | wire.FlagSendFlush | wire.FlagCanMultiConn | wire.FlagReadOnly},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			opts, _, _ := twoExports()
 			s, _ := testServer(t, opts)
 			c, _ := pipe(t, s)
-			cf := clientFixedNewstyle
+			cf := wire.FlagCFixedNewstyle
 			if tt.noZeroes {
-				cf |= clientNoZeroes
+				cf |= wire.FlagCNoZeroes
 			}
 			c.greet(cf)
-			c.option(optExportName, []byte(tt.export))
+			c.option(wire.OptExportName, []byte(tt.export))
 			b := c.read(10)
 			if got := binary.BigEndian.Uint64(b); got != tt.size {
 				t.Errorf("size %d, want %d", got, tt.size)
@@ -89,7 +90,7 @@ func TestHandshakeExportName(t *testing.T) {
 				}
 			}
 			// The stream is in step: the next bytes are a reply to our request.
-			if errno, data := c.do(cmdRead, 0, 0, 4096, nil); errno != 0 || !bytes.Equal(data, make([]byte, 4096)) {
+			if errno, data := c.do(wire.CmdRead, 0, 0, 4096, nil); errno != 0 || !bytes.Equal(data, make([]byte, 4096)) {
 				t.Fatalf("READ after EXPORT_NAME: errno %d", errno)
 			}
 		})
@@ -100,8 +101,8 @@ func TestHandshakeExportNameUnknownCloses(t *testing.T) {
 	opts, _, _ := twoExports()
 	s, logs := testServer(t, opts)
 	c, done := pipe(t, s)
-	c.greet(clientFixedNewstyle)
-	c.option(optExportName, []byte("nope"))
+	c.greet(wire.FlagCFixedNewstyle)
+	c.option(wire.OptExportName, []byte("nope"))
 	c.expectClosed()
 	<-done
 	if !logs.loggedErr(ErrUnknownExport) {
@@ -113,20 +114,20 @@ func TestHandshakeOptions(t *testing.T) {
 	opts, _, _ := twoExports()
 	s, _ := testServer(t, opts)
 	c, _ := pipe(t, s)
-	c.greet(clientFixedNewstyle | clientNoZeroes)
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
 
 	t.Run("LIST", func(t *testing.T) {
-		c.option(optList, nil)
+		c.option(wire.OptList, nil)
 		var names []string
 		for {
 			r := c.optionReply()
-			if r.id != optList {
+			if r.id != wire.OptList {
 				t.Fatalf("reply for option %d", r.id)
 			}
-			if r.typ == repAck {
+			if r.typ == wire.RepAck {
 				break
 			}
-			if r.typ != repServer {
+			if r.typ != wire.RepServer {
 				t.Fatalf("reply type %#x", r.typ)
 			}
 			n := binary.BigEndian.Uint32(r.data)
@@ -137,8 +138,8 @@ func TestHandshakeOptions(t *testing.T) {
 		}
 	})
 	t.Run("LIST with data", func(t *testing.T) {
-		c.option(optList, []byte("x"))
-		if r := c.optionReply(); r.typ != repErrInvalid {
+		c.option(wire.OptList, []byte("x"))
+		if r := c.optionReply(); r.typ != wire.RepErrInvalid {
 			t.Errorf("reply %#x, want ERR_INVALID", r.typ)
 		}
 	})
@@ -148,20 +149,20 @@ func TestHandshakeOptions(t *testing.T) {
 		data []byte
 	}{
 		{"unknown option with data", 0x4242, []byte("some data that must be skipped")},
-		{"STARTTLS", optStartTLS, nil},
-		{"EXTENDED_HEADERS", optExtendedHeaders, nil},
+		{"STARTTLS", wire.OptStartTLS, nil},
+		{"EXTENDED_HEADERS", wire.OptExtendedHeaders, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c.option(tt.id, tt.data)
-			if r := c.optionReply(); r.id != tt.id || r.typ != repErrUnsup {
+			if r := c.optionReply(); r.id != tt.id || r.typ != wire.RepErrUnsup {
 				t.Errorf("reply (%d, %#x), want (%d, ERR_UNSUP)", r.id, r.typ, tt.id)
 			}
 		})
 	}
 	t.Run("INFO everything", func(t *testing.T) {
-		c.option(optInfo, infoData("ro", infoName, infoDescription, infoBlockSize, 0x7777))
-		in, final := c.infoReplies(optInfo)
-		if final != repAck || !in.hasExport || in.size != testSize/2 || in.flags&tflagReadOnly == 0 {
+		c.option(wire.OptInfo, infoData("ro", wire.InfoName, wire.InfoDescription, wire.InfoBlockSize, 0x7777))
+		in, final := c.infoReplies(wire.OptInfo)
+		if final != wire.RepAck || !in.hasExport || in.size != testSize/2 || in.flags&wire.FlagReadOnly == 0 {
 			t.Fatalf("INFO ro: final %#x, %+v", final, in)
 		}
 		if !in.hasName || in.name != "ro" || in.hasDesc {
@@ -172,9 +173,9 @@ func TestHandshakeOptions(t *testing.T) {
 		}
 	})
 	t.Run("INFO description", func(t *testing.T) {
-		c.option(optInfo, infoData("", infoDescription))
-		in, final := c.infoReplies(optInfo)
-		if final != repAck || !in.hasDesc || in.desc != "the test disk" || in.size != testSize {
+		c.option(wire.OptInfo, infoData("", wire.InfoDescription))
+		in, final := c.infoReplies(wire.OptInfo)
+		if final != wire.RepAck || !in.hasDesc || in.desc != "the test disk" || in.size != testSize {
 			t.Errorf("INFO default: final %#x, %+v", final, in)
 		}
 		if !in.hasBlock || in.minB != 512 || in.prefB != 4096 || in.maxB != 32<<20 {
@@ -182,8 +183,8 @@ func TestHandshakeOptions(t *testing.T) {
 		}
 	})
 	t.Run("INFO unknown export", func(t *testing.T) {
-		c.option(optInfo, infoData("nope", infoBlockSize))
-		if in, final := c.infoReplies(optInfo); final != repErrUnknown || in.hasExport {
+		c.option(wire.OptInfo, infoData("nope", wire.InfoBlockSize))
+		if in, final := c.infoReplies(wire.OptInfo); final != wire.RepErrUnknown || in.hasExport {
 			t.Errorf("final %#x, %+v; want ERR_UNKNOWN and no info", final, in)
 		}
 	})
@@ -196,25 +197,25 @@ func TestHandshakeOptions(t *testing.T) {
 		{"count mismatch", append(infoData("disk"), 0, 1)},
 	} {
 		t.Run("GO malformed "+tt.name, func(t *testing.T) {
-			c.option(optGo, tt.data)
-			if _, final := c.infoReplies(optGo); final != repErrInvalid {
+			c.option(wire.OptGo, tt.data)
+			if _, final := c.infoReplies(wire.OptGo); final != wire.RepErrInvalid {
 				t.Errorf("final %#x, want ERR_INVALID", final)
 			}
 		})
 	}
 	t.Run("GO unknown export", func(t *testing.T) {
-		c.option(optGo, infoData("nope"))
-		if _, final := c.infoReplies(optGo); final != repErrUnknown {
+		c.option(wire.OptGo, infoData("nope"))
+		if _, final := c.infoReplies(wire.OptGo); final != wire.RepErrUnknown {
 			t.Errorf("final %#x, want ERR_UNKNOWN", final)
 		}
 	})
 	t.Run("GO after all that", func(t *testing.T) {
-		c.option(optGo, infoData("disk"))
-		in, final := c.infoReplies(optGo)
-		if final != repAck || in.size != testSize || !in.hasBlock {
+		c.option(wire.OptGo, infoData("disk"))
+		in, final := c.infoReplies(wire.OptGo)
+		if final != wire.RepAck || in.size != testSize || !in.hasBlock {
 			t.Fatalf("GO: final %#x, %+v", final, in)
 		}
-		if errno, _ := c.do(cmdWrite, 0, 512, 512, bytes.Repeat([]byte{7}, 512)); errno != 0 {
+		if errno, _ := c.do(wire.CmdWrite, 0, 512, 512, bytes.Repeat([]byte{7}, 512)); errno != 0 {
 			t.Fatalf("WRITE after GO: errno %d", errno)
 		}
 	})
@@ -224,9 +225,9 @@ func TestHandshakeAbort(t *testing.T) {
 	opts, _, _ := twoExports()
 	s, _ := testServer(t, opts)
 	c, done := pipe(t, s)
-	c.greet(clientFixedNewstyle)
-	c.option(optAbort, nil)
-	if r := c.optionReply(); r.id != optAbort || r.typ != repAck {
+	c.greet(wire.FlagCFixedNewstyle)
+	c.option(wire.OptAbort, nil)
+	if r := c.optionReply(); r.id != wire.OptAbort || r.typ != wire.RepAck {
 		t.Fatalf("ABORT reply (%d, %#x), want ACK", r.id, r.typ)
 	}
 	c.expectClosed()
@@ -239,15 +240,15 @@ func TestHandshakeViolationsClose(t *testing.T) {
 		send func(c *rawClient)
 		want error
 	}{
-		{"unknown client flag", func(c *rawClient) { c.greet(clientFixedNewstyle | 4) }, ErrClientFlags},
+		{"unknown client flag", func(c *rawClient) { c.greet(wire.FlagCFixedNewstyle | 4) }, ErrClientFlags},
 		{"bad option magic", func(c *rawClient) {
-			c.greet(clientFixedNewstyle)
+			c.greet(wire.FlagCFixedNewstyle)
 			c.write(make([]byte, 16))
 		}, ErrBadOptionMagic},
 		{"option too long", func(c *rawClient) {
-			c.greet(clientFixedNewstyle)
-			b := binary.BigEndian.AppendUint64(nil, magicOption)
-			b = binary.BigEndian.AppendUint32(b, optInfo)
+			c.greet(wire.FlagCFixedNewstyle)
+			b := binary.BigEndian.AppendUint64(nil, wire.MagicOption)
+			b = binary.BigEndian.AppendUint32(b, wire.OptInfo)
 			c.write(binary.BigEndian.AppendUint32(b, maxOptionLength+1))
 		}, ErrOptionTooLong},
 	} {

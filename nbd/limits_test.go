@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/internal/testpki"
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -33,10 +34,10 @@ func (l *logStore) loggedLimit(name string) bool {
 func (c *rawClient) roundTrip(seed, off uint64, n uint32) {
 	c.t.Helper()
 	p := pattern(seed, int(n))
-	if errno, _ := c.do(cmdWrite, 0, off, n, p); errno != 0 {
+	if errno, _ := c.do(wire.CmdWrite, 0, off, n, p); errno != 0 {
 		c.t.Fatalf("WRITE at %d: errno %d", off, errno)
 	}
-	if errno, got := c.do(cmdRead, 0, off, n, nil); errno != 0 || !bytes.Equal(got, p) {
+	if errno, got := c.do(wire.CmdRead, 0, off, n, nil); errno != 0 || !bytes.Equal(got, p) {
 		c.t.Fatalf("READ at %d: errno %d, data equal %v", off, errno, bytes.Equal(got, p))
 	}
 }
@@ -59,7 +60,7 @@ func TestMaxConnections(t *testing.T) {
 	good := dial(t, path)
 	good.handshakeGo("")
 	hog := dial(t, path)
-	hog.greet(clientFixedNewstyle) // the second connection, sitting in the handshake
+	hog.greet(wire.FlagCFixedNewstyle) // the second connection, sitting in the handshake
 	for i := range 3 {
 		extra := dial(t, path)
 		extra.expectClosed() // not even a greeting
@@ -98,24 +99,24 @@ func TestHandshakeTimeout(t *testing.T) {
 		send func(c *rawClient)
 	}{
 		{"silent", func(c *rawClient) { c.read(18) }},
-		{"flags only", func(c *rawClient) { c.greet(clientFixedNewstyle) }},
+		{"flags only", func(c *rawClient) { c.greet(wire.FlagCFixedNewstyle) }},
 		{"half an option", func(c *rawClient) {
-			c.greet(clientFixedNewstyle)
-			c.write(binary.BigEndian.AppendUint64(nil, magicOption))
+			c.greet(wire.FlagCFixedNewstyle)
+			c.write(binary.BigEndian.AppendUint64(nil, wire.MagicOption))
 		}},
 		{"options forever", func(c *rawClient) {
-			c.greet(clientFixedNewstyle)
+			c.greet(wire.FlagCFixedNewstyle)
 			for range 3 { // each answered, but the handshake as a whole has a deadline
-				c.option(optList, nil)
-				for c.optionReply().typ != repAck {
+				c.option(wire.OptList, nil)
+				for c.optionReply().typ != wire.RepAck {
 				}
 				time.Sleep(timeout / 4)
 			}
 		}},
 		{"STARTTLS then silence", func(c *rawClient) {
-			c.greet(clientFixedNewstyle)
-			c.option(optStartTLS, nil)
-			if r := c.optionReply(); r.typ != repAck {
+			c.greet(wire.FlagCFixedNewstyle)
+			c.option(wire.OptStartTLS, nil)
+			if r := c.optionReply(); r.typ != wire.RepAck {
 				t.Fatalf("STARTTLS: %#x", r.typ)
 			}
 		}},
@@ -133,7 +134,7 @@ func TestHandshakeTimeout(t *testing.T) {
 	}
 	// A client over TLS that finishes in time keeps its connection past the timeout.
 	c := dial(t, path)
-	c.greet(clientFixedNewstyle | clientNoZeroes)
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
 	if err := c.startTLS(pki.ClientConfig(nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestIdleTimeout(t *testing.T) {
 		c := dial(t, path)
 		c.handshakeGo("slow")
 		p := pattern(7, 4096)
-		if errno, _ := c.do(cmdWrite, 0, 0, 4096, p); errno != 0 {
+		if errno, _ := c.do(wire.CmdWrite, 0, 0, 4096, p); errno != 0 {
 			t.Errorf("slow WRITE: errno %d", errno)
 		}
 		c.expectClosedWithin(idle-50*time.Millisecond, 10*time.Second) // then idle: closed
@@ -204,11 +205,11 @@ func TestMaxTotalInFlightBytes(t *testing.T) {
 		c.handshakeGo("")
 		wg.Go(func() {
 			base := uint64(i * n * bs)
-			for _, typ := range []uint16{cmdWrite, cmdRead} {
+			for _, typ := range []uint16{wire.CmdWrite, wire.CmdRead} {
 				go func() {
 					for k := range n {
 						var p []byte
-						if typ == cmdWrite {
+						if typ == wire.CmdWrite {
 							p = pattern(base+uint64(k), bs)
 						}
 						c.request(typ, 0, uint64(k), base+uint64(k*bs), bs, p)
@@ -220,7 +221,7 @@ func TestMaxTotalInFlightBytes(t *testing.T) {
 						t.Errorf("conn %d: errno %d", i, errno)
 						return
 					}
-					if typ == cmdRead {
+					if typ == wire.CmdRead {
 						if got := c.read(bs); !bytes.Equal(got, pattern(base+cookie, bs)) {
 							t.Errorf("conn %d: block %d differs", i, cookie)
 						}

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -73,14 +74,14 @@ func TestMappedReads(t *testing.T) {
 				reads = append(reads, rd{(i * 5 * 1024) % (testSize - 256<<10), 512 * (1 + (i*7919)%512)})
 			}
 			for i, r := range reads {
-				c.request(cmdRead, 0, uint64(100+i), r.off, uint32(r.n), nil)
+				c.request(wire.CmdRead, 0, uint64(100+i), r.off, uint32(r.n), nil)
 			}
 			for range reads {
 				var cookie uint64
 				var payload []byte
 				if tc.structured {
 					ch := c.chunk()
-					if ch.typ != replyTypeOffsetData {
+					if ch.typ != wire.ReplyTypeOffsetData {
 						t.Fatalf("READ reply type %#x, want OFFSET_DATA", ch.typ)
 					}
 					cookie, payload = ch.cookie, ch.payload[8:]

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -129,9 +130,9 @@ func TestStablePages(t *testing.T) {
 					for _, i := range r.Perm(n) {
 						flags := uint16(0)
 						if i%17 == 0 {
-							flags = cmdFlagFUA
+							flags = wire.CmdFlagFUA
 						}
-						c.request(cmdWrite, flags, uint64(i), uint64(i*bs), uint32(bs), payloads[i])
+						c.request(wire.CmdWrite, flags, uint64(i), uint64(i*bs), uint32(bs), payloads[i])
 					}
 				}()
 				for range n {
@@ -142,7 +143,7 @@ func TestStablePages(t *testing.T) {
 				<-sent
 				maxHeld = max(maxHeld, len(dev.Held()))
 				for off := 0; off < size; off += 64 << 10 {
-					errno, got := c.do(cmdRead, 0, uint64(off), 64<<10, nil)
+					errno, got := c.do(wire.CmdRead, 0, uint64(off), 64<<10, nil)
 					if errno != 0 {
 						t.Fatalf("READ errno %d", errno)
 					}
@@ -154,7 +155,7 @@ func TestStablePages(t *testing.T) {
 			close(stop)
 			releasers.Wait()
 			dev.ReleaseAll()
-			c.request(cmdDisc, 0, 0, 0, 0, nil)
+			c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 			<-done
 
 			if err := dev.Err(); err != nil {
@@ -196,7 +197,7 @@ func TestStablePagesBound(t *testing.T) {
 			for i := range n {
 				p := pattern(uint64(i), bs)
 				copy(model[i*bs:], p) // before the send: the main goroutine reads model after the replies
-				c.request(cmdWrite, 0, uint64(i), uint64(i*bs), bs, p)
+				c.request(wire.CmdWrite, 0, uint64(i), uint64(i*bs), bs, p)
 			}
 		}()
 		for range bound / bs {
@@ -232,7 +233,7 @@ func TestStablePagesBound(t *testing.T) {
 			}
 		}
 		dev.ReleaseAll()
-		c.request(cmdDisc, 0, 0, 0, 0, nil)
+		c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 		<-done
 		checkDevice(t, dev.MemDevice, model)
 		if err := dev.Err(); err != nil {
@@ -251,13 +252,13 @@ func TestStablePagesBound(t *testing.T) {
 		c, done := unixConn(t, s)
 		c.handshakeGo("")
 		p := pattern(9, 64<<10) // larger than the bound: admitted alone, then held
-		if errno, _ := c.do(cmdWrite, 0, 0, uint32(len(p)), p); errno != 0 {
+		if errno, _ := c.do(wire.CmdWrite, 0, 0, uint32(len(p)), p); errno != 0 {
 			t.Fatal(errno)
 		}
-		if errno, _ := c.do(cmdFlush, 0, 0, 0, nil); errno != 0 {
+		if errno, _ := c.do(wire.CmdFlush, 0, 0, 0, nil); errno != 0 {
 			t.Fatalf("FLUSH errno %d", errno)
 		}
-		c.request(cmdRead, 0, 1, 0, 4096, nil)
+		c.request(wire.CmdRead, 0, 1, 0, 4096, nil)
 		c.noReplyFor(100 * time.Millisecond)
 		dev.ReleaseAll()
 		if errno, _ := c.reply(); errno != 0 {
@@ -266,7 +267,7 @@ func TestStablePagesBound(t *testing.T) {
 		if got := c.read(4096); !bytes.Equal(got, p[:4096]) {
 			t.Error("READ after release returned the wrong bytes")
 		}
-		c.request(cmdDisc, 0, 0, 0, 0, nil)
+		c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 		<-done
 		noBuffersLeft(t, s)
 	})
@@ -290,10 +291,10 @@ func TestStablePagesErrors(t *testing.T) {
 			c, done := unixConn(t, s)
 			c.handshakeGo("")
 			p := pattern(1, 4096)
-			if errno, _ := c.do(cmdWrite, 0, 4096, 4096, p); errno != errnoNoSpace {
+			if errno, _ := c.do(wire.CmdWrite, 0, 4096, 4096, p); errno != wire.ENOSPC {
 				t.Fatalf("failing WritePinned: errno %d, want ENOSPC", errno)
 			}
-			if errno, _ := c.do(cmdWrite, 0, 8192, 4096, p); errno != 0 {
+			if errno, _ := c.do(wire.CmdWrite, 0, 8192, 4096, p); errno != 0 {
 				t.Fatalf("WRITE after a failure: errno %d", errno)
 			}
 			want := int64(0)
@@ -358,17 +359,17 @@ func TestStablePagesPaths(t *testing.T) {
 			model := make([]byte, n*bs)
 			flags := uint16(0)
 			if tt.fua {
-				flags = cmdFlagFUA
+				flags = wire.CmdFlagFUA
 			}
 			for i := range n {
 				p := pattern(uint64(i), bs)
 				copy(model[i*bs:], p)
-				if errno, _ := c.do(cmdWrite, flags, uint64(i*bs), bs, p); errno != 0 {
+				if errno, _ := c.do(wire.CmdWrite, flags, uint64(i*bs), bs, p); errno != 0 {
 					t.Fatal(errno)
 				}
 			}
 			pdev.ReleaseAll()
-			c.request(cmdDisc, 0, 0, 0, 0, nil)
+			c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 			<-done
 			checkDevice(t, mem, model)
 			st := mem.Stats()
@@ -420,7 +421,7 @@ func TestDebugImmutable(t *testing.T) {
 	c, done := unixConn(t, s)
 	c.handshakeGo("")
 	p := pattern(3, 4096)
-	if errno, _ := c.do(cmdWrite, 0, 0, 4096, p); errno != 0 {
+	if errno, _ := c.do(wire.CmdWrite, 0, 0, 4096, p); errno != 0 {
 		t.Fatal(errno)
 	}
 	held := dev.Held()
@@ -448,7 +449,7 @@ func TestDebugImmutable(t *testing.T) {
 		t.Fatalf("write to a released buffer faulted at %#x", addr)
 	}
 	q := pattern(4, 4096)
-	if errno, _ := c.do(cmdWrite, 0, 4096, 4096, q); errno != 0 {
+	if errno, _ := c.do(wire.CmdWrite, 0, 4096, 4096, q); errno != 0 {
 		t.Fatal(errno)
 	}
 	held = dev.Held()
@@ -459,7 +460,7 @@ func TestDebugImmutable(t *testing.T) {
 		t.Fatalf("write to the reused, held buffer: fault at %#x, want %#x", addr, base)
 	}
 	dev.ReleaseAll()
-	c.request(cmdDisc, 0, 0, 0, 0, nil)
+	c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 	<-done
 	if got := dev.Bytes()[:8192]; !bytes.Equal(got[:4096], p) || !bytes.Equal(got[4096:], q) {
 		t.Error("device bytes differ")
@@ -490,13 +491,13 @@ func TestReleaseTwicePanics(t *testing.T) {
 	s, _ := testServer(t, Options{Exports: []Export{{Device: dev, StablePages: true}}})
 	c, done := unixConn(t, s)
 	c.handshakeGo("")
-	if errno, _ := c.do(cmdWrite, 0, 0, 4096, pattern(1, 4096)); errno != 0 {
+	if errno, _ := c.do(wire.CmdWrite, 0, 0, 4096, pattern(1, 4096)); errno != 0 {
 		t.Fatal(errno)
 	}
 	if r := <-dev.panicked; r == nil {
 		t.Error("a second release did not panic")
 	}
-	c.request(cmdDisc, 0, 0, 0, 0, nil)
+	c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 	<-done
 	noBuffersLeft(t, s)
 }
@@ -535,7 +536,7 @@ func TestMlockBuffers(t *testing.T) {
 		c.handshakeGo("")
 		before := vmLocked(t)
 		for i := range 4 {
-			if errno, _ := c.do(cmdWrite, 0, uint64(i)<<16, 64<<10, pattern(uint64(i), 64<<10)); errno != 0 {
+			if errno, _ := c.do(wire.CmdWrite, 0, uint64(i)<<16, 64<<10, pattern(uint64(i), 64<<10)); errno != 0 {
 				t.Fatal(errno)
 			}
 		}
@@ -547,7 +548,7 @@ func TestMlockBuffers(t *testing.T) {
 			t.Errorf("VmLck %d bytes (%d before the writes), want at least %d more", got, before, st.Locked)
 		}
 		dev.ReleaseAll()
-		c.request(cmdDisc, 0, 0, 0, 0, nil)
+		c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 		<-done
 		noBuffersLeft(t, s)
 	})
@@ -594,16 +595,16 @@ func TestMapFailure(t *testing.T) {
 	c.handshakeGo("")
 	mmapFunc = func(int, int64, int, int, int) ([]byte, error) { return nil, syscall.ENOMEM }
 	p := pattern(5, 8192)
-	errW, _ := c.do(cmdWrite, 0, 0, 8192, p)
-	errR, _ := c.do(cmdRead, 0, 0, 4096, nil)
+	errW, _ := c.do(wire.CmdWrite, 0, 0, 8192, p)
+	errR, _ := c.do(wire.CmdRead, 0, 0, 4096, nil)
 	mmapFunc = unix.Mmap
-	if errW != errnoIO || errR != errnoIO {
+	if errW != wire.EIO || errR != wire.EIO {
 		t.Errorf("without memory: WRITE errno %d, READ errno %d; want EIO", errW, errR)
 	}
-	if errno, _ := c.do(cmdWrite, 0, 0, 8192, p); errno != 0 {
+	if errno, _ := c.do(wire.CmdWrite, 0, 0, 8192, p); errno != 0 {
 		t.Fatalf("WRITE once memory is back: errno %d", errno)
 	}
-	c.request(cmdDisc, 0, 0, 0, 0, nil)
+	c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 	<-done
 	if st := mem.Stats(); st.Writes != 1 || st.Reads != 0 {
 		t.Errorf("device saw %+v; want only the last write", st)

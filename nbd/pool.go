@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -175,7 +176,7 @@ func (s *Server) BufferStats() BufferStats {
 // buffers up to the limit. It fails only when a new buffer cannot be mapped.
 func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) {
 	n := int64(0)
-	if h.Type == cmdRead || h.Type == cmdWrite {
+	if h.Type == wire.CmdRead || h.Type == wire.CmdWrite {
 		n = int64(h.Length)
 	}
 	class := classOf(int(n))
@@ -209,7 +210,7 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) 
 	}
 	c.mu.Unlock()
 	shared := n // what the server-wide budget is charged now: a long WRITE, its first piece
-	if h.Type == cmdWrite {
+	if h.Type == wire.CmdWrite {
 		shared = min(n, payloadPiece)
 	}
 	if n > 0 && c.srv.mem.take(c.hold, shared, false) {

@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // maxReplyHeader bounds what goes before a reply's payload: a structured error chunk with its
 // message (at most maxErrorMessage bytes) and offset is the longest.
 const (
 	maxErrorMessage = 64
-	maxReplyHeader  = chunkHeaderSize + 4 + 2 + maxErrorMessage + 8
+	maxReplyHeader  = wire.ChunkHeaderSize + 4 + 2 + maxErrorMessage + 8
 )
 
 // encodeHeader encodes req's reply header into req.hdr: a simple reply without structured
@@ -21,46 +22,46 @@ const (
 // error, NONE for everything else.
 func (c *conn) encodeHeader(req *request, errno uint32, errOff int64, payload []byte) {
 	if !c.sess.structured {
-		encodeReply((*[replyHeaderSize]byte)(req.hdr[:]), errno, req.cookie)
-		req.hdrLen = replyHeaderSize
+		wire.PutReply((*[wire.ReplyHeaderSize]byte)(req.hdr[:]), errno, req.cookie)
+		req.hdrLen = wire.ReplyHeaderSize
 		return
 	}
 	b := req.hdr[:]
 	switch {
 	case errno != 0:
 		req.hdrLen = encodeErrorChunk(b, req.typ, req.cookie, errno, errOff)
-	case req.typ == cmdRead && len(payload) > 0:
-		encodeChunk(b, replyFlagDone, replyTypeOffsetData, req.cookie, uint32(8+len(payload)))
-		binary.BigEndian.PutUint64(b[chunkHeaderSize:], req.off)
-		req.hdrLen = chunkHeaderSize + 8
-	case req.typ == cmdBlockStatus:
-		encodeChunk(b, replyFlagDone, replyTypeBlockStatus, req.cookie, uint32(4+len(payload)))
-		binary.BigEndian.PutUint32(b[chunkHeaderSize:], metaIDAllocation)
-		req.hdrLen = chunkHeaderSize + 4
+	case req.typ == wire.CmdRead && len(payload) > 0:
+		wire.PutChunk(b, wire.ReplyFlagDone, wire.ReplyTypeOffsetData, req.cookie, uint32(8+len(payload)))
+		binary.BigEndian.PutUint64(b[wire.ChunkHeaderSize:], req.off)
+		req.hdrLen = wire.ChunkHeaderSize + 8
+	case req.typ == wire.CmdBlockStatus:
+		wire.PutChunk(b, wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, req.cookie, uint32(4+len(payload)))
+		binary.BigEndian.PutUint32(b[wire.ChunkHeaderSize:], metaIDAllocation)
+		req.hdrLen = wire.ChunkHeaderSize + 4
 	default:
-		encodeChunk(b, replyFlagDone, replyTypeNone, req.cookie, 0)
-		req.hdrLen = chunkHeaderSize
+		wire.PutChunk(b, wire.ReplyFlagDone, wire.ReplyTypeNone, req.cookie, 0)
+		req.hdrLen = wire.ChunkHeaderSize
 	}
 }
 
 // encodeErrorChunk encodes a final error chunk into b and returns its length: the error, a
 // message naming the command and the error, and the offset when errOff >= 0.
 func encodeErrorChunk(b []byte, typ uint16, cookie uint64, errno uint32, errOff int64) int {
-	msg := b[chunkHeaderSize+6 : chunkHeaderSize+6+maxErrorMessage]
-	n := copy(msg, cmdName(typ))
+	msg := b[wire.ChunkHeaderSize+6 : wire.ChunkHeaderSize+6+maxErrorMessage]
+	n := copy(msg, wire.CmdName(typ))
 	n += copy(msg[n:], ": ")
-	n += copy(msg[n:], errnoText(errno))
-	binary.BigEndian.PutUint32(b[chunkHeaderSize:], errno)
-	binary.BigEndian.PutUint16(b[chunkHeaderSize+4:], uint16(n))
+	n += copy(msg[n:], wire.ErrnoText(errno))
+	binary.BigEndian.PutUint32(b[wire.ChunkHeaderSize:], errno)
+	binary.BigEndian.PutUint16(b[wire.ChunkHeaderSize+4:], uint16(n))
 	payload := 6 + n
-	typeOf := replyTypeError
+	typeOf := wire.ReplyTypeError
 	if errOff >= 0 {
-		typeOf = replyTypeErrorOffset
-		binary.BigEndian.PutUint64(b[chunkHeaderSize+payload:], uint64(errOff))
+		typeOf = wire.ReplyTypeErrorOffset
+		binary.BigEndian.PutUint64(b[wire.ChunkHeaderSize+payload:], uint64(errOff))
 		payload += 8
 	}
-	encodeChunk(b, replyFlagDone, typeOf, cookie, uint32(payload))
-	return chunkHeaderSize + payload
+	wire.PutChunk(b, wire.ReplyFlagDone, typeOf, cookie, uint32(payload))
+	return wire.ChunkHeaderSize + payload
 }
 
 // reply queues req's reply (the header, and the payload of a successful READ or BLOCK_STATUS;
@@ -140,11 +141,11 @@ func (c *conn) writeBatch(batch []*request) {
 func (c *conn) replyFromReader(h *protocol.TransmissionRequestHeader, errno uint32) {
 	c.writeMu.Lock()
 	if c.writeErr == nil {
-		n := replyHeaderSize
+		n := wire.ReplyHeaderSize
 		if c.sess.structured {
 			n = encodeErrorChunk(c.errHdr[:], h.Type, h.Handle, errno, -1)
 		} else {
-			encodeReply((*[replyHeaderSize]byte)(c.errHdr[:]), errno, h.Handle)
+			wire.PutReply((*[wire.ReplyHeaderSize]byte)(c.errHdr[:]), errno, h.Handle)
 		}
 		c.setWriteDeadline()
 		if _, err := c.nc.Write(c.errHdr[:n]); err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -47,7 +48,7 @@ func replyTimeout(t *testing.T, structured bool) {
 		bad.handshakeGo("")
 	}
 	for i := range reads {
-		bad.request(cmdRead, 0, uint64(i), uint64(i*bs), bs, nil)
+		bad.request(wire.CmdRead, 0, uint64(i), uint64(i*bs), bs, nil)
 	}
 
 	good := dial(t, path)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // directReadMin is the shortest WRITE payload, or rest of one, read straight from the
@@ -132,10 +133,10 @@ func (c *conn) stopReading() {
 // otherwise the errno to reply with, or 0 if the request may proceed. DISC is always admitted.
 func checkRequest(h *protocol.TransmissionRequestHeader, sess *session) (uint32, error) {
 	e := sess.export
-	if h.RequestMagic != magicRequest {
+	if h.RequestMagic != wire.MagicRequest {
 		return 0, fmt.Errorf("%w: %#x", ErrBadRequestMagic, h.RequestMagic)
 	}
-	if h.Type == cmdWrite && h.Length > e.MaxBlock {
+	if h.Type == wire.CmdWrite && h.Length > e.MaxBlock {
 		return 0, fmt.Errorf("%w: %d bytes at offset %d (MaxBlock %d)",
 			ErrPayloadTooLarge, h.Length, h.Offset, e.MaxBlock)
 	}
@@ -146,58 +147,58 @@ func checkRequest(h *protocol.TransmissionRequestHeader, sess *session) (uint32,
 func checkCommand(h *protocol.TransmissionRequestHeader, sess *session) uint32 {
 	e := sess.export
 	allowed := uint16(0)
-	if sess.flags&tflagSendFUA != 0 {
-		allowed |= cmdFlagFUA // valid on every command once advertised
+	if sess.flags&wire.FlagSendFUA != 0 {
+		allowed |= wire.CmdFlagFUA // valid on every command once advertised
 	}
 	write := false
 	switch h.Type {
-	case cmdRead:
+	case wire.CmdRead:
 		if sess.structured {
-			allowed |= cmdFlagDF // every READ reply is one chunk anyway
+			allowed |= wire.CmdFlagDF // every READ reply is one chunk anyway
 		}
-	case cmdCache:
-	case cmdBlockStatus:
+	case wire.CmdCache:
+	case wire.CmdBlockStatus:
 		if !sess.metaAlloc || h.Length == 0 {
-			return errnoInval // no context selected; or nothing to describe
+			return wire.EINVAL // no context selected; or nothing to describe
 		}
-		allowed |= cmdFlagReqOne
-	case cmdDisc:
+		allowed |= wire.CmdFlagReqOne
+	case wire.CmdDisc:
 		return 0 // flags, offset and length are ignored: the client is leaving
-	case cmdWrite, cmdTrim:
+	case wire.CmdWrite, wire.CmdTrim:
 		write = true
-	case cmdWriteZeroes:
+	case wire.CmdWriteZeroes:
 		write = true
-		allowed |= cmdFlagNoHole
-	case cmdFlush:
+		allowed |= wire.CmdFlagNoHole
+	case wire.CmdFlush:
 		if h.CommandFlags&^allowed != 0 {
-			return errnoInval
+			return wire.EINVAL
 		}
 		return 0 // offset and length are reserved; ignored
 	default:
-		return errnoInval // unknown command
+		return wire.EINVAL // unknown command
 	}
 	if h.CommandFlags&^allowed != 0 {
-		return errnoInval
+		return wire.EINVAL
 	}
 	if write && e.ReadOnly {
-		return errnoPerm
+		return wire.EPERM
 	}
 	if h.Offset > sess.size || uint64(h.Length) > sess.size-h.Offset {
-		if h.Type == cmdWrite || h.Type == cmdWriteZeroes {
-			return errnoNoSpace
+		if h.Type == wire.CmdWrite || h.Type == wire.CmdWriteZeroes {
+			return wire.ENOSPC
 		}
-		return errnoInval
+		return wire.EINVAL
 	}
 	// The length of a BLOCK_STATUS is a hint (clients ask for "the rest", rounded to
 	// nothing in particular), so only its offset must be aligned.
 	mb := uint64(e.MinBlock)
 	if h.Offset%mb != 0 || (uint64(h.Length)%mb != 0 && h.Offset+uint64(h.Length) != sess.size &&
-		h.Type != cmdBlockStatus) {
-		return errnoInval
+		h.Type != wire.CmdBlockStatus) {
+		return wire.EINVAL
 	}
-	if h.Type == cmdRead && h.Length > e.MaxBlock {
+	if h.Type == wire.CmdRead && h.Length > e.MaxBlock {
 		// A simple reply cannot carry more than the maximum payload: the request fails.
-		return errnoInval
+		return wire.EINVAL
 	}
 	return 0
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // Export is one device the server offers, under a name.
@@ -333,11 +335,11 @@ func (e Export) validate() error {
 // transmissionFlags are the flags advertised for e: everything the Device interface offers,
 // minus the write side on a read-only export. CAN_MULTI_CONN rests on Device.Flush's contract.
 func (e *Export) transmissionFlags() uint16 {
-	f := tflagHasFlags | tflagSendFlush | tflagCanMultiConn
+	f := wire.FlagHasFlags | wire.FlagSendFlush | wire.FlagCanMultiConn
 	if e.ReadOnly {
-		return f | tflagReadOnly
+		return f | wire.FlagReadOnly
 	}
-	return f | tflagSendFUA | tflagSendTrim | tflagSendWriteZeroes
+	return f | wire.FlagSendFUA | wire.FlagSendTrim | wire.FlagSendWriteZeroes
 }
 
 // lookup finds an export by name; "" is the first export.

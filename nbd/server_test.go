@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -60,16 +61,16 @@ func TestServeClients(t *testing.T) {
 		wg.Go(func() {
 			c.handshakeGo("d")
 			for j := 0; j < per; j += 4096 {
-				if errno, _ := c.do(cmdWrite, 0, uint64(i*per+j), 4096, p[j:j+4096]); errno != 0 {
+				if errno, _ := c.do(wire.CmdWrite, 0, uint64(i*per+j), 4096, p[j:j+4096]); errno != 0 {
 					t.Errorf("client %d: WRITE errno %d", i, errno)
 					return
 				}
 			}
-			errno, got := c.do(cmdRead, 0, uint64(i*per), per, nil)
+			errno, got := c.do(wire.CmdRead, 0, uint64(i*per), per, nil)
 			if errno != 0 || firstDiff(got, p) >= 0 {
 				t.Errorf("client %d: read back errno %d, differs at %d", i, errno, firstDiff(got, p))
 			}
-			c.request(cmdDisc, 0, 0, 0, 0, nil)
+			c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 			c.expectClosed()
 		})
 	}
@@ -103,12 +104,12 @@ func TestServeShutdownDrains(t *testing.T) {
 			k := i*writes + j
 			p := pattern(uint64(k), bs)
 			copy(model[k*bs:], p)
-			c.request(cmdWrite, 0, uint64(k), uint64(k*bs), bs, p)
+			c.request(wire.CmdWrite, 0, uint64(k), uint64(k*bs), bs, p)
 		}
 		cs = append(cs, c)
 	}
 	idle := dial(t, path) // a client still in the handshake
-	idle.greet(clientFixedNewstyle)
+	idle.greet(wire.FlagCFixedNewstyle)
 	g.waitFor(t, clients*writes)
 
 	cancel()
@@ -199,7 +200,7 @@ func TestServeShutdownTimeout(t *testing.T) {
 	c := dial(t, path)
 	c.handshakeGo("")
 	for i := range 16 { // 16 MiB of replies: far more than the socket buffers hold
-		c.request(cmdRead, 0, uint64(i), uint64(i%8)<<20, 1<<20, nil)
+		c.request(wire.CmdRead, 0, uint64(i), uint64(i%8)<<20, 1<<20, nil)
 	}
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
@@ -238,10 +239,10 @@ func TestServeTCP(t *testing.T) {
 	c := newRawClient(t, nc)
 	c.handshakeGo("")
 	p := pattern(42, 8192)
-	if errno, _ := c.do(cmdWrite, cmdFlagFUA, 4096, 8192, p); errno != 0 {
+	if errno, _ := c.do(wire.CmdWrite, wire.CmdFlagFUA, 4096, 8192, p); errno != 0 {
 		t.Fatal(errno)
 	}
-	if errno, got := c.do(cmdRead, 0, 4096, 8192, nil); errno != 0 || firstDiff(got, p) >= 0 {
+	if errno, got := c.do(wire.CmdRead, 0, 4096, 8192, nil); errno != 0 || firstDiff(got, p) >= 0 {
 		t.Fatalf("read back over TCP: errno %d, differs at %d", errno, firstDiff(got, p))
 	}
 	cancel()

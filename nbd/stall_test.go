@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -26,9 +27,9 @@ func stallAttack(t *testing.T, path string, n int, length, sent uint32) []*rawCl
 	for i := range n {
 		c := dial(t, path)
 		c.handshakeGo("")
-		b := make([]byte, requestHeaderSize, requestHeaderSize+int(sent))
-		binary.BigEndian.PutUint32(b[0:], magicRequest)
-		binary.BigEndian.PutUint16(b[6:], cmdWrite)
+		b := make([]byte, wire.RequestHeaderSize, wire.RequestHeaderSize+int(sent))
+		binary.BigEndian.PutUint32(b[0:], wire.MagicRequest)
+		binary.BigEndian.PutUint16(b[6:], wire.CmdWrite)
 		binary.BigEndian.PutUint64(b[8:], uint64(i))
 		binary.BigEndian.PutUint64(b[16:], uint64(i)*uint64(length))
 		binary.BigEndian.PutUint32(b[24:], length)
@@ -151,7 +152,7 @@ func TestStalledPayloads(t *testing.T) {
 		slow := dial(t, path)
 		slow.handshakeGo("")
 		start = time.Now()
-		slow.request(cmdWrite, 0, 1, 0, 1<<20, nil)
+		slow.request(wire.CmdWrite, 0, 1, 0, 1<<20, nil)
 		for i := 0; time.Since(start) < 20*time.Second; i++ {
 			if _, err := slow.nc.Write(make([]byte, 512)); err != nil {
 				break // closed
@@ -224,7 +225,7 @@ func TestLargeWritesShareBudget(t *testing.T) {
 			go func() { // all of them in flight at once
 				for k := range writes {
 					off := uint64((i*writes + k) * bs)
-					c.request(cmdWrite, 0, uint64(k), off, bs, pattern(off, bs))
+					c.request(wire.CmdWrite, 0, uint64(k), off, bs, pattern(off, bs))
 				}
 			}()
 			for range writes {
@@ -270,8 +271,8 @@ func TestPayloadDeadlineWaitsForBudget(t *testing.T) {
 	w.handshakeGo("")
 	l.handshakeGo("")
 	wp, lp := pattern(1, wLen), pattern(2, lLen)
-	w.request(cmdWrite, 0, 1, wOff, wLen, wp[:payloadPiece-1]) // the first piece, but for a byte
-	l.request(cmdWrite, 0, 2, lOff, lLen, lp)
+	w.request(wire.CmdWrite, 0, 1, wOff, wLen, wp[:payloadPiece-1]) // the first piece, but for a byte
+	l.request(wire.CmdWrite, 0, 2, lOff, lLen, lp)
 	for deadline := time.Now().Add(timeout / 2); ; time.Sleep(time.Millisecond) {
 		s.mem.mu.Lock()
 		lane := s.mem.lane

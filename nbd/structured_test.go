@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -22,8 +23,8 @@ type chunk struct {
 // chunk reads one structured reply chunk, failing on any other message.
 func (c *rawClient) chunk() chunk {
 	c.t.Helper()
-	h := c.read(chunkHeaderSize)
-	if m := binary.BigEndian.Uint32(h); m != magicStructReply {
+	h := c.read(wire.ChunkHeaderSize)
+	if m := binary.BigEndian.Uint32(h); m != wire.MagicStructuredReply {
 		c.t.Fatalf("reply magic %#x, want a structured reply chunk", m)
 	}
 	ch := chunk{flags: binary.BigEndian.Uint16(h[4:]), typ: binary.BigEndian.Uint16(h[6:]),
@@ -36,7 +37,7 @@ func (c *rawClient) chunk() chunk {
 // (else -1). It fails on a malformed one.
 func (ch chunk) errorChunk(t *testing.T) (errno uint32, msg string, off int64) {
 	t.Helper()
-	if ch.typ != replyTypeError && ch.typ != replyTypeErrorOffset {
+	if ch.typ != wire.ReplyTypeError && ch.typ != wire.ReplyTypeErrorOffset {
 		t.Fatalf("chunk type %#x, want an error chunk", ch.typ)
 	}
 	p := ch.payload
@@ -51,7 +52,7 @@ func (ch chunk) errorChunk(t *testing.T) (errno uint32, msg string, off int64) {
 	}
 	msg, rest = string(rest[:n]), rest[n:]
 	off = -1
-	if ch.typ == replyTypeErrorOffset {
+	if ch.typ == wire.ReplyTypeErrorOffset {
 		if len(rest) != 8 {
 			t.Fatalf("ERROR_OFFSET with %d bytes after the message", len(rest))
 		}
@@ -87,7 +88,7 @@ func (c *rawClient) metaReplies(id uint32) ([]string, uint32) {
 		if r.id != id {
 			c.t.Fatalf("reply to option %d, want %d", r.id, id)
 		}
-		if r.typ != repMetaContext {
+		if r.typ != wire.RepMetaContext {
 			return ctxs, r.typ
 		}
 		ctxs = append(ctxs, fmt.Sprintf("%d %s", binary.BigEndian.Uint32(r.data), r.data[4:]))
@@ -98,20 +99,20 @@ func (c *rawClient) metaReplies(id uint32) ([]string, uint32) {
 // set, and enters transmission on export.
 func (c *rawClient) structuredGo(export string, meta bool) exportInfo {
 	c.t.Helper()
-	c.greet(clientFixedNewstyle | clientNoZeroes)
-	c.option(optStructuredReply, nil)
-	if r := c.optionReply(); r.typ != repAck {
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
+	c.option(wire.OptStructuredReply, nil)
+	if r := c.optionReply(); r.typ != wire.RepAck {
 		c.t.Fatalf("STRUCTURED_REPLY: reply %#x", r.typ)
 	}
 	if meta {
-		c.option(optSetMetaContext, metaData(export, "base:allocation"))
-		if ctxs, final := c.metaReplies(optSetMetaContext); final != repAck || len(ctxs) != 1 {
+		c.option(wire.OptSetMetaContext, metaData(export, "base:allocation"))
+		if ctxs, final := c.metaReplies(wire.OptSetMetaContext); final != wire.RepAck || len(ctxs) != 1 {
 			c.t.Fatalf("SET_META_CONTEXT: %q, final %#x", ctxs, final)
 		}
 	}
-	c.option(optGo, infoData(export, infoBlockSize))
-	in, final := c.infoReplies(optGo)
-	if final != repAck {
+	c.option(wire.OptGo, infoData(export, wire.InfoBlockSize))
+	in, final := c.infoReplies(wire.OptGo)
+	if final != wire.RepAck {
 		c.t.Fatalf("NBD_OPT_GO %q: final reply %#x", export, final)
 	}
 	return in
@@ -121,7 +122,7 @@ func TestStructuredNegotiation(t *testing.T) {
 	opts, _, _ := twoExports()
 	s, _ := testServer(t, opts)
 	c, _ := pipe(t, s)
-	c.greet(clientFixedNewstyle | clientNoZeroes)
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
 	expect := func(id uint32, data []byte, want []string, wantFinal uint32) {
 		t.Helper()
 		c.option(id, data)
@@ -131,39 +132,39 @@ func TestStructuredNegotiation(t *testing.T) {
 		}
 	}
 	// Before STRUCTURED_REPLY, the metadata options are invalid.
-	expect(optListMetaContext, metaData("disk"), nil, repErrInvalid)
-	expect(optSetMetaContext, metaData("disk", "base:allocation"), nil, repErrInvalid)
+	expect(wire.OptListMetaContext, metaData("disk"), nil, wire.RepErrInvalid)
+	expect(wire.OptSetMetaContext, metaData("disk", "base:allocation"), nil, wire.RepErrInvalid)
 
-	c.option(optStructuredReply, []byte("x"))
-	if r := c.optionReply(); r.typ != repErrInvalid {
+	c.option(wire.OptStructuredReply, []byte("x"))
+	if r := c.optionReply(); r.typ != wire.RepErrInvalid {
 		t.Errorf("STRUCTURED_REPLY with data: %#x, want ERR_INVALID", r.typ)
 	}
-	c.option(optStructuredReply, nil)
-	if r := c.optionReply(); r.id != optStructuredReply || r.typ != repAck || len(r.data) != 0 {
+	c.option(wire.OptStructuredReply, nil)
+	if r := c.optionReply(); r.id != wire.OptStructuredReply || r.typ != wire.RepAck || len(r.data) != 0 {
 		t.Fatalf("STRUCTURED_REPLY: %+v, want ACK", r)
 	}
-	c.option(optExtendedHeaders, nil)
-	if r := c.optionReply(); r.typ != repErrUnsup {
+	c.option(wire.OptExtendedHeaders, nil)
+	if r := c.optionReply(); r.typ != wire.RepErrUnsup {
 		t.Errorf("EXTENDED_HEADERS: %#x, want ERR_UNSUP", r.typ)
 	}
 
 	const alloc = "0 base:allocation"
-	expect(optListMetaContext, metaData("disk"), []string{alloc}, repAck)
-	expect(optListMetaContext, metaData("", "base:"), []string{alloc}, repAck)
-	expect(optListMetaContext, metaData("ro", "base:allocation", "base:"), []string{alloc}, repAck)
-	expect(optListMetaContext, metaData("disk", "qemu:dirty-bitmap:x", "x-foo:", "base:other"), nil, repAck)
-	expect(optListMetaContext, metaData("disk", "nocolon"), nil, repErrInvalid)
-	expect(optListMetaContext, metaData("disk", ":allocation"), nil, repErrInvalid)
-	expect(optListMetaContext, metaData("nope"), nil, repErrUnknown)
-	expect(optListMetaContext, append(metaData("disk", "base:"), 0), nil, repErrInvalid)
-	expect(optListMetaContext, metaData("disk")[:6], nil, repErrInvalid)
-	expect(optListMetaContext, binary.BigEndian.AppendUint32(metaData("disk"), 1<<30), nil, repErrInvalid)
+	expect(wire.OptListMetaContext, metaData("disk"), []string{alloc}, wire.RepAck)
+	expect(wire.OptListMetaContext, metaData("", "base:"), []string{alloc}, wire.RepAck)
+	expect(wire.OptListMetaContext, metaData("ro", "base:allocation", "base:"), []string{alloc}, wire.RepAck)
+	expect(wire.OptListMetaContext, metaData("disk", "qemu:dirty-bitmap:x", "x-foo:", "base:other"), nil, wire.RepAck)
+	expect(wire.OptListMetaContext, metaData("disk", "nocolon"), nil, wire.RepErrInvalid)
+	expect(wire.OptListMetaContext, metaData("disk", ":allocation"), nil, wire.RepErrInvalid)
+	expect(wire.OptListMetaContext, metaData("nope"), nil, wire.RepErrUnknown)
+	expect(wire.OptListMetaContext, append(metaData("disk", "base:"), 0), nil, wire.RepErrInvalid)
+	expect(wire.OptListMetaContext, metaData("disk")[:6], nil, wire.RepErrInvalid)
+	expect(wire.OptListMetaContext, binary.BigEndian.AppendUint32(metaData("disk"), 1<<30), nil, wire.RepErrInvalid)
 
-	expect(optSetMetaContext, metaData("disk"), nil, repAck)          // no query selects nothing
-	expect(optSetMetaContext, metaData("disk", "base:"), nil, repAck) // the wildcard is for listing
-	expect(optSetMetaContext, metaData("disk", "x-a:b", "base:allocation", "base:allocation"),
-		[]string{fmt.Sprintf("%d base:allocation", metaIDAllocation)}, repAck)
-	expect(optSetMetaContext, metaData("nope", "base:allocation"), nil, repErrUnknown)
+	expect(wire.OptSetMetaContext, metaData("disk"), nil, wire.RepAck)          // no query selects nothing
+	expect(wire.OptSetMetaContext, metaData("disk", "base:"), nil, wire.RepAck) // the wildcard is for listing
+	expect(wire.OptSetMetaContext, metaData("disk", "x-a:b", "base:allocation", "base:allocation"),
+		[]string{fmt.Sprintf("%d base:allocation", metaIDAllocation)}, wire.RepAck)
+	expect(wire.OptSetMetaContext, metaData("nope", "base:allocation"), nil, wire.RepErrUnknown)
 }
 
 // holeDevice is a MemDevice that knows its holes: every 4 KiB block that is all zeroes is a
@@ -219,12 +220,12 @@ func allZero(b []byte) bool {
 // the chunk: one BLOCK_STATUS chunk with DONE for the connection's context.
 func (c *rawClient) blockStatus(t *testing.T, flags uint16, off uint64, length uint32) []string {
 	t.Helper()
-	c.request(cmdBlockStatus, flags, 77, off, length, nil)
+	c.request(wire.CmdBlockStatus, flags, 77, off, length, nil)
 	ch := c.chunk()
-	if ch.cookie != 77 || ch.flags != replyFlagDone {
+	if ch.cookie != 77 || ch.flags != wire.ReplyFlagDone {
 		t.Fatalf("BLOCK_STATUS reply: cookie %d flags %#x", ch.cookie, ch.flags)
 	}
-	if ch.typ != replyTypeBlockStatus {
+	if ch.typ != wire.ReplyTypeBlockStatus {
 		errno, msg, _ := ch.errorChunk(t)
 		t.Fatalf("BLOCK_STATUS failed: errno %d %q", errno, msg)
 	}
@@ -253,14 +254,14 @@ func TestStructuredReads(t *testing.T) {
 	s, logs := testServer(t, Options{Exports: []Export{{Name: "disk", Device: mem}}})
 	c, _ := pipe(t, s)
 	in := c.structuredGo("disk", false)
-	if in.flags&tflagSendDF == 0 {
+	if in.flags&wire.FlagSendDF == 0 {
 		t.Errorf("flags %#x: want SEND_DF with structured replies", in.flags)
 	}
 	model := make([]byte, testSize)
 	p := pattern(7, 256<<10)
 	copy(model[8192:], p)
-	c.request(cmdWrite, 0, 1, 8192, uint32(len(p)), p)
-	if ch := c.chunk(); ch.cookie != 1 || ch.typ != replyTypeNone || ch.flags != replyFlagDone || len(ch.payload) != 0 {
+	c.request(wire.CmdWrite, 0, 1, 8192, uint32(len(p)), p)
+	if ch := c.chunk(); ch.cookie != 1 || ch.typ != wire.ReplyTypeNone || ch.flags != wire.ReplyFlagDone || len(ch.payload) != 0 {
 		t.Fatalf("WRITE reply %+v, want NONE with DONE", ch)
 	}
 
@@ -273,14 +274,14 @@ func TestStructuredReads(t *testing.T) {
 	for i, r := range reads {
 		flags := uint16(0)
 		if i%3 == 0 {
-			flags = cmdFlagDF
+			flags = wire.CmdFlagDF
 		}
-		c.request(cmdRead, flags, uint64(100+i), r.off, uint32(r.n), nil)
+		c.request(wire.CmdRead, flags, uint64(100+i), r.off, uint32(r.n), nil)
 	}
 	for range reads {
 		ch := c.chunk()
 		i := int(ch.cookie) - 100
-		if i < 0 || i >= len(reads) || ch.typ != replyTypeOffsetData || ch.flags != replyFlagDone {
+		if i < 0 || i >= len(reads) || ch.typ != wire.ReplyTypeOffsetData || ch.flags != wire.ReplyFlagDone {
 			t.Fatalf("READ reply: cookie %d type %#x flags %#x", ch.cookie, ch.typ, ch.flags)
 		}
 		r := reads[i]
@@ -292,8 +293,8 @@ func TestStructuredReads(t *testing.T) {
 		}
 	}
 
-	c.request(cmdRead, 0, 2, 0, 0, nil)
-	if ch := c.chunk(); ch.cookie != 2 || ch.typ != replyTypeNone || ch.flags != replyFlagDone {
+	c.request(wire.CmdRead, 0, 2, 0, 0, nil)
+	if ch := c.chunk(); ch.cookie != 2 || ch.typ != wire.ReplyTypeNone || ch.flags != wire.ReplyFlagDone {
 		t.Errorf("READ of 0 bytes: %+v, want NONE with DONE", ch)
 	}
 
@@ -305,18 +306,18 @@ func TestStructuredReads(t *testing.T) {
 		off    uint64
 		length uint32
 	}{
-		{"READ past end", cmdRead, 0, testSize - 512, 1024},
-		{"READ misaligned", cmdRead, 0, 100, 512},
-		{"READ unknown flag", cmdRead, cmdFlagReqOne, 0, 512},
-		{"BLOCK_STATUS without a context", cmdBlockStatus, 0, 0, 4096},
+		{"READ past end", wire.CmdRead, 0, testSize - 512, 1024},
+		{"READ misaligned", wire.CmdRead, 0, 100, 512},
+		{"READ unknown flag", wire.CmdRead, wire.CmdFlagReqOne, 0, 512},
+		{"BLOCK_STATUS without a context", wire.CmdBlockStatus, 0, 0, 4096},
 		{"unknown command", 42, 0, 0, 0},
 	} {
 		c.request(tt.typ, tt.flags, 3, tt.off, tt.length, nil)
 		ch := c.chunk()
-		if ch.cookie != 3 || ch.flags != replyFlagDone {
+		if ch.cookie != 3 || ch.flags != wire.ReplyFlagDone {
 			t.Fatalf("%s: cookie %d flags %#x", tt.name, ch.cookie, ch.flags)
 		}
-		if errno, msg, off := ch.errorChunk(t); errno != errnoInval || off != -1 || !strings.Contains(msg, "invalid argument") {
+		if errno, msg, off := ch.errorChunk(t); errno != wire.EINVAL || off != -1 || !strings.Contains(msg, "invalid argument") {
 			t.Errorf("%s: errno %d %q offset %d, want EINVAL with a message", tt.name, errno, msg, off)
 		}
 	}
@@ -328,30 +329,30 @@ func TestStructuredReads(t *testing.T) {
 		}
 		return nil
 	}
-	c.request(cmdRead, 0, 4, 65536, 8192, nil)
+	c.request(wire.CmdRead, 0, 4, 65536, 8192, nil)
 	ch := c.chunk()
 	errno, msg, off := ch.errorChunk(t)
-	if ch.cookie != 4 || ch.flags != replyFlagDone || errno != errnoIO || off < 65536 || off >= 65536+8192 || msg != "READ: input/output error" {
+	if ch.cookie != 4 || ch.flags != wire.ReplyFlagDone || errno != wire.EIO || off < 65536 || off >= 65536+8192 || msg != "READ: input/output error" {
 		t.Errorf("failed READ: cookie %d flags %#x errno %d %q offset %d", ch.cookie, ch.flags, errno, msg, off)
 	}
 	if !logs.loggedMsg("nbd: request failed") {
 		t.Error("failed READ not logged")
 	}
 	mem.Fail = nil
-	c.request(cmdRead, 0, 5, 8192, 4096, nil)
-	if ch := c.chunk(); ch.typ != replyTypeOffsetData || !bytes.Equal(ch.payload[8:], model[8192:8192+4096]) {
+	c.request(wire.CmdRead, 0, 5, 8192, 4096, nil)
+	if ch := c.chunk(); ch.typ != wire.ReplyTypeOffsetData || !bytes.Equal(ch.payload[8:], model[8192:8192+4096]) {
 		t.Errorf("READ after the failure: type %#x", ch.typ)
 	}
 	// Other commands: NONE, and an error chunk for a failure.
-	for _, typ := range []uint16{cmdFlush, cmdTrim, cmdWriteZeroes, cmdCache} {
+	for _, typ := range []uint16{wire.CmdFlush, wire.CmdTrim, wire.CmdWriteZeroes, wire.CmdCache} {
 		c.request(typ, 0, 6, 1<<19, 4096, nil)
-		if ch := c.chunk(); ch.cookie != 6 || ch.typ != replyTypeNone || ch.flags != replyFlagDone {
-			t.Errorf("%s: %+v, want NONE with DONE", cmdName(typ), ch)
+		if ch := c.chunk(); ch.cookie != 6 || ch.typ != wire.ReplyTypeNone || ch.flags != wire.ReplyFlagDone {
+			t.Errorf("%s: %+v, want NONE with DONE", wire.CmdName(typ), ch)
 		}
 	}
 	mem.Fail = func(op nbdtest.Op, off, n int64) error { return errors.New("injected") }
-	c.request(cmdFlush, 0, 8, 0, 0, nil)
-	if errno, _, off := c.chunk().errorChunk(t); errno != errnoIO || off != -1 {
+	c.request(wire.CmdFlush, 0, 8, 0, 0, nil)
+	if errno, _, off := c.chunk().errorChunk(t); errno != wire.EIO || off != -1 {
 		t.Errorf("failed FLUSH: errno %d offset %d, want EIO and no offset", errno, off)
 	}
 	mem.Fail = nil
@@ -389,14 +390,14 @@ func TestBlockStatus(t *testing.T) {
 	// All zero: one merged hole, whatever the device's granularity.
 	want(c.blockStatus(t, 0, 0, testSize), fmt.Sprintf("%d:%d", testSize, hz))
 	// Data in [8 KiB, 16 KiB) and [64 KiB, 68 KiB).
-	c.request(cmdWrite, 0, 1, 8192, 8192, pattern(1, 8192))
+	c.request(wire.CmdWrite, 0, 1, 8192, 8192, pattern(1, 8192))
 	c.chunk()
-	c.request(cmdWrite, 0, 1, 65536, 4096, pattern(2, 4096))
+	c.request(wire.CmdWrite, 0, 1, 65536, 4096, pattern(2, 4096))
 	c.chunk()
 	want(c.blockStatus(t, 0, 0, 128<<10), "8192:3", "8192:0", "49152:3", "4096:0", "61440:3")
-	want(c.blockStatus(t, cmdFlagReqOne, 0, 128<<10), "8192:3")
-	want(c.blockStatus(t, cmdFlagReqOne, 8192, 4096), "4096:0")
-	want(c.blockStatus(t, cmdFlagReqOne, 12288, 65536), "4096:0")
+	want(c.blockStatus(t, wire.CmdFlagReqOne, 0, 128<<10), "8192:3")
+	want(c.blockStatus(t, wire.CmdFlagReqOne, 8192, 4096), "4096:0")
+	want(c.blockStatus(t, wire.CmdFlagReqOne, 12288, 65536), "4096:0")
 	// An unaligned length is fine for BLOCK_STATUS; the extents stop at it.
 	want(c.blockStatus(t, 0, 4096, 5000), "4096:3", "904:0")
 
@@ -405,9 +406,9 @@ func TestBlockStatus(t *testing.T) {
 		flags  uint16
 		off    uint64
 		length uint32
-	}{{0, testSize - 4096, 8192}, {0, 0, 0}, {cmdFlagNoHole, 0, 4096}, {0, 100, 4096}} {
-		c.request(cmdBlockStatus, tt.flags, 9, tt.off, tt.length, nil)
-		if errno, _, _ := c.chunk().errorChunk(t); errno != errnoInval {
+	}{{0, testSize - 4096, 8192}, {0, 0, 0}, {wire.CmdFlagNoHole, 0, 4096}, {0, 100, 4096}} {
+		c.request(wire.CmdBlockStatus, tt.flags, 9, tt.off, tt.length, nil)
+		if errno, _, _ := c.chunk().errorChunk(t); errno != wire.EINVAL {
 			t.Errorf("BLOCK_STATUS %+v: errno %d, want EINVAL", tt, errno)
 		}
 	}
@@ -439,9 +440,9 @@ func TestBlockStatus(t *testing.T) {
 	}
 	hd.ext = nil
 	// A failing device: an error chunk.
-	hd.Fail = func(op nbdtest.Op, off, n int64) error { return errnoErr(errnoIO) }
-	c.request(cmdBlockStatus, 0, 10, 0, 4096, nil)
-	if errno, _, _ := c.chunk().errorChunk(t); errno != errnoIO {
+	hd.Fail = func(op nbdtest.Op, off, n int64) error { return errnoErr(wire.EIO) }
+	c.request(wire.CmdBlockStatus, 0, 10, 0, 4096, nil)
+	if errno, _, _ := c.chunk().errorChunk(t); errno != wire.EIO {
 		t.Errorf("failing BlockStatus: errno %d, want EIO", errno)
 	}
 	hd.Fail = nil
@@ -450,22 +451,22 @@ func TestBlockStatus(t *testing.T) {
 	p, _ := pipe(t, s)
 	p.structuredGo("plain", true)
 	want(p.blockStatus(t, 0, 4096, 1<<19), fmt.Sprintf("%d:0", 1<<19))
-	want(p.blockStatus(t, cmdFlagReqOne, 0, testSize), fmt.Sprintf("%d:0", testSize))
+	want(p.blockStatus(t, wire.CmdFlagReqOne, 0, testSize), fmt.Sprintf("%d:0", testSize))
 
 	// base:allocation selected for another export: BLOCK_STATUS is refused.
 	o, _ := pipe(t, s)
-	o.greet(clientFixedNewstyle | clientNoZeroes)
-	o.option(optStructuredReply, nil)
+	o.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
+	o.option(wire.OptStructuredReply, nil)
 	o.optionReply()
-	o.option(optSetMetaContext, metaData("plain", "base:allocation"))
-	o.metaReplies(optSetMetaContext)
-	o.option(optGo, infoData("holes"))
-	if _, final := o.infoReplies(optGo); final != repAck {
+	o.option(wire.OptSetMetaContext, metaData("plain", "base:allocation"))
+	o.metaReplies(wire.OptSetMetaContext)
+	o.option(wire.OptGo, infoData("holes"))
+	if _, final := o.infoReplies(wire.OptGo); final != wire.RepAck {
 		t.Fatal("GO failed")
 	}
 	calls := hd.callCount()
-	o.request(cmdBlockStatus, 0, 11, 0, 4096, nil)
-	if errno, _, _ := o.chunk().errorChunk(t); errno != errnoInval || hd.callCount() != calls {
+	o.request(wire.CmdBlockStatus, 0, 11, 0, 4096, nil)
+	if errno, _, _ := o.chunk().errorChunk(t); errno != wire.EINVAL || hd.callCount() != calls {
 		t.Errorf("BLOCK_STATUS with the context set for another export: errno %d, want EINVAL", errno)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/internal/testpki"
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -33,8 +34,8 @@ func serverConfig(t *testing.T, p *testpki.PKI, mutual bool) *tls.Config {
 // handshake's error (with TLS 1.3, a refused client certificate shows only on the first read).
 func (c *rawClient) startTLS(cfg *tls.Config) error {
 	c.t.Helper()
-	c.option(optStartTLS, nil)
-	if r := c.optionReply(); r.id != optStartTLS || r.typ != repAck {
+	c.option(wire.OptStartTLS, nil)
+	if r := c.optionReply(); r.id != wire.OptStartTLS || r.typ != wire.RepAck {
 		c.t.Fatalf("STARTTLS reply (%d, %#x), want ACK", r.id, r.typ)
 	}
 	tc := tls.Client(c.nc, cfg)
@@ -65,19 +66,19 @@ func TestTLSRequire(t *testing.T) {
 	t.Run("options before STARTTLS", func(t *testing.T) {
 		s, _ := newServer(t)
 		c, _ := unixConn(t, s)
-		c.greet(clientFixedNewstyle | clientNoZeroes)
+		c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
 		for _, tt := range []struct {
 			name string
 			id   uint32
 			data []byte
 			want uint32
 		}{
-			{"LIST", optList, nil, repErrTLSReqd},
-			{"INFO", optInfo, infoData("disk"), repErrTLSReqd},
-			{"GO", optGo, infoData("disk"), repErrTLSReqd},
-			{"STRUCTURED_REPLY", optStructuredReply, nil, repErrTLSReqd},
-			{"unknown", 0x4242, []byte("junk"), repErrTLSReqd},
-			{"STARTTLS with data", optStartTLS, []byte("x"), repErrInvalid},
+			{"LIST", wire.OptList, nil, wire.RepErrTLSReqd},
+			{"INFO", wire.OptInfo, infoData("disk"), wire.RepErrTLSReqd},
+			{"GO", wire.OptGo, infoData("disk"), wire.RepErrTLSReqd},
+			{"STRUCTURED_REPLY", wire.OptStructuredReply, nil, wire.RepErrTLSReqd},
+			{"unknown", 0x4242, []byte("junk"), wire.RepErrTLSReqd},
+			{"STARTTLS with data", wire.OptStartTLS, []byte("x"), wire.RepErrInvalid},
 		} {
 			c.option(tt.id, tt.data)
 			if r := c.optionReply(); r.id != tt.id || r.typ != tt.want {
@@ -87,14 +88,14 @@ func TestTLSRequire(t *testing.T) {
 		if err := c.startTLS(pki.ClientConfig(&pki.Alice)); err != nil {
 			t.Fatal(err)
 		}
-		c.option(optStartTLS, nil)
-		if r := c.optionReply(); r.typ != repErrInvalid {
+		c.option(wire.OptStartTLS, nil)
+		if r := c.optionReply(); r.typ != wire.RepErrInvalid {
 			t.Errorf("second STARTTLS: reply %#x, want ERR_INVALID", r.typ)
 		}
-		c.option(optList, nil)
+		c.option(wire.OptList, nil)
 		n := 0
-		for r := c.optionReply(); r.typ != repAck; r = c.optionReply() {
-			if r.typ != repServer {
+		for r := c.optionReply(); r.typ != wire.RepAck; r = c.optionReply() {
+			if r.typ != wire.RepServer {
 				t.Fatalf("LIST after TLS: reply %#x", r.typ)
 			}
 			n++
@@ -102,42 +103,42 @@ func TestTLSRequire(t *testing.T) {
 		if n != 2 {
 			t.Errorf("LIST after TLS as alice: %d exports, want 2", n)
 		}
-		c.option(optGo, infoData("alice"))
-		if _, final := c.infoReplies(optGo); final != repAck {
+		c.option(wire.OptGo, infoData("alice"))
+		if _, final := c.infoReplies(wire.OptGo); final != wire.RepAck {
 			t.Fatalf("GO alice as alice: %#x", final)
 		}
 		p := pattern(1, 8192)
-		if errno, _ := c.do(cmdWrite, 0, 4096, 8192, p); errno != 0 {
+		if errno, _ := c.do(wire.CmdWrite, 0, 4096, 8192, p); errno != 0 {
 			t.Fatal(errno)
 		}
-		if errno, got := c.do(cmdRead, 0, 4096, 8192, nil); errno != 0 || !bytes.Equal(got, p) {
+		if errno, got := c.do(wire.CmdRead, 0, 4096, 8192, nil); errno != 0 || !bytes.Equal(got, p) {
 			t.Fatalf("read back over TLS: errno %d, equal %v", errno, bytes.Equal(got, p))
 		}
 	})
 	t.Run("bob is refused alice's export", func(t *testing.T) {
 		s, logs := newServer(t)
 		c, done := unixConn(t, s)
-		c.greet(clientFixedNewstyle | clientNoZeroes)
+		c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
 		if err := c.startTLS(pki.ClientConfig(&pki.Bob)); err != nil {
 			t.Fatal(err)
 		}
-		c.option(optInfo, infoData("alice"))
-		if _, final := c.infoReplies(optInfo); final != repErrPolicy {
+		c.option(wire.OptInfo, infoData("alice"))
+		if _, final := c.infoReplies(wire.OptInfo); final != wire.RepErrPolicy {
 			t.Errorf("INFO alice as bob: %#x, want ERR_POLICY", final)
 		}
-		c.option(optGo, infoData("disk"))
-		if _, final := c.infoReplies(optGo); final != repAck {
+		c.option(wire.OptGo, infoData("disk"))
+		if _, final := c.infoReplies(wire.OptGo); final != wire.RepAck {
 			t.Fatalf("GO disk as bob: %#x", final)
 		}
-		c.request(cmdDisc, 0, 0, 0, 0, nil)
+		c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 		<-done
 
 		c, done = unixConn(t, s)
-		c.greet(clientFixedNewstyle)
+		c.greet(wire.FlagCFixedNewstyle)
 		if err := c.startTLS(pki.ClientConfig(&pki.Bob)); err != nil {
 			t.Fatal(err)
 		}
-		c.option(optExportName, []byte("alice"))
+		c.option(wire.OptExportName, []byte("alice"))
 		c.expectClosed()
 		<-done
 		if !logs.loggedErr(ErrAccessDenied) {
@@ -147,8 +148,8 @@ func TestTLSRequire(t *testing.T) {
 	t.Run("EXPORT_NAME before STARTTLS closes", func(t *testing.T) {
 		s, logs := newServer(t)
 		c, done := unixConn(t, s)
-		c.greet(clientFixedNewstyle)
-		c.option(optExportName, []byte("disk"))
+		c.greet(wire.FlagCFixedNewstyle)
+		c.option(wire.OptExportName, []byte("disk"))
 		c.expectClosed()
 		<-done
 		if !logs.loggedErr(ErrTLSRequired) {
@@ -169,11 +170,11 @@ func TestTLSRequire(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s, logs := newServer(t)
 			c, done := unixConn(t, s)
-			c.greet(clientFixedNewstyle)
+			c.greet(wire.FlagCFixedNewstyle)
 			if err := c.startTLS(tt.cfg); err == nil {
 				// TLS 1.3: the client learns of the refusal on its first read (or its write
 				// fails: the server may have closed already).
-				c.nc.Write(optionBytes(optList, nil))
+				c.nc.Write(optionBytes(wire.OptList, nil))
 				var b [1]byte
 				if _, err := c.r.Read(b[:]); err == nil {
 					t.Fatal("server answered a client without a valid certificate")
@@ -196,27 +197,27 @@ func TestTLSOn(t *testing.T) {
 
 	// Plaintext: the open export works, the one that needs a certificate asks for TLS.
 	c, done := unixConn(t, s)
-	c.greet(clientFixedNewstyle | clientNoZeroes)
-	c.option(optGo, infoData("alice"))
-	if _, final := c.infoReplies(optGo); final != repErrTLSReqd {
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
+	c.option(wire.OptGo, infoData("alice"))
+	if _, final := c.infoReplies(wire.OptGo); final != wire.RepErrTLSReqd {
 		t.Errorf("GO alice in plaintext: %#x, want ERR_TLS_REQD", final)
 	}
-	c.option(optList, nil)
-	if r := c.optionReply(); r.typ != repServer || string(r.data[4:8]) != "disk" {
+	c.option(wire.OptList, nil)
+	if r := c.optionReply(); r.typ != wire.RepServer || string(r.data[4:8]) != "disk" {
 		t.Errorf("LIST in plaintext: %#x %q, want disk only", r.typ, r.data)
 	}
-	if r := c.optionReply(); r.typ != repAck {
+	if r := c.optionReply(); r.typ != wire.RepAck {
 		t.Errorf("LIST in plaintext lists more than disk: %#x %q", r.typ, r.data)
 	}
-	c.option(optGo, infoData("disk"))
-	if _, final := c.infoReplies(optGo); final != repAck {
+	c.option(wire.OptGo, infoData("disk"))
+	if _, final := c.infoReplies(wire.OptGo); final != wire.RepAck {
 		t.Fatalf("GO disk in plaintext: %#x", final)
 	}
 	p := pattern(2, 4096)
-	if errno, _ := c.do(cmdWrite, 0, 0, 4096, p); errno != 0 {
+	if errno, _ := c.do(wire.CmdWrite, 0, 0, 4096, p); errno != 0 {
 		t.Fatal(errno)
 	}
-	c.request(cmdDisc, 0, 0, 0, 0, nil)
+	c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 	<-done
 	if !bytes.Equal(mem.Bytes()[:4096], p) {
 		t.Error("plaintext write did not reach the device")
@@ -224,22 +225,22 @@ func TestTLSOn(t *testing.T) {
 
 	// TLS without a certificate (allowed: VerifyClientCertIfGiven) reaches disk, not alice.
 	c, done = unixConn(t, s)
-	c.greet(clientFixedNewstyle | clientNoZeroes)
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
 	if err := c.startTLS(pki.ClientConfig(nil)); err != nil {
 		t.Fatal(err)
 	}
-	c.option(optInfo, infoData("alice"))
-	if _, final := c.infoReplies(optInfo); final != repErrPolicy {
+	c.option(wire.OptInfo, infoData("alice"))
+	if _, final := c.infoReplies(wire.OptInfo); final != wire.RepErrPolicy {
 		t.Errorf("INFO alice over TLS without a certificate: %#x, want ERR_POLICY", final)
 	}
-	c.option(optGo, infoData("disk"))
-	if _, final := c.infoReplies(optGo); final != repAck {
+	c.option(wire.OptGo, infoData("disk"))
+	if _, final := c.infoReplies(wire.OptGo); final != wire.RepAck {
 		t.Fatalf("GO disk over TLS: %#x", final)
 	}
-	if errno, got := c.do(cmdRead, 0, 0, 4096, nil); errno != 0 || !bytes.Equal(got, p) {
+	if errno, got := c.do(wire.CmdRead, 0, 0, 4096, nil); errno != 0 || !bytes.Equal(got, p) {
 		t.Fatalf("read over TLS: errno %d", errno)
 	}
-	c.request(cmdDisc, 0, 0, 0, 0, nil)
+	c.request(wire.CmdDisc, 0, 0, 0, 0, nil)
 	<-done
 }
 
@@ -248,9 +249,9 @@ func TestTLSOff(t *testing.T) {
 	s, _ := testServer(t, Options{Exports: []Export{{Device: nbdtest.NewMemDevice(testSize)}},
 		TLSConfig: serverConfig(t, pki, false), TLSMode: TLSOff})
 	c, _ := pipe(t, s)
-	c.greet(clientFixedNewstyle)
-	c.option(optStartTLS, nil)
-	if r := c.optionReply(); r.typ != repErrUnsup {
+	c.greet(wire.FlagCFixedNewstyle)
+	c.option(wire.OptStartTLS, nil)
+	if r := c.optionReply(); r.typ != wire.RepErrUnsup {
 		t.Errorf("STARTTLS with TLS off: %#x, want ERR_UNSUP", r.typ)
 	}
 	c.handshakeGoAfterGreet("")
@@ -259,8 +260,8 @@ func TestTLSOff(t *testing.T) {
 // handshakeGoAfterGreet enters transmission with NBD_OPT_GO on a greeted connection.
 func (c *rawClient) handshakeGoAfterGreet(name string) {
 	c.t.Helper()
-	c.option(optGo, infoData(name))
-	if _, final := c.infoReplies(optGo); final != repAck {
+	c.option(wire.OptGo, infoData(name))
+	if _, final := c.infoReplies(wire.OptGo); final != wire.RepAck {
 		c.t.Fatalf("NBD_OPT_GO %q: final reply %#x", name, final)
 	}
 }
@@ -273,17 +274,17 @@ func TestAllowedUIDs(t *testing.T) {
 	}})
 	t.Run("unix socket", func(t *testing.T) {
 		c, _ := unixConn(t, s)
-		c.greet(clientFixedNewstyle | clientNoZeroes)
-		c.option(optInfo, infoData("theirs"))
-		if _, final := c.infoReplies(optInfo); final != repErrPolicy {
+		c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
+		c.option(wire.OptInfo, infoData("theirs"))
+		if _, final := c.infoReplies(wire.OptInfo); final != wire.RepErrPolicy {
 			t.Errorf("INFO theirs: %#x, want ERR_POLICY", final)
 		}
 		c.handshakeGoAfterGreet("mine")
 	})
 	t.Run("EXPORT_NAME denied closes", func(t *testing.T) {
 		c, done := unixConn(t, s)
-		c.greet(clientFixedNewstyle)
-		c.option(optExportName, []byte("theirs"))
+		c.greet(wire.FlagCFixedNewstyle)
+		c.option(wire.OptExportName, []byte("theirs"))
 		c.expectClosed()
 		<-done
 		if !logs.loggedErr(ErrAccessDenied) {
@@ -302,9 +303,9 @@ func TestAllowedUIDs(t *testing.T) {
 		}
 		defer nc.Close()
 		c := newRawClient(t, nc)
-		c.greet(clientFixedNewstyle)
-		c.option(optGo, infoData("mine"))
-		if _, final := c.infoReplies(optGo); final != repErrPolicy {
+		c.greet(wire.FlagCFixedNewstyle)
+		c.option(wire.OptGo, infoData("mine"))
+		if _, final := c.infoReplies(wire.OptGo); final != wire.RepErrPolicy {
 			t.Errorf("GO mine over TCP: %#x, want ERR_POLICY", final)
 		}
 	})

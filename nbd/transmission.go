@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // conn is one client connection. Its reader (the goroutine running ServeConn) decodes requests
@@ -187,7 +189,7 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 // readRequests reads and dispatches requests. It returns nil on NBD_CMD_DISC, else why it
 // stopped: a read error, ErrBadRequestMagic or ErrPayloadTooLarge.
 func (c *conn) readRequests() error {
-	var hb [requestHeaderSize]byte
+	var hb [wire.RequestHeaderSize]byte
 	direct := false // the last request was a large WRITE: see readPayload
 	for {
 		var err error
@@ -202,22 +204,22 @@ func (c *conn) readRequests() error {
 		if c.srv.idleTimeout > 0 {
 			c.lastActive.Store(time.Now().UnixNano())
 		}
-		h := decodeRequest(&hb)
+		h := wire.DecodeRequest(&hb)
 		errno, err := checkRequest(&h, c.sess)
 		if err != nil {
 			return err
 		}
-		if h.Type == cmdDisc {
+		if h.Type == wire.CmdDisc {
 			return nil
 		}
 		if errno != 0 {
-			if h.Type == cmdWrite {
+			if h.Type == wire.CmdWrite {
 				// Stay in sync: the payload follows whatever we think of the request.
 				if err := c.discardPayload(&h); err != nil {
 					return err
 				}
 			}
-			c.log.Debug("nbd: request refused", "cmd", cmdName(h.Type), "flags", h.CommandFlags,
+			c.log.Debug("nbd: request refused", "cmd", wire.CmdName(h.Type), "flags", h.CommandFlags,
 				"offset", h.Offset, "length", h.Length, "errno", errno)
 			c.replyFromReader(&h, errno)
 			continue
@@ -225,18 +227,18 @@ func (c *conn) readRequests() error {
 		req, err := c.acquire(&h)
 		if err != nil {
 			// No memory for the buffer: refuse this request, keep the stream in sync.
-			if h.Type == cmdWrite {
+			if h.Type == wire.CmdWrite {
 				if err := c.discardPayload(&h); err != nil {
 					return err
 				}
 			}
-			c.log.Warn("nbd: request refused", "cmd", cmdName(h.Type), "offset", h.Offset,
-				"length", h.Length, "errno", errnoIO, "err", err)
-			c.replyFromReader(&h, errnoIO)
+			c.log.Warn("nbd: request refused", "cmd", wire.CmdName(h.Type), "offset", h.Offset,
+				"length", h.Length, "errno", wire.EIO, "err", err)
+			c.replyFromReader(&h, wire.EIO)
 			continue
 		}
 		direct = false
-		if h.Type == cmdWrite && h.Length > 0 {
+		if h.Type == wire.CmdWrite && h.Length > 0 {
 			err := c.readPayload(req)
 			c.srv.mem.endPayload(c.hold)
 			if err != nil {
@@ -283,11 +285,11 @@ func (c *conn) worker() {
 func (c *conn) serveRequest(req *request) {
 	dev := c.sess.export.Device
 	off := int64(req.off)
-	fua := req.flags&cmdFlagFUA != 0
+	fua := req.flags&wire.CmdFlagFUA != 0
 	errOff := int64(-1) // where a failed READ failed, for NBD_REPLY_TYPE_ERROR_OFFSET
 	var err error
 	switch req.typ {
-	case cmdRead:
+	case wire.CmdRead:
 		if req.length == 0 {
 			break
 		}
@@ -311,7 +313,7 @@ func (c *conn) serveRequest(req *request) {
 			return
 		}
 		errOff = off + int64(min(max(n, 0), len(p)-1))
-	case cmdWrite:
+	case wire.CmdWrite:
 		if req.length == 0 {
 			break
 		}
@@ -334,21 +336,21 @@ func (c *conn) serveRequest(req *request) {
 		if err == nil && fua && c.fua == nil {
 			err = dev.Flush()
 		}
-	case cmdFlush:
+	case wire.CmdFlush:
 		err = dev.Flush()
-	case cmdTrim:
+	case wire.CmdTrim:
 		err = dev.Trim(off, int64(req.length))
 		if err == nil && fua {
 			err = dev.Flush()
 		}
-	case cmdWriteZeroes:
-		err = dev.WriteZeroes(off, int64(req.length), req.flags&cmdFlagNoHole != 0)
+	case wire.CmdWriteZeroes:
+		err = dev.WriteZeroes(off, int64(req.length), req.flags&wire.CmdFlagNoHole != 0)
 		if err == nil && fua {
 			err = dev.Flush()
 		}
-	case cmdCache:
+	case wire.CmdCache:
 		// A hint; the Device interface has nothing to pass it to.
-	case cmdBlockStatus:
+	case wire.CmdBlockStatus:
 		var wire []byte
 		if wire, err = c.blockStatus(req); err == nil {
 			c.reply(req, 0, -1, wire)
@@ -357,7 +359,7 @@ func (c *conn) serveRequest(req *request) {
 	}
 	if err != nil {
 		errno := errnoOf(err)
-		c.log.Warn("nbd: request failed", "cmd", cmdName(req.typ), "offset", req.off,
+		c.log.Warn("nbd: request failed", "cmd", wire.CmdName(req.typ), "offset", req.off,
 			"length", req.length, "errno", errno, "err", err)
 		c.reply(req, errno, errOff, nil)
 		return

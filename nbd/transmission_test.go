@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 )
 
@@ -66,12 +67,12 @@ func TestCommands(t *testing.T) {
 			}
 
 			p := pattern(1, 64<<10)
-			errno, _ := c.do(cmdWrite, 0, 4096, uint32(len(p)), p)
+			errno, _ := c.do(wire.CmdWrite, 0, 4096, uint32(len(p)), p)
 			ok("WRITE", errno)
 			copy(model[4096:], p)
 
 			p = pattern(2, 8192)
-			errno, _ = c.do(cmdWrite, cmdFlagFUA, 512*3, uint32(len(p)), p)
+			errno, _ = c.do(wire.CmdWrite, wire.CmdFlagFUA, 512*3, uint32(len(p)), p)
 			ok("WRITE FUA", errno)
 			copy(model[512*3:], p)
 			st := mem.Stats()
@@ -82,55 +83,55 @@ func TestCommands(t *testing.T) {
 				t.Errorf("FUA write on a plain device: %+v, want WriteAt then Flush", st)
 			}
 
-			errno, got := c.do(cmdRead, 0, 0, 128<<10, nil)
+			errno, got := c.do(wire.CmdRead, 0, 0, 128<<10, nil)
 			ok("READ", errno)
 			if i := firstDiff(got, model[:128<<10]); i >= 0 {
 				t.Fatalf("READ differs at %d", i)
 			}
 
 			flushes := mem.Stats().Flushes
-			errno, _ = c.do(cmdFlush, 0, 0, 0, nil)
+			errno, _ = c.do(wire.CmdFlush, 0, 0, 0, nil)
 			ok("FLUSH", errno)
 			if mem.Stats().Flushes != flushes+1 {
 				t.Error("FLUSH did not reach the device")
 			}
 
-			errno, _ = c.do(cmdTrim, 0, 8192, 4096, nil)
+			errno, _ = c.do(wire.CmdTrim, 0, 8192, 4096, nil)
 			ok("TRIM", errno)
 			clear(model[8192 : 8192+4096]) // MemDevice zeroes trimmed ranges
 
-			errno, _ = c.do(cmdWriteZeroes, 0, 16384, 1024, nil)
+			errno, _ = c.do(wire.CmdWriteZeroes, 0, 16384, 1024, nil)
 			ok("WRITE_ZEROES", errno)
 			clear(model[16384 : 16384+1024])
 			flushes = mem.Stats().Flushes
-			errno, _ = c.do(cmdWriteZeroes, cmdFlagNoHole|cmdFlagFUA, 32768, 8192, nil)
+			errno, _ = c.do(wire.CmdWriteZeroes, wire.CmdFlagNoHole|wire.CmdFlagFUA, 32768, 8192, nil)
 			ok("WRITE_ZEROES NO_HOLE FUA", errno)
 			clear(model[32768 : 32768+8192])
 			if st := mem.Stats(); st.WriteZeroes != 2 || st.NoHole != 1 || st.Flushes != flushes+1 {
 				t.Errorf("WRITE_ZEROES: %+v, want 2 calls, 1 NO_HOLE, a Flush for FUA", st)
 			}
-			errno, _ = c.do(cmdTrim, cmdFlagFUA, 65536, 512, nil)
+			errno, _ = c.do(wire.CmdTrim, wire.CmdFlagFUA, 65536, 512, nil)
 			ok("TRIM FUA", errno)
 			clear(model[65536 : 65536+512])
 
-			errno, _ = c.do(cmdCache, 0, 0, 4096, nil)
+			errno, _ = c.do(wire.CmdCache, 0, 0, 4096, nil)
 			ok("CACHE", errno)
-			errno, got = c.do(cmdRead, 0, 0, 0, nil)
+			errno, got = c.do(wire.CmdRead, 0, 0, 0, nil)
 			ok("READ of 0 bytes", errno)
 
 			// The last bytes of the device, and a read of all of it.
 			p = pattern(3, 512)
-			errno, _ = c.do(cmdWrite, 0, testSize-512, 512, p)
+			errno, _ = c.do(wire.CmdWrite, 0, testSize-512, 512, p)
 			ok("WRITE at end", errno)
 			copy(model[testSize-512:], p)
-			errno, got = c.do(cmdRead, 0, 0, testSize, nil)
+			errno, got = c.do(wire.CmdRead, 0, 0, testSize, nil)
 			ok("READ all", errno)
 			if i := firstDiff(got, model); i >= 0 {
 				t.Fatalf("READ all differs at %d", i)
 			}
 			checkDevice(t, mem, model)
 
-			c.request(cmdDisc, 0, 1, 0, 0, nil)
+			c.request(wire.CmdDisc, 0, 1, 0, 0, nil)
 			c.expectClosed()
 			<-done
 		})
@@ -173,27 +174,27 @@ func TestRequestErrors(t *testing.T) {
 		payload bool
 		want    uint32
 	}{
-		{"read past end", c, cmdRead, 0, testSize - 512, 1024, false, errnoInval},
-		{"read offset past end", c, cmdRead, 0, 1 << 40, 512, false, errnoInval},
-		{"read offset+length overflows", c, cmdRead, 0, ^uint64(0) - 511, 1024, false, errnoInval},
-		{"write past end", c, cmdWrite, 0, testSize - 512, 1024, true, errnoNoSpace},
-		{"write zeroes past end", c, cmdWriteZeroes, 0, testSize, 512, false, errnoNoSpace},
-		{"trim past end", c, cmdTrim, 0, testSize - 512, 4096, false, errnoInval},
-		{"cache past end", c, cmdCache, 0, testSize, 512, false, errnoInval},
-		{"misaligned read offset", c, cmdRead, 0, 100, 512, false, errnoInval},
-		{"misaligned write length", c, cmdWrite, 0, 512, 100, true, errnoInval},
-		{"read longer than MaxBlock", c, cmdRead, 0, 0, 32<<20 + 512, false, errnoInval},
-		{"unknown command", c, 99, 0, 0, 0, false, errnoInval},
-		{"BLOCK_STATUS without contexts", c, cmdBlockStatus, 0, 0, 512, false, errnoInval},
-		{"unknown flag", c, cmdRead, 1 << 9, 0, 512, false, errnoInval},
-		{"NO_HOLE on write", c, cmdWrite, cmdFlagNoHole, 0, 512, true, errnoInval},
-		{"DF not negotiated", c, cmdRead, cmdFlagDF, 0, 512, false, errnoInval},
-		{"FAST_ZERO not advertised", c, cmdWriteZeroes, cmdFlagFastZero, 0, 512, false, errnoInval},
-		{"write to read-only", ro, cmdWrite, 0, 0, 4096, true, errnoPerm},
-		{"trim read-only", ro, cmdTrim, 0, 0, 4096, false, errnoPerm},
-		{"write zeroes read-only", ro, cmdWriteZeroes, 0, 0, 4096, false, errnoPerm},
-		{"FUA not advertised on read-only", ro, cmdRead, cmdFlagFUA, 0, 4096, false, errnoInval},
-		{"read-only min block 4096", ro, cmdRead, 0, 512, 4096, false, errnoInval},
+		{"read past end", c, wire.CmdRead, 0, testSize - 512, 1024, false, wire.EINVAL},
+		{"read offset past end", c, wire.CmdRead, 0, 1 << 40, 512, false, wire.EINVAL},
+		{"read offset+length overflows", c, wire.CmdRead, 0, ^uint64(0) - 511, 1024, false, wire.EINVAL},
+		{"write past end", c, wire.CmdWrite, 0, testSize - 512, 1024, true, wire.ENOSPC},
+		{"write zeroes past end", c, wire.CmdWriteZeroes, 0, testSize, 512, false, wire.ENOSPC},
+		{"trim past end", c, wire.CmdTrim, 0, testSize - 512, 4096, false, wire.EINVAL},
+		{"cache past end", c, wire.CmdCache, 0, testSize, 512, false, wire.EINVAL},
+		{"misaligned read offset", c, wire.CmdRead, 0, 100, 512, false, wire.EINVAL},
+		{"misaligned write length", c, wire.CmdWrite, 0, 512, 100, true, wire.EINVAL},
+		{"read longer than MaxBlock", c, wire.CmdRead, 0, 0, 32<<20 + 512, false, wire.EINVAL},
+		{"unknown command", c, 99, 0, 0, 0, false, wire.EINVAL},
+		{"BLOCK_STATUS without contexts", c, wire.CmdBlockStatus, 0, 0, 512, false, wire.EINVAL},
+		{"unknown flag", c, wire.CmdRead, 1 << 9, 0, 512, false, wire.EINVAL},
+		{"NO_HOLE on write", c, wire.CmdWrite, wire.CmdFlagNoHole, 0, 512, true, wire.EINVAL},
+		{"DF not negotiated", c, wire.CmdRead, wire.CmdFlagDF, 0, 512, false, wire.EINVAL},
+		{"FAST_ZERO not advertised", c, wire.CmdWriteZeroes, wire.CmdFlagFastZero, 0, 512, false, wire.EINVAL},
+		{"write to read-only", ro, wire.CmdWrite, 0, 0, 4096, true, wire.EPERM},
+		{"trim read-only", ro, wire.CmdTrim, 0, 0, 4096, false, wire.EPERM},
+		{"write zeroes read-only", ro, wire.CmdWriteZeroes, 0, 0, 4096, false, wire.EPERM},
+		{"FUA not advertised on read-only", ro, wire.CmdRead, wire.CmdFlagFUA, 0, 4096, false, wire.EINVAL},
+		{"read-only min block 4096", ro, wire.CmdRead, 0, 512, 4096, false, wire.EINVAL},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -205,7 +206,7 @@ func TestRequestErrors(t *testing.T) {
 				t.Fatalf("errno %d, want %d", errno, tt.want)
 			}
 			// The connection is still usable and in step.
-			if errno, _ := tt.c.do(cmdRead, 0, 0, 4096, nil); errno != 0 {
+			if errno, _ := tt.c.do(wire.CmdRead, 0, 0, 4096, nil); errno != 0 {
 				t.Fatalf("READ after the error: errno %d", errno)
 			}
 		})
@@ -222,29 +223,29 @@ func TestRequestErrors(t *testing.T) {
 		err  error
 		want uint32
 	}{
-		{"plain error", injected, errnoIO},
-		{"own errno", fmt.Errorf("wrapped: %w", errnoErr(errnoNoSpace)), errnoNoSpace},
-		{"own errno undefined", errnoErr(77), errnoIO},
-		{"syscall ENOSPC", &wrapErr{syscall.ENOSPC}, errnoNoSpace},
-		{"syscall EDQUOT", syscall.EDQUOT, errnoNoSpace},
-		{"syscall EROFS", syscall.EROFS, errnoPerm},
-		{"syscall EIO", syscall.EIO, errnoIO},
-		{"syscall ENOMEM", syscall.ENOMEM, errnoIO},
+		{"plain error", injected, wire.EIO},
+		{"own errno", fmt.Errorf("wrapped: %w", errnoErr(wire.ENOSPC)), wire.ENOSPC},
+		{"own errno undefined", errnoErr(77), wire.EIO},
+		{"syscall ENOSPC", &wrapErr{syscall.ENOSPC}, wire.ENOSPC},
+		{"syscall EDQUOT", syscall.EDQUOT, wire.ENOSPC},
+		{"syscall EROFS", syscall.EROFS, wire.EPERM},
+		{"syscall EIO", syscall.EIO, wire.EIO},
+		{"syscall ENOMEM", syscall.ENOMEM, wire.EIO},
 	} {
 		t.Run("device "+tt.name, func(t *testing.T) {
 			failMu.Lock()
 			fail = tt.err
 			failMu.Unlock()
-			for _, typ := range []uint16{cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes} {
+			for _, typ := range []uint16{wire.CmdRead, wire.CmdWrite, wire.CmdTrim, wire.CmdWriteZeroes} {
 				var payload []byte
-				if typ == cmdWrite {
+				if typ == wire.CmdWrite {
 					payload = make([]byte, 512)
 				}
 				if errno, _ := c.do(typ, 0, 1234*512, 512, payload); errno != tt.want {
-					t.Errorf("%s: errno %d, want %d", cmdName(typ), errno, tt.want)
+					t.Errorf("%s: errno %d, want %d", wire.CmdName(typ), errno, tt.want)
 				}
 			}
-			if errno, _ := c.do(cmdRead, 0, 0, 4096, nil); errno != 0 {
+			if errno, _ := c.do(wire.CmdRead, 0, 0, 4096, nil); errno != 0 {
 				t.Fatalf("READ after a device error: errno %d", errno)
 			}
 		})
@@ -267,17 +268,17 @@ func TestBrokenStreamCloses(t *testing.T) {
 	}{
 		{"garbage magic", func(c *rawClient) { c.write(bytes.Repeat([]byte{0xde, 0xad}, 14)) }, ErrBadRequestMagic},
 		{"write longer than MaxBlock", func(c *rawClient) {
-			c.request(cmdWrite, 0, 1, 0, 32<<20+512, nil)
+			c.request(wire.CmdWrite, 0, 1, 0, 32<<20+512, nil)
 		}, ErrPayloadTooLarge},
 		{"write length 4 GiB", func(c *rawClient) {
-			c.request(cmdWrite, 0, 1, 0, ^uint32(0), nil)
+			c.request(wire.CmdWrite, 0, 1, 0, ^uint32(0), nil)
 		}, ErrPayloadTooLarge},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s, logs := testServer(t, Options{Exports: []Export{{Device: nbdtest.NewMemDevice(testSize)}}})
 			c, done := pipe(t, s)
 			c.handshakeGo("")
-			if errno, _ := c.do(cmdRead, 0, 0, 512, nil); errno != 0 {
+			if errno, _ := c.do(wire.CmdRead, 0, 0, 512, nil); errno != 0 {
 				t.Fatal(errno)
 			}
 			tt.send(c)
@@ -308,7 +309,7 @@ func TestPipelining(t *testing.T) {
 	model := make([]byte, blocks*bs)
 	// Round 1: write every block; round 2: read every block back. Replies are read by a
 	// second goroutine while requests are still being sent.
-	for round, typ := range []uint16{cmdWrite, cmdRead} {
+	for round, typ := range []uint16{wire.CmdWrite, wire.CmdRead} {
 		type result struct {
 			errno  uint32
 			cookie uint64
@@ -321,7 +322,7 @@ func TestPipelining(t *testing.T) {
 			for i := 0; i < blocks; i++ {
 				errno, cookie := c.reply()
 				r := result{errno: errno, cookie: cookie}
-				if typ == cmdRead && errno == 0 {
+				if typ == wire.CmdRead && errno == 0 {
 					r.data = c.read(bs)
 				}
 				if cookie != uint64(i) {
@@ -332,7 +333,7 @@ func TestPipelining(t *testing.T) {
 		}()
 		for i := 0; i < blocks; i++ {
 			var payload []byte
-			if typ == cmdWrite {
+			if typ == wire.CmdWrite {
 				payload = pattern(uint64(100+i), bs)
 				copy(model[i*bs:], payload)
 			}
@@ -344,7 +345,7 @@ func TestPipelining(t *testing.T) {
 				t.Fatalf("round %d: reply errno %d cookie %d (seen before: %v)", round, r.errno, r.cookie, seen[r.cookie])
 			}
 			seen[r.cookie] = true
-			if typ == cmdRead {
+			if typ == wire.CmdRead {
 				off := int(r.cookie) * bs
 				if i := firstDiff(r.data, model[off:off+bs]); i >= 0 {
 					t.Fatalf("block %d differs at byte %d", r.cookie, i)
@@ -373,7 +374,7 @@ func TestInFlightBytesBound(t *testing.T) {
 	c.handshakeGo("")
 	go func() {
 		for i := 0; i < n; i++ {
-			c.request(cmdRead, 0, uint64(i), uint64(i*bs), bs, nil)
+			c.request(wire.CmdRead, 0, uint64(i), uint64(i*bs), bs, nil)
 		}
 	}()
 	for i := 0; i < n; i++ {
@@ -437,9 +438,9 @@ func TestDiscDrainsWrites(t *testing.T) {
 	for i := 0; i < n; i++ {
 		p := pattern(uint64(i), bs)
 		copy(model[i*bs:], p)
-		c.request(cmdWrite, 0, uint64(i), uint64(i*bs), bs, p)
+		c.request(wire.CmdWrite, 0, uint64(i), uint64(i*bs), bs, p)
 	}
-	c.request(cmdDisc, 0, 99, 0, 0, nil)
+	c.request(wire.CmdDisc, 0, 99, 0, 0, nil)
 	g.waitFor(t, n)
 	select {
 	case <-done:
@@ -468,15 +469,15 @@ func TestErrnoOf(t *testing.T) {
 		err  error
 		want uint32
 	}{
-		{io.ErrUnexpectedEOF, errnoIO},
-		{errnoErr(errnoPerm), errnoPerm},
-		{errnoErr(errnoShutdown), errnoShutdown},
-		{errnoErr(errnoNotSup), errnoIO},
-		{syscall.EFBIG, errnoNoSpace},
-		{syscall.EACCES, errnoPerm},
-		{syscall.EINVAL, errnoInval},
-		{syscall.EOVERFLOW, errnoOverflow},
-		{fmt.Errorf("deep: %w", &wrapErr{syscall.ESHUTDOWN}), errnoShutdown},
+		{io.ErrUnexpectedEOF, wire.EIO},
+		{errnoErr(wire.EPERM), wire.EPERM},
+		{errnoErr(wire.ESHUTDOWN), wire.ESHUTDOWN},
+		{errnoErr(wire.ENOTSUP), wire.EIO},
+		{syscall.EFBIG, wire.ENOSPC},
+		{syscall.EACCES, wire.EPERM},
+		{syscall.EINVAL, wire.EINVAL},
+		{syscall.EOVERFLOW, wire.EOVERFLOW},
+		{fmt.Errorf("deep: %w", &wrapErr{syscall.ESHUTDOWN}), wire.ESHUTDOWN},
 	} {
 		if got := errnoOf(tt.err); got != tt.want {
 			t.Errorf("errnoOf(%v) = %d, want %d", tt.err, got, tt.want)
@@ -527,18 +528,18 @@ func TestMixedWriteSizes(t *testing.T) {
 		l := sizes[i%len(sizes)]
 		p := pattern(uint64(1000+i), l)
 		copy(model[off:], p)
-		b := make([]byte, requestHeaderSize)
-		binary.BigEndian.PutUint32(b[0:], magicRequest)
-		binary.BigEndian.PutUint16(b[6:], cmdWrite)
+		b := make([]byte, wire.RequestHeaderSize)
+		binary.BigEndian.PutUint32(b[0:], wire.MagicRequest)
+		binary.BigEndian.PutUint16(b[6:], wire.CmdWrite)
 		binary.BigEndian.PutUint64(b[8:], uint64(i))
 		binary.BigEndian.PutUint64(b[16:], uint64(off))
 		binary.BigEndian.PutUint32(b[24:], uint32(l))
 		burst = append(append(burst, b...), p...)
 		n++
 		if i%7 == 3 {
-			f := make([]byte, requestHeaderSize)
-			binary.BigEndian.PutUint32(f[0:], magicRequest)
-			binary.BigEndian.PutUint16(f[6:], cmdFlush)
+			f := make([]byte, wire.RequestHeaderSize)
+			binary.BigEndian.PutUint32(f[0:], wire.MagicRequest)
+			binary.BigEndian.PutUint16(f[6:], wire.CmdFlush)
 			binary.BigEndian.PutUint64(f[8:], uint64(100000+i))
 			burst = append(burst, f...)
 			n++

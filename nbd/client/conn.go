@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // Options configure a Conn.
@@ -61,7 +62,7 @@ type Conn struct {
 
 // wreq is a request waiting to be written: its header and, for a WRITE, the caller's payload.
 type wreq struct {
-	hdr     [requestHeaderSize]byte
+	hdr     [wire.RequestHeaderSize]byte
 	payload []byte
 }
 
@@ -170,10 +171,10 @@ func (c *Conn) BlockSize() (minimum, preferred, maximum uint32) {
 
 // ReadAt reads len(p) bytes at off, as io.ReaderAt: n is len(p) or 0, with an error.
 func (c *Conn) ReadAt(p []byte, off int64) (int, error) {
-	if err := c.checkData(cmdRead, off, len(p)); err != nil {
+	if err := c.checkData(wire.CmdRead, off, len(p)); err != nil {
 		return 0, err
 	}
-	if err := c.do(cmdRead, 0, off, uint32(len(p)), p); err != nil {
+	if err := c.do(wire.CmdRead, 0, off, uint32(len(p)), p); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -191,17 +192,17 @@ func (c *Conn) WriteAtFUA(p []byte, off int64) (int, error) {
 	if c.info.flags&FlagSendFUA == 0 {
 		return 0, fmt.Errorf("%w: FUA (NBD_FLAG_SEND_FUA not set)", ErrUnsupported)
 	}
-	return c.write(p, off, cmdFlagFUA)
+	return c.write(p, off, wire.CmdFlagFUA)
 }
 
 func (c *Conn) write(p []byte, off int64, flags uint16) (int, error) {
 	if c.info.flags&FlagReadOnly != 0 {
 		return 0, ErrReadOnly
 	}
-	if err := c.checkData(cmdWrite, off, len(p)); err != nil {
+	if err := c.checkData(wire.CmdWrite, off, len(p)); err != nil {
 		return 0, err
 	}
-	if err := c.do(cmdWrite, flags, off, uint32(len(p)), p); err != nil {
+	if err := c.do(wire.CmdWrite, flags, off, uint32(len(p)), p); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -212,7 +213,7 @@ func (c *Conn) Flush() error {
 	if c.info.flags&FlagSendFlush == 0 {
 		return fmt.Errorf("%w: FLUSH (NBD_FLAG_SEND_FLUSH not set)", ErrUnsupported)
 	}
-	return c.do(cmdFlush, 0, 0, 0, nil)
+	return c.do(wire.CmdFlush, 0, 0, 0, nil)
 }
 
 // Trim tells the server the range is no longer needed.
@@ -220,7 +221,7 @@ func (c *Conn) Trim(off, length int64) error {
 	if err := c.checkRange(FlagSendTrim, off, length); err != nil {
 		return err
 	}
-	return c.do(cmdTrim, 0, off, uint32(length), nil)
+	return c.do(wire.CmdTrim, 0, off, uint32(length), nil)
 }
 
 // WriteZeroes makes the range read back as zeroes; with noHole the server must allocate it.
@@ -230,17 +231,17 @@ func (c *Conn) WriteZeroes(off, length int64, noHole bool) error {
 	}
 	var f uint16
 	if noHole {
-		f = cmdFlagNoHole
+		f = wire.CmdFlagNoHole
 	}
-	return c.do(cmdWriteZeroes, f, off, uint32(length), nil)
+	return c.do(wire.CmdWriteZeroes, f, off, uint32(length), nil)
 }
 
 func (c *Conn) checkData(cmd uint16, off int64, n int) error {
 	if off < 0 || int64(n) > c.info.size-off {
-		return fmt.Errorf("%w: %s of %d bytes at %d, export is %d bytes", ErrRange, cmdName(cmd), n, off, c.info.size)
+		return fmt.Errorf("%w: %s of %d bytes at %d, export is %d bytes", ErrRange, wire.CmdName(cmd), n, off, c.info.size)
 	}
 	if uint64(n) > uint64(c.info.maxBlock) {
-		return fmt.Errorf("%w: %s of %d bytes, maximum %d", ErrTooLarge, cmdName(cmd), n, c.info.maxBlock)
+		return fmt.Errorf("%w: %s of %d bytes, maximum %d", ErrTooLarge, wire.CmdName(cmd), n, c.info.maxBlock)
 	}
 	return nil
 }
@@ -258,7 +259,7 @@ func (c *Conn) checkRange(flag uint16, off, length int64) error {
 	return nil
 }
 
-// do sends one request and waits for its reply. For cmdWrite, buf is the payload; for cmdRead,
+// do sends one request and waits for its reply. For a WRITE, buf is the payload; for a READ,
 // the destination.
 func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error {
 	var idx uint32
@@ -276,20 +277,15 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 	s := &c.slots[idx]
 	s.seq++
 	s.active, s.cmd = true, cmd
-	if cmd == cmdRead {
+	if cmd == wire.CmdRead {
 		s.buf = buf
 	}
 	cookie := uint64(s.seq)<<32 | uint64(idx)
 	c.smu.Unlock()
 
 	var r wreq
-	binary.BigEndian.PutUint32(r.hdr[0:4], magicRequest)
-	binary.BigEndian.PutUint16(r.hdr[4:6], flags)
-	binary.BigEndian.PutUint16(r.hdr[6:8], cmd)
-	binary.BigEndian.PutUint64(r.hdr[8:16], cookie)
-	binary.BigEndian.PutUint64(r.hdr[16:24], uint64(off))
-	binary.BigEndian.PutUint32(r.hdr[24:28], length)
-	if cmd == cmdWrite {
+	wire.PutRequest(&r.hdr, flags, cmd, cookie, uint64(off), length)
+	if cmd == wire.CmdWrite {
 		r.payload = buf
 	}
 	c.send(&r)
@@ -308,7 +304,7 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 		c.waitWriterIdle()
 		return c.deadErr
 	}
-	return &Error{Cmd: cmdName(cmd), Offset: off, Length: int64(length), Errno: errno}
+	return &Error{Cmd: wire.CmdName(cmd), Offset: off, Length: int64(length), Errno: errno}
 }
 
 // send queues r and, unless another caller is writing, writes the queue until it is empty.
@@ -368,7 +364,7 @@ func (c *Conn) waitWriterIdle() {
 func (c *Conn) readReplies(br *bufio.Reader) {
 	defer close(c.readerEnd)
 	defer c.endReader()
-	var h [replyHeaderSize]byte
+	var h [wire.ReplyHeaderSize]byte
 	for {
 		if _, err := io.ReadFull(br, h[:]); err != nil {
 			if c.closing.Load() {
@@ -377,10 +373,9 @@ func (c *Conn) readReplies(br *bufio.Reader) {
 			c.fail(fmt.Errorf("%w: reading replies: %v", ErrDisconnected, err))
 			return
 		}
-		magic := binary.BigEndian.Uint32(h[0:4])
-		errno := binary.BigEndian.Uint32(h[4:8])
-		cookie := binary.BigEndian.Uint64(h[8:16])
-		if magic != magicSimpleReply {
+		rh := wire.DecodeReply(&h)
+		magic, errno, cookie := rh.ReplyMagic, rh.Error, rh.Handle
+		if magic != wire.MagicSimpleReply {
 			c.fail(fmt.Errorf("%w: reply magic %#x (structured replies were not negotiated)", ErrDisconnected, magic))
 			return
 		}
@@ -391,7 +386,7 @@ func (c *Conn) readReplies(br *bufio.Reader) {
 			s = &c.slots[idx]
 		}
 		var dst []byte
-		if s != nil && s.cmd == cmdRead && errno == 0 {
+		if s != nil && s.cmd == wire.CmdRead && errno == 0 {
 			dst = s.buf
 		}
 		c.smu.Unlock()
@@ -400,7 +395,7 @@ func (c *Conn) readReplies(br *bufio.Reader) {
 			return
 		}
 		if errno == errnoBroken {
-			errno = 5 // EIO; keep the sentinel value ours
+			errno = wire.EIO // keep the sentinel value ours
 		}
 		if len(dst) > 0 {
 			if _, err := io.ReadFull(br, dst); err != nil {
@@ -446,8 +441,7 @@ func (c *Conn) Close() error {
 		case <-c.dead:
 		default:
 			var r wreq
-			binary.BigEndian.PutUint32(r.hdr[0:4], magicRequest)
-			binary.BigEndian.PutUint16(r.hdr[6:8], cmdDisc)
+			wire.PutRequest(&r.hdr, 0, wire.CmdDisc, 0, 0, 0)
 			c.send(&r)
 			c.waitWriterIdle()
 			c.wmu.Lock()

@@ -8,7 +8,8 @@
 //
 // # Protocol
 //
-// The wire format is doc/proto.md of the NBD reference implementation. The handshake asks for
+// The wire format is doc/proto.md of the NBD reference implementation (its constants and
+// headers are the server's, nbd/internal/wire). The handshake asks for
 // NBD_FLAG_C_FIXED_NEWSTYLE and, when the server offers it, NBD_FLAG_C_NO_ZEROES; for an nbds
 // URI (or Options.TLSConfig) it sends NBD_OPT_STARTTLS and runs the TLS handshake (crypto/tls,
 // TLS 1.2 or later; LoadTLSConfig reads the CA, client certificate and key), then it sends

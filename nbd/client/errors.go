@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // Sentinel errors.
@@ -45,33 +47,11 @@ type Error struct {
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("client: %s of %d bytes at offset %d: server replied %s (errno %d)",
-		e.Cmd, e.Length, e.Offset, errnoName(e.Errno), e.Errno)
+		e.Cmd, e.Length, e.Offset, wire.ErrnoName(e.Errno), e.Errno)
 }
 
 // Unwrap returns the errno as a syscall.Errno.
 func (e *Error) Unwrap() error { return syscall.Errno(e.Errno) }
-
-func errnoName(n uint32) string {
-	switch n {
-	case 1:
-		return "EPERM"
-	case 5:
-		return "EIO"
-	case 12:
-		return "ENOMEM"
-	case 22:
-		return "EINVAL"
-	case 28:
-		return "ENOSPC"
-	case 75:
-		return "EOVERFLOW"
-	case 95:
-		return "ENOTSUP"
-	case 108:
-		return "ESHUTDOWN"
-	}
-	return syscall.Errno(n).Error()
-}
 
 // OptionError is a handshake option the server refused: Reply is the NBD_REP_ERR_* value and
 // Message the server's text, if any. Dial returns it (for example NBD_REP_ERR_UNKNOWN, 0x80000006,
@@ -94,7 +74,7 @@ func (e *OptionError) Error() string {
 
 // Unwrap returns ErrTLSRequired for NBD_REP_ERR_TLS_REQD, so callers can say how to fix it.
 func (e *OptionError) Unwrap() error {
-	if e.Reply == repErrTLSReqd {
+	if e.Reply == wire.RepErrTLSReqd {
 		return ErrTLSRequired
 	}
 	return nil
@@ -102,13 +82,13 @@ func (e *OptionError) Unwrap() error {
 
 func optName(o uint32) string {
 	switch o {
-	case optExportName:
+	case wire.OptExportName:
 		return "NBD_OPT_EXPORT_NAME"
-	case optGo:
+	case wire.OptGo:
 		return "NBD_OPT_GO"
-	case optAbort:
+	case wire.OptAbort:
 		return "NBD_OPT_ABORT"
-	case optStartTLS:
+	case wire.OptStartTLS:
 		return "NBD_OPT_STARTTLS"
 	}
 	return fmt.Sprintf("%d", o)
@@ -116,23 +96,23 @@ func optName(o uint32) string {
 
 func repName(r uint32) string {
 	switch r {
-	case repErrUnsup:
+	case wire.RepErrUnsup:
 		return "NBD_REP_ERR_UNSUP"
-	case repErrPolicy:
+	case wire.RepErrPolicy:
 		return "NBD_REP_ERR_POLICY"
-	case repErrInvalid:
+	case wire.RepErrInvalid:
 		return "NBD_REP_ERR_INVALID"
-	case repErrPlatform:
+	case wire.RepErrPlatform:
 		return "NBD_REP_ERR_PLATFORM"
-	case repErrTLSReqd:
+	case wire.RepErrTLSReqd:
 		return "NBD_REP_ERR_TLS_REQD"
-	case repErrUnknown:
+	case wire.RepErrUnknown:
 		return "NBD_REP_ERR_UNKNOWN (no such export)"
-	case repErrShutdown:
+	case wire.RepErrShutdown:
 		return "NBD_REP_ERR_SHUTDOWN"
-	case repErrBlockSizeReqd:
+	case wire.RepErrBlockSizeReqd:
 		return "NBD_REP_ERR_BLOCK_SIZE_REQD"
-	case repErrTooBig:
+	case wire.RepErrTooBig:
 		return "NBD_REP_ERR_TOO_BIG"
 	}
 	return fmt.Sprintf("reply %#x", r)

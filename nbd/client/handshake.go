@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
 // exportInfo is what the handshake learned about the export.
@@ -26,24 +28,24 @@ func handshake(ctx context.Context, r *bufio.Reader, nc net.Conn, export string,
 	if _, err := io.ReadFull(r, g[:]); err != nil {
 		return exportInfo{}, nil, nil, fmt.Errorf("client: reading the greeting: %w", err)
 	}
-	if m := binary.BigEndian.Uint64(g[0:8]); m != magicNBD {
+	if m := binary.BigEndian.Uint64(g[0:8]); m != wire.MagicNBD {
 		return exportInfo{}, nil, nil, fmt.Errorf("%w: greeting magic %#x", ErrHandshake, m)
 	}
-	if m := binary.BigEndian.Uint64(g[8:16]); m != magicOption {
-		if m == magicOldstyle {
+	if m := binary.BigEndian.Uint64(g[8:16]); m != wire.MagicOption {
+		if m == wire.MagicOldstyle {
 			return exportInfo{}, nil, nil, fmt.Errorf("%w: oldstyle server (not supported)", ErrHandshake)
 		}
 		return exportInfo{}, nil, nil, fmt.Errorf("%w: greeting option magic %#x", ErrHandshake, m)
 	}
 	hflags := binary.BigEndian.Uint16(g[16:18])
 	var cflags uint32
-	fixed := hflags&flagFixedNewstyle != 0
+	fixed := hflags&wire.FlagFixedNewstyle != 0
 	if fixed {
-		cflags |= clientFixedNewstyle
+		cflags |= wire.FlagCFixedNewstyle
 	}
-	noZeroes := hflags&flagNoZeroes != 0
+	noZeroes := hflags&wire.FlagNoZeroes != 0
 	if noZeroes {
-		cflags |= clientNoZeroes
+		cflags |= wire.FlagCNoZeroes
 	}
 	var w io.Writer = nc
 	if err := writeUint32(w, cflags); err != nil {
@@ -73,18 +75,18 @@ func handshake(ctx context.Context, r *bufio.Reader, nc net.Conn, export string,
 // on nc. A server that refuses (TLS off, NBD_REP_ERR_POLICY, or no TLS support at all) gives
 // an *OptionError.
 func startTLS(ctx context.Context, r *bufio.Reader, nc net.Conn, conf *tls.Config) (*tls.Conn, error) {
-	if err := writeOption(nc, optStartTLS, nil); err != nil {
+	if err := writeOption(nc, wire.OptStartTLS, nil); err != nil {
 		return nil, err
 	}
 	var h [20]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return nil, fmt.Errorf("client: reading NBD_OPT_STARTTLS reply: %w", err)
 	}
-	if m := binary.BigEndian.Uint64(h[0:8]); m != magicOptionReply {
+	if m := binary.BigEndian.Uint64(h[0:8]); m != wire.MagicOptionReply {
 		return nil, fmt.Errorf("%w: option reply magic %#x", ErrHandshake, m)
 	}
-	if o := binary.BigEndian.Uint32(h[8:12]); o != optStartTLS {
-		return nil, fmt.Errorf("%w: reply to option %d, asked %d", ErrHandshake, o, optStartTLS)
+	if o := binary.BigEndian.Uint32(h[8:12]); o != wire.OptStartTLS {
+		return nil, fmt.Errorf("%w: reply to option %d, asked %d", ErrHandshake, o, wire.OptStartTLS)
 	}
 	typ := binary.BigEndian.Uint32(h[12:16])
 	n := binary.BigEndian.Uint32(h[16:20])
@@ -96,9 +98,9 @@ func startTLS(ctx context.Context, r *bufio.Reader, nc net.Conn, conf *tls.Confi
 		return nil, fmt.Errorf("client: reading NBD_OPT_STARTTLS reply: %w", err)
 	}
 	switch {
-	case typ == repAck && n == 0:
-	case typ&repErrBit != 0:
-		return nil, &OptionError{Option: optStartTLS, Reply: typ, Message: string(d)}
+	case typ == wire.RepAck && n == 0:
+	case typ&wire.RepErrBit != 0:
+		return nil, &OptionError{Option: wire.OptStartTLS, Reply: typ, Message: string(d)}
 	default:
 		return nil, fmt.Errorf("%w: unexpected reply %#x of %d bytes to NBD_OPT_STARTTLS", ErrHandshake, typ, n)
 	}
@@ -123,7 +125,7 @@ func writeUint32(w io.Writer, v uint32) error {
 
 func writeOption(w io.Writer, opt uint32, data []byte) error {
 	b := make([]byte, 16, 16+len(data))
-	binary.BigEndian.PutUint64(b[0:8], magicOption)
+	binary.BigEndian.PutUint64(b[0:8], wire.MagicOption)
 	binary.BigEndian.PutUint32(b[8:12], opt)
 	binary.BigEndian.PutUint32(b[12:16], uint32(len(data)))
 	_, err := w.Write(append(b, data...))
@@ -139,8 +141,8 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 	data := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
 	data = append(data, export...)
 	data = binary.BigEndian.AppendUint16(data, 1)
-	data = binary.BigEndian.AppendUint16(data, infoBlockSize)
-	if err := writeOption(w, optGo, data); err != nil {
+	data = binary.BigEndian.AppendUint16(data, wire.InfoBlockSize)
+	if err := writeOption(w, wire.OptGo, data); err != nil {
 		return info, false, err
 	}
 	gotExport := false
@@ -149,11 +151,11 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 		if _, err := io.ReadFull(r, h[:]); err != nil {
 			return info, false, fmt.Errorf("client: reading NBD_OPT_GO reply: %w", err)
 		}
-		if m := binary.BigEndian.Uint64(h[0:8]); m != magicOptionReply {
+		if m := binary.BigEndian.Uint64(h[0:8]); m != wire.MagicOptionReply {
 			return info, false, fmt.Errorf("%w: option reply magic %#x", ErrHandshake, m)
 		}
-		if o := binary.BigEndian.Uint32(h[8:12]); o != optGo {
-			return info, false, fmt.Errorf("%w: reply to option %d, asked %d", ErrHandshake, o, optGo)
+		if o := binary.BigEndian.Uint32(h[8:12]); o != wire.OptGo {
+			return info, false, fmt.Errorf("%w: reply to option %d, asked %d", ErrHandshake, o, wire.OptGo)
 		}
 		typ := binary.BigEndian.Uint32(h[12:16])
 		n := binary.BigEndian.Uint32(h[16:20])
@@ -165,7 +167,7 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 			return info, false, fmt.Errorf("client: reading NBD_OPT_GO reply: %w", err)
 		}
 		switch {
-		case typ == repAck:
+		case typ == wire.RepAck:
 			if !gotExport {
 				return info, false, fmt.Errorf("%w: NBD_OPT_GO acknowledged without NBD_INFO_EXPORT", ErrHandshake)
 			}
@@ -173,12 +175,12 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 				info.minBlock, info.prefBlock, info.maxBlock = 1, 4096, defaultMaxBlock
 			}
 			return info, true, nil
-		case typ == repInfo:
+		case typ == wire.RepInfo:
 			if len(d) < 2 {
 				return info, false, fmt.Errorf("%w: empty NBD_REP_INFO", ErrHandshake)
 			}
 			switch binary.BigEndian.Uint16(d[0:2]) {
-			case infoExport:
+			case wire.InfoExport:
 				if len(d) != 12 {
 					return info, false, fmt.Errorf("%w: NBD_INFO_EXPORT of %d bytes", ErrHandshake, len(d))
 				}
@@ -189,7 +191,7 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 				info.size = int64(size)
 				info.flags = binary.BigEndian.Uint16(d[10:12])
 				gotExport = true
-			case infoBlockSize:
+			case wire.InfoBlockSize:
 				if len(d) != 14 {
 					return info, false, fmt.Errorf("%w: NBD_INFO_BLOCK_SIZE of %d bytes", ErrHandshake, len(d))
 				}
@@ -201,10 +203,10 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 				}
 			}
 			// Other information (name, description) is ignored.
-		case typ == repErrUnsup:
+		case typ == wire.RepErrUnsup:
 			return info, false, nil
-		case typ&repErrBit != 0:
-			return info, false, &OptionError{Option: optGo, Reply: typ, Message: string(d)}
+		case typ&wire.RepErrBit != 0:
+			return info, false, &OptionError{Option: wire.OptGo, Reply: typ, Message: string(d)}
 		default:
 			return info, false, fmt.Errorf("%w: unexpected reply %#x to NBD_OPT_GO", ErrHandshake, typ)
 		}
@@ -214,7 +216,7 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 // exportName sends NBD_OPT_EXPORT_NAME; the server answers with the size and flags, or closes
 // the connection if it has no such export.
 func exportName(r *bufio.Reader, w io.Writer, export string, noZeroes bool) (exportInfo, error) {
-	if err := writeOption(w, optExportName, []byte(export)); err != nil {
+	if err := writeOption(w, wire.OptExportName, []byte(export)); err != nil {
 		return exportInfo{}, err
 	}
 	n := 8 + 2 + 124
