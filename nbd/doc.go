@@ -21,27 +21,29 @@
 // Handshake: the server offers NBD_FLAG_FIXED_NEWSTYLE and NBD_FLAG_NO_ZEROES and drops a client
 // that sets any other client flag. It answers NBD_OPT_EXPORT_NAME (size, flags, and 124 zero
 // bytes unless the client chose NO_ZEROES), NBD_OPT_INFO and NBD_OPT_GO (NBD_INFO_EXPORT;
-// NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked; NBD_INFO_BLOCK_SIZE always, since the
+// NBD_INFO_NAME and NBD_INFO_DESCRIPTION when asked, the latter if the export has one;
+// NBD_INFO_BLOCK_SIZE always, since the
 // server enforces it), NBD_OPT_LIST, NBD_OPT_ABORT (ACK, then close), NBD_OPT_STARTTLS (see
 // Security), NBD_OPT_STRUCTURED_REPLY (ACK; NBD_REP_ERR_INVALID if it carries data) and the
 // metadata-context options (see Structured replies). Every other option, EXTENDED_HEADERS
 // included, gets NBD_REP_ERR_UNSUP with its data consumed, so the client may carry on. An
-// unknown name gets NBD_REP_ERR_UNKNOWN,
-// except after NBD_OPT_EXPORT_NAME, which cannot fail politely: the connection closes. So does
-// an option announcing more than 64 KiB of data. The empty name is the first export.
+// unknown name gets NBD_REP_ERR_UNKNOWN, except after NBD_OPT_EXPORT_NAME, which cannot fail
+// politely: the connection closes. So does an option announcing more than 64 KiB of data.
+// The empty name is the first export.
 //
 // Transmission: the flags say what the Device interface offers: HAS_FLAGS, SEND_FLUSH,
 // SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES and CAN_MULTI_CONN (Device.Flush makes every completed
 // write durable, whichever connection made it), and SEND_DF once structured replies are on; a
-// read-only export has READ_ONLY instead of FUA, TRIM and WRITE_ZEROES. READ, WRITE (FUA via FUAWriter when the Device has it, else
-// WriteAt then Flush; without FUA via PinnedWriter when Export.StablePages is on), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE and FUA honoured), CACHE (checked,
-// then ignored) and DISC are served. A request the server refuses gets a reply with an error
+// read-only export has READ_ONLY instead of FUA, TRIM and WRITE_ZEROES. READ, WRITE (FUA via
+// FUAWriter when the Device has it, else WriteAt then Flush; without FUA via PinnedWriter when
+// Export.StablePages is on), FLUSH, TRIM, WRITE_ZEROES (NO_HOLE and FUA honoured), CACHE
+// (checked, then ignored), BLOCK_STATUS (see Structured replies) and DISC are served. A request the server refuses gets a reply with an error
 // and the connection goes on: EINVAL for an unknown command or flag, a READ, TRIM or CACHE past
 // the end, a misaligned offset or length (Export.MinBlock), or a READ longer than MaxBlock;
 // ENOSPC for a WRITE or WRITE_ZEROES past the end; EPERM for writes to a read-only export. A
 // failed Device call is answered with the error's own value (an Errno() uint32 method, see
-// Device) or the nearest one for a syscall.Errno, else EIO. Only a broken stream closes the
-// connection, with a log line saying why: a bad request magic (ErrBadRequestMagic), a WRITE
+// Device) or the nearest one for a syscall.Errno, else EIO. Besides DISC, shutdown and
+// Options.IdleTimeout, only a broken stream closes the connection, with a log line saying why: a bad request magic (ErrBadRequestMagic), a WRITE
 // payload above MaxBlock (ErrPayloadTooLarge: the server will neither buffer nor skip it), a
 // WRITE payload that does not arrive within Options.PayloadTimeout (ErrPayloadTimeout), an I/O
 // error on the socket, or a reply write that takes longer than Options.ReplyTimeout.
@@ -194,11 +196,42 @@
 // On NBD_CMD_DISC, or when Serve's context is done, a connection stops reading, lets the
 // requests in flight finish and reply (a client that stops reading gets
 // Options.ShutdownTimeout), then closes. Serve returns after every connection has done so.
+//
+// # Errors
+//
+// The sentinels are in errors.go; match them with errors.Is, through the detail they are
+// wrapped with. Calls return only these:
+//
+//   - NewServer: ErrNoExports, ErrInvalidExport (a nil Device, a duplicate or over-long name,
+//     block sizes the protocol does not allow, AllowedClients without verified client
+//     certificates), ErrInvalidOptions (a negative limit, an unknown TLSMode or one that
+//     needs a TLSConfig without it; ParseTLSMode returns it too for an unknown name), and
+//     ErrMemlockLimit (MlockBuffers beyond RLIMIT_MEMLOCK without CAP_IPC_LOCK).
+//   - LoadTLSConfig: ErrTLSConfig, when a certificate, key or CA file cannot be loaded.
+//
+// Serve returns nil once its context is done, or its listener's Accept error. Everything else
+// that goes wrong ends one connection, not a call: the server closes the connection and logs
+// the sentinel under the key "err" (tests find it in the log records):
+//
+//   - Protocol violations in the handshake: ErrClientFlags (a client flag not offered),
+//     ErrBadOptionMagic, ErrOptionTooLong (option data over 64 KiB), ErrUnknownExport
+//     (NBD_OPT_EXPORT_NAME of an export that does not exist); in transmission:
+//     ErrBadRequestMagic, ErrPayloadTooLarge (a WRITE above MaxBlock).
+//   - Refusals in the handshake: ErrTLSRequired (NBD_OPT_EXPORT_NAME before STARTTLS under
+//     TLSRequire), ErrTLSHandshake (the TLS handshake after STARTTLS failed), ErrAccessDenied
+//     (NBD_OPT_EXPORT_NAME of an export the allow-lists close to the client).
+//   - Limits: ErrTooManyConnections (past MaxConnections, before the greeting),
+//     ErrHandshakeTimeout, ErrIdleTimeout, ErrReplyTimeout and ErrPayloadTimeout (past
+//     HandshakeTimeout, IdleTimeout, ReplyTimeout and PayloadTimeout).
+//
+// A failed Device call is none of these: its error is answered to the client as an NBD error
+// value (see Device) and the connection goes on.
 package nbd
 
 // BUG(nbd): Under TLS each reply's header and payload are TLS records of their own, written
-// without writev (replies are not coalesced into fewer records), and every byte is copied through the cipher; the zero-allocation figures of the
-// benchmarks are for plaintext connections. No TLS-PSK, no session resumption tuning and no
+// without writev (replies written together still make a record each), and every byte is
+// copied through the cipher; the zero-allocation figures of the benchmarks are for plaintext
+// connections. No TLS-PSK, no session resumption tuning and no
 // certificate reload without a restart.
 //
 // BUG(nbd): A client that stops reading its replies keeps its requests' buffers charged to
@@ -207,9 +240,11 @@ package nbd
 // most of large WRITE payloads and then stall hold what they sent for up to PayloadTimeout.
 // Shares order the waiting readers; they do not take back what a connection already holds.
 //
-// BUG(nbd): Refused clients (access denied, TLS required) are logged each time, without the
-// rate limit the connection and memory limits have; HandshakeTimeout bounds how many
-// refusals one connection can cause.
+// BUG(nbd): Clients refused access to an export (Export.AllowedClients, AllowedUIDs) are
+// logged each time, and so is an NBD_OPT_EXPORT_NAME before STARTTLS under TLSRequire,
+// without the rate limit the connection and memory limits have; HandshakeTimeout bounds how
+// many refusals one connection can cause. (An option answered NBD_REP_ERR_TLS_REQD is not
+// logged.)
 //
 // BUG(nbd): No extended headers (64-bit lengths); no NBD_REPLY_TYPE_OFFSET_HOLE (a READ of a
 // hole sends its zeroes); a failed READ carries no partial data; no metadata context but

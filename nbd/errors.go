@@ -7,14 +7,18 @@ import (
 	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
-// Configuration errors, returned by NewServer (wrapped with the offending detail).
+// Configuration errors, returned by NewServer and LoadTLSConfig (wrapped with the offending
+// detail).
 var (
 	// ErrNoExports is returned by NewServer when Options.Exports is empty.
 	ErrNoExports = errors.New("nbd: no exports")
 	// ErrInvalidExport is returned by NewServer for an export with a nil Device, a duplicate or
-	// over-long name, or block sizes the protocol does not allow.
+	// over-long name, block sizes the protocol does not allow, or AllowedClients on a server
+	// that does not verify client certificates.
 	ErrInvalidExport = errors.New("nbd: invalid export")
-	// ErrInvalidOptions is returned by NewServer for negative limits in Options.
+	// ErrInvalidOptions is returned by NewServer for negative limits in Options and for an
+	// unknown TLSMode or one that needs a TLSConfig without it, and by ParseTLSMode for an
+	// unknown mode name.
 	ErrInvalidOptions = errors.New("nbd: invalid options")
 	// ErrMemlockLimit is returned by NewServer with Options.MlockBuffers when RLIMIT_MEMLOCK
 	// is below what one connection's buffers need and the process lacks CAP_IPC_LOCK.

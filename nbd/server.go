@@ -166,7 +166,8 @@ type Server struct {
 }
 
 // NewServer checks opts, fills in defaults and returns a server. It returns ErrNoExports,
-// ErrInvalidExport or ErrInvalidOptions (wrapped with the detail) for a bad configuration.
+// ErrInvalidExport or ErrInvalidOptions (wrapped with the detail) for a bad configuration, and
+// ErrMemlockLimit when MlockBuffers cannot be honoured.
 func NewServer(opts Options) (*Server, error) {
 	if len(opts.Exports) == 0 {
 		return nil, ErrNoExports

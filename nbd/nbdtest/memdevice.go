@@ -1,5 +1,5 @@
 // Package nbdtest offers in-memory devices for testing code that serves or drives an nbd.Device,
-// as httptest does for HTTP.
+// and Serve and ServeUnix to run a server for a test's lifetime, as httptest does for HTTP.
 package nbdtest
 
 import (
