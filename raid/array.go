@@ -49,15 +49,15 @@ type Array struct {
 	readErrLimit int           // IOOptions.ReadErrorLimit
 
 	// locks serialise writes, and reads that reconstruct, per stripe (hashed, stripe.Locks);
-	// with a cache they also guard the stripe's cache head. A request takes them one at a
+	// they also guard the stripe's cache head. A request takes them one at a
 	// time in ascending stripe order. Those that hold several — Trim of whole stripes, the
 	// rebuild, scrub and resync batches, the cache's batch of whole stripes (writeFulls) —
 	// take them in ascending lock order (LockSpan); the cache's eviction takes a second one
 	// only with TryLock (stripe/cache's doc.go, # Locking). So none can deadlock.
 	locks stripe.Locks
 
-	// cache is the write-back stripe cache; nil without one (IOOptions.StripeCache < 0, or
-	// read-only). Started by start, stopped by Close.
+	// cache is the stripe cache, the only write path: with no heads when IOOptions.StripeCache
+	// < 0 (every write written through), nil when read-only. Started by start, stopped by Close.
 	cache    *cache.Cache
 	stable   bool // IOOptions.StablePages
 	mapReads bool // IOOptions.MappedReads
@@ -143,12 +143,10 @@ func lostInCache(err error) error {
 }
 
 // scratch is the per-operation working memory of one stripe: one chunk-sized buffer per member
-// slot (data chunks 0..D-1, then parity at D), allocated lazily, plus the shard and op slices.
+// slot (data chunks 0..D-1, then parity at D), allocated lazily, plus the shard slice.
 type scratch struct {
 	bufs   [][]byte
 	shards [][]byte
-	ops    []memberOp
-	jops   []intentOp // the journal's view of ops (intent.go)
 }
 
 func (a *Array) getScratch() *scratch { return a.scratch.Get().(*scratch) }
@@ -156,8 +154,6 @@ func (a *Array) getScratch() *scratch { return a.scratch.Get().(*scratch) }
 // putScratch returns s to the pool, dropping its references to callers' buffers.
 func (a *Array) putScratch(s *scratch) {
 	clear(s.shards)
-	clear(s.ops[:cap(s.ops)])
-	clear(s.jops[:cap(s.jops)])
 	a.scratch.Put(s)
 }
 
@@ -224,15 +220,15 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	a.roles.recount()
 	n := layout.Members()
 	a.scratch.New = func() any {
-		return &scratch{bufs: make([][]byte, n), shards: make([][]byte, n), ops: make([]memberOp, 0, 2*n)}
+		return &scratch{bufs: make([][]byte, n), shards: make([][]byte, n)}
 	}
 	a.extents.New = func() any { s := make([]stripe.Extent, 0, 2*n); return &s }
 	a.missFn = a.readExtent
 	a.stable = opts.StablePages
 	a.mapReads = opts.MappedReads
-	if !readOnly && opts.StripeCache >= 0 {
-		stripes := opts.StripeCache
-		if stripes == 0 {
+	if !readOnly { // the only write path; without caching (StripeCache < 0) it has no heads
+		stripes := max(opts.StripeCache, 0)
+		if opts.StripeCache == 0 {
 			stripes = DefaultCacheStripes(layout)
 		}
 		a.cache = cache.New(layout, coder, memberIO{a}, &a.locks, cache.Options{

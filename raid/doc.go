@@ -161,7 +161,7 @@
 //
 // # Stripe cache and stable pages
 //
-// Writes go through a write-back stripe cache (package stripe's Cache; IOOptions.StripeCache
+// Writes go through a write-back stripe cache (package stripe/cache; IOOptions.StripeCache
 // sets its capacity in stripes, default DefaultCacheStripes: 64 MiB worth, 16 to 256 stripes;
 // its memory is stripes × members × chunk bytes, allocated as stripes are first cached):
 //
@@ -190,8 +190,9 @@
 // (nbd.PinnedWriter) keeps whole aligned 4 KiB units of a partial write by reference, not
 // copied, until they are written out, then calls release, exactly once. The nbd server keeps
 // the promise for its own, pinned request buffers. Breaking it corrupts parity silently
-// (TestHazard shows how). StripeCache < 0 disables the cache: every write is written through,
-// with its parity, before it returns (the code path before the cache, kept for comparison).
+// (TestHazard shows how). StripeCache < 0 disables write-back caching: the cache has no heads,
+// so every partial write is written through, with its parity, before it returns, and whole
+// stripes as always (the cache is the only write path).
 //
 // Counters returns what the array did: full-stripe, RMW and RCW writes, member bytes read and
 // written, bytes copied into the cache, cache hits, misses and evictions.
@@ -212,12 +213,12 @@
 // parity-related garbage, since the bytes read are the member's own data. The member reads of
 // one request run concurrently, each member's share on an idle read worker or the calling
 // goroutine, its ranges that are contiguous on the member in one preadv; the member reads and
-// writes within one stripe run concurrently too (with a cache, on per-member I/O goroutines),
+// writes within one stripe run concurrently too (on per-member I/O goroutines),
 // and a run of whole stripes in one write is written with one pwritev per member.
 //
 // Background goroutines — the cache's write-out goroutines, ioWorkers per role for its
-// member I/O and readWorkers per role for reads across members (not for read-only arrays or
-// without a cache), the rebuild or scrub, the member watchdog (with a member timeout), and
+// member I/O and readWorkers per role for reads across members (not for read-only arrays),
+// the rebuild or scrub, the member watchdog (with a member timeout), and
 // the cache's Unpin after a failure — are started by Create and Assemble (a rebuild also by a
 // failure or AddSpare) and stopped, and waited for, by Close. Superblock updates, syncs and
 // bitmap flushes start a goroutine per member that ends with its system call (eachMember).
@@ -336,7 +337,7 @@
 // nothing records where they went. A build from before the point sees only "dirty" and
 // resyncs everything.
 //
-// The bitmap's rules. A stripe write (a cache write-out, a cacheless write, a trim of whole
+// The bitmap's rules. A stripe write (a cache write-out or full-stripe write, a trim of whole
 // stripes, a repair's parity write) first sets its region's bit in memory and waits until the
 // bit is durable on every member of a role — written with pwritev2(RWF_DSYNC) where the member
 // supports it, else a write and a Sync — before it issues any member write; it then counts as
@@ -362,7 +363,7 @@
 // The write journal closes the hole (CreateOptions.Consistency "journal", with a journal file
 // or device: CreateOptions.Journal or JournalPath; create --consistency journal --journal
 // FILE). Like md's raid5 journal it is a separate device holding a ring of records (layout
-// above). Every stripe operation — a cacheless write, a cache write-out, a trim of whole
+// above). Every stripe operation — a cache write-out or full-stripe write, a trim of whole
 // stripes, a repair's parity write — hands writeIntent the exact member writes it will issue;
 // the journal appends one record with all of them (trims as descriptors without payload) and
 // returns only once the record is durable, and only then are the member writes issued.

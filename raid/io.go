@@ -11,40 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// memberOp is one member read or write of a stripe operation.
-type memberOp struct {
-	role  int
-	buf   []byte
-	off   int64 // absolute member offset
-	write bool
-	err   error // set by runOps
-}
-
-// runOps performs ops, concurrently when there are several, and returns the first error in
-// op order as a *MemberError. The caller holds the stripe lock where the ops need it.
-func (a *Array) runOps(ops []memberOp) error {
-	do := func(op *memberOp) error { return a.memberIO(op.role, op.buf, op.off, op.write, true) }
-	switch len(ops) {
-	case 0:
-		return nil
-	case 1:
-		return do(&ops[0])
-	}
-	var wg sync.WaitGroup
-	for i := 1; i < len(ops); i++ {
-		op := &ops[i]
-		wg.Go(func() { op.err = do(op) })
-	}
-	ops[0].err = do(&ops[0])
-	wg.Wait()
-	for i := range ops {
-		if ops[i].err != nil {
-			return ops[i].err
-		}
-	}
-	return nil
-}
-
 // check refuses ranges that are negative or end past the array.
 func (a *Array) check(off, n int64) error {
 	if off < 0 || n < 0 || off > a.size || n > a.size-off {
@@ -283,9 +249,10 @@ func (a *Array) readExtent(dst []byte, e stripe.Extent) error {
 }
 
 // WriteAt writes p at array offset off (io.WriterAt), stripe by stripe, each under its stripe
-// lock. With a cache, whole stripes are written at once (parity from the new data alone) and the
-// rest lands in the cache, to be written out later (Flush makes it durable); without one, every
-// stripe is written with its parity before WriteAt returns. p is not kept. With StablePages,
+// lock, through the stripe cache: whole stripes are written at once (parity from the new data
+// alone) and the rest lands in the cache, to be written out later (Flush makes it durable);
+// with StripeCache < 0 (no heads) every stripe is written with its parity before WriteAt
+// returns. p is not kept. With StablePages,
 // whole stripes are written straight from p, which must not change during the call; otherwise p
 // is copied first and may change at any time. On error n is the length of the prefix of p whose
 // stripes were written completely.
@@ -330,10 +297,7 @@ func (a *Array) writeAt(p []byte, off int64, pin *cache.Pin) (int, error) {
 	}
 	a.clientOps.Add(1)
 	defer a.awaitRecord()
-	if a.cache != nil {
-		return a.cache.Write(p, off, a.stable || pin != nil, pin)
-	}
-	return a.write(p, off)
+	return a.cache.Write(p, off, a.stable || pin != nil, pin)
 }
 
 // writable reports why the array cannot be written, if it cannot. The caller holds opMu.
@@ -351,187 +315,6 @@ func (a *Array) writable() error {
 		return ErrArrayFailed
 	}
 	return nil
-}
-
-// write is WriteAt after the checks; the caller holds opMu for reading and has marked the array dirty.
-func (a *Array) write(p []byte, off int64) (int, error) {
-	ep := a.extents.Get().(*[]stripe.Extent)
-	exts := a.layout.Extents((*ep)[:0], off, int64(len(p)))
-	defer func() { *ep = exts[:0]; a.extents.Put(ep) }()
-	sc := a.getScratch()
-	defer a.putScratch(sc)
-	for i := 0; i < len(exts); {
-		j := i + 1
-		for j < len(exts) && exts[j].Stripe == exts[i].Stripe {
-			j++
-		}
-		if err := a.writeStripe(sc, p, exts[i:j]); err != nil {
-			return int(exts[i].BufOff), err
-		}
-		i = j
-	}
-	return len(p), nil
-}
-
-// writeStripe writes the extents exts (all of one stripe, in order) from p and updates the
-// stripe's parity, choosing among:
-//   - full stripe: parity from the new data alone, no reads;
-//   - reconstruct-write: read the untouched parts of the stripe, parity from all data;
-//   - read-modify-write: read the old data and parity, fold the difference into parity;
-//   - degraded with the missing data chunk written: read everything present, rebuild the
-//     missing chunk, overlay the new data, recompute parity (the missing chunk's new data
-//     lives in parity only).
-//
-// All work happens over R = [lo, hi), the in-chunk range covered by any extent.
-func (a *Array) writeStripe(sc *scratch, p []byte, exts []stripe.Extent) error {
-	s := exts[0].Stripe
-	mu := a.stripeLock(s)
-	mu.Lock()
-	defer mu.Unlock()
-
-	D, C := a.layout.DataMembers(), a.layout.ChunkSize()
-	base := s * C // member offset (in the data area) of the stripe's chunks
-	lo, hi := C, int64(0)
-	var ext [stripe.MaxMembers]int // data index → index in exts, or -1
-	for d := range D {
-		ext[d] = -1
-	}
-	newBytes := int64(0)
-	for i, e := range exts {
-		w := e.MemberOff - base
-		lo, hi = min(lo, w), max(hi, w+e.Len)
-		ext[e.Data] = i
-		newBytes += e.Len
-	}
-	L := hi - lo
-	pm := a.layout.ParityMember(s)
-	pOff := a.dataOffset + base + lo
-	newData := func(e stripe.Extent) []byte { return p[e.BufOff : e.BufOff+e.Len] }
-
-	reads := sc.ops[:0]
-	defer func() { sc.ops = reads[:0] }()
-	writeAll := func(P []byte) error {
-		ops := reads[:0]
-		for _, e := range exts { // memberIO skips a missing member
-			ops = append(ops, memberOp{role: e.Member, buf: newData(e), off: a.dataOffset + e.MemberOff, write: true})
-		}
-		if P != nil {
-			ops = append(ops, memberOp{role: pm, buf: P, off: pOff, write: true})
-		}
-		reads = ops
-		var jops []intentOp
-		if a.journaled() {
-			jops = sc.jops[:0]
-			for _, op := range ops {
-				jops = append(jops, intentOp{role: op.role, off: op.off, buf: op.buf})
-			}
-			sc.jops = jops
-		}
-		return a.writeIntent(s, 1, jops, func() error { return a.runOps(ops) })
-	}
-	if a.usable(pm, s) == nil { // parity missing: the data is all there is
-		return writeAll(nil)
-	}
-	shards := sc.shards[:D+1]
-	P := sc.buf(D, C, L)
-	shards[D] = P
-
-	if newBytes == int64(D)*C { // full stripe
-		for _, e := range exts {
-			shards[e.Data] = newData(e)
-		}
-		if err := a.coder.Encode(shards); err != nil {
-			return err
-		}
-		a.ctr.full.Add(1)
-		return writeAll(P)
-	}
-
-	dm := -1 // data index of the missing member in this stripe
-	if miss := a.missingAt(s); miss >= 0 {
-		if a.lostAt(s) > 1 {
-			return fmt.Errorf("%w: stripe %d", ErrArrayFailed, s)
-		}
-		dm = a.layout.DataIndex(s, miss)
-	}
-	rmw := dm >= 0 && ext[dm] < 0
-	if dm < 0 {
-		rcwBytes := int64(D)*L - newBytes
-		rmw = newBytes+L < rcwBytes && !a.needsRCW(s)
-	}
-
-	if rmw {
-		a.ctr.rmw.Add(1)
-	} else {
-		a.ctr.rcw.Add(1)
-	}
-	switch {
-	case rmw:
-		reads = append(reads, memberOp{role: pm, buf: P, off: pOff})
-		for _, e := range exts {
-			reads = append(reads, memberOp{role: e.Member, buf: sc.buf(e.Data, C, e.Len), off: a.dataOffset + e.MemberOff})
-		}
-		if err := a.runOps(reads); err != nil {
-			return err
-		}
-		for _, e := range exts {
-			w := e.MemberOff - base - lo
-			if err := a.coder.Update(P[w:w+e.Len], sc.bufs[e.Data][:e.Len], newData(e)); err != nil {
-				return err
-			}
-		}
-		return writeAll(P)
-
-	case dm >= 0: // degraded, the missing chunk is written: rebuild it, then recompute
-		for d := range D {
-			shards[d] = sc.buf(d, C, L)
-			if d != dm {
-				reads = append(reads, memberOp{role: a.layout.DataMember(s, d), buf: shards[d], off: pOff})
-			}
-		}
-		reads = append(reads, memberOp{role: pm, buf: P, off: pOff})
-		if err := a.runOps(reads); err != nil {
-			return err
-		}
-		if err := a.coder.Reconstruct(shards, dm); err != nil {
-			return err
-		}
-		for _, e := range exts {
-			copy(shards[e.Data][e.MemberOff-base-lo:], newData(e))
-		}
-
-	default: // reconstruct-write: read what the write does not cover
-		for d := range D {
-			role := a.layout.DataMember(s, d)
-			i := ext[d]
-			if i >= 0 && exts[i].Len == L { // covers R: use the caller's bytes directly
-				shards[d] = newData(exts[i])
-				continue
-			}
-			buf := sc.buf(d, C, L)
-			shards[d] = buf
-			if i < 0 {
-				reads = append(reads, memberOp{role: role, buf: buf, off: pOff})
-				continue
-			}
-			e := exts[i]
-			w := e.MemberOff - base - lo
-			if w > 0 {
-				reads = append(reads, memberOp{role: role, buf: buf[:w], off: pOff})
-			}
-			if end := w + e.Len; end < L {
-				reads = append(reads, memberOp{role: role, buf: buf[end:], off: pOff + end})
-			}
-			copy(buf[w:], newData(e))
-		}
-		if err := a.runOps(reads); err != nil {
-			return err
-		}
-	}
-	if err := a.coder.Encode(shards); err != nil {
-		return err
-	}
-	return writeAll(P)
 }
 
 // WriteAtFUA is WriteAt, then a write-out of the cached stripes it touched and an fdatasync of
@@ -653,11 +436,7 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 func (a *Array) writeZeroes(off, length int64) error {
 	for length > 0 {
 		n := min(length, int64(len(zeroBuf)))
-		write := a.write
-		if a.cache != nil {
-			write = func(p []byte, off int64) (int, error) { return a.cache.Write(p, off, true, nil) }
-		}
-		if _, err := write(zeroBuf[:n], off); err != nil {
+		if _, err := a.cache.Write(zeroBuf[:n], off, true, nil); err != nil {
 			return err
 		}
 		off += n

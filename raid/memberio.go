@@ -86,7 +86,7 @@ func (a *Array) stopIO() {
 }
 
 // handOff gives role r's share of the read st to an idle read worker, or to a new goroutine
-// when the array has no read workers (no cache: startIO was not called). It reports false,
+// when the array has no read workers (read-only: startIO was not called). It reports false,
 // leaving the share to the caller, when every read worker is busy: the machine is then busy
 // enough that reading it in the calling goroutine costs little concurrency. A read worker
 // waits only for stripe locks, and no holder of a stripe lock waits for a read worker, so

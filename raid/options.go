@@ -27,9 +27,11 @@ type IOOptions struct {
 	// it has read through the mappings.
 	MappedReads bool
 	// StripeCache is the stripe cache's capacity in stripes: > 0 that many; 0 the default
-	// (DefaultCacheStripes); < 0 no cache: every write is written through synchronously, by
-	// read-modify-write or reconstruct-write, before it returns. The cache's memory is
-	// StripeCache × members × chunk bytes, allocated as stripes are first cached.
+	// (DefaultCacheStripes); < 0 no write-back caching: every write is written to the members
+	// with its parity before WriteAt returns (a partial one by read-modify-write or
+	// reconstruct-write, through the cache's write-through path: the cache has no heads). The
+	// cache's memory is StripeCache × members × chunk bytes, allocated as stripes are first
+	// cached.
 	StripeCache int
 	// WriteBackDelay is how long a partly written stripe waits in the cache for more writes
 	// before it is written out; 0 means cache.DefaultWriteBackDelay (5 ms).
@@ -82,13 +84,12 @@ type Counters struct {
 	CacheHits          uint64 // read pieces (one chunk's worth at most) served from the cache alone
 	CacheMisses        uint64 // read pieces that needed member reads
 	CacheEvictions     uint64 // clean cached stripes dropped to make room
-	WriteThroughs      uint64 // partial writes written synchronously because the cache was full of dirty stripes
-	CacheStripes       int    // the cache's capacity in stripes, 0 without a cache
+	WriteThroughs      uint64 // partial writes written synchronously because the cache was full of dirty stripes (every one, with StripeCache < 0)
+	CacheStripes       int    // the cache's capacity in stripes, 0 without write-back caching
 }
 
 // counters are the array's own counters; the cache keeps the rest.
 type counters struct {
-	full, rmw, rcw         atomic.Uint64 // cacheless path
 	memberRead, memberWrit atomic.Uint64
 	mappedRead             atomic.Uint64 // of memberRead, through ReadMapped
 }
@@ -96,18 +97,13 @@ type counters struct {
 // Counters returns the array's cumulative I/O counters. It may be called concurrently with I/O.
 func (a *Array) Counters() Counters {
 	c := Counters{
-		FullStripeWrites:   a.ctr.full.Load(),
-		RMWWrites:          a.ctr.rmw.Load(),
-		RCWWrites:          a.ctr.rcw.Load(),
 		MemberBytesRead:    a.ctr.memberRead.Load(),
 		MemberBytesWritten: a.ctr.memberWrit.Load(),
 		MappedBytesRead:    a.ctr.mappedRead.Load(),
 	}
 	if a.cache != nil {
 		cc := a.cache.Counters()
-		c.FullStripeWrites += cc.FullStripeWrites
-		c.RMWWrites += cc.RMWWrites
-		c.RCWWrites += cc.RCWWrites
+		c.FullStripeWrites, c.RMWWrites, c.RCWWrites = cc.FullStripeWrites, cc.RMWWrites, cc.RCWWrites
 		c.CopiedBytes = cc.CopiedBytes
 		c.CacheHits, c.CacheMisses, c.CacheEvictions = cc.Hits, cc.Misses, cc.Evictions
 		c.WriteThroughs = cc.WriteThroughs

@@ -246,9 +246,3 @@ func (t *roleTable) drain() {
 		return m != nil && !m.faulty.Load() && (t.timeout <= 0 || m.stuckFor(time.Now()) <= t.timeout)
 	})
 }
-
-// usable, missingAt and lostAt are the role table's, for the cacheless write path (io.go
-// writeStripe) until it goes (issue 14: the cache executes every write plan).
-func (a *Array) usable(r int, s int64) *member { return a.roles.usable(r, s) }
-func (a *Array) missingAt(s int64) int         { return a.roles.missingAt(s) }
-func (a *Array) lostAt(s int64) int            { return a.roles.lostAt(s) }

@@ -32,9 +32,11 @@ type Backend interface {
 
 // Options configure a Cache.
 type Options struct {
-	// Stripes is the capacity in stripes (at least 1). Memory: Stripes × members × chunk bytes
-	// (every head has a buffer per data chunk and one for parity), allocated as heads are first
-	// used.
+	// Stripes is the capacity in stripes. Memory: Stripes × members × chunk bytes (every head
+	// has a buffer per data chunk and one for parity), allocated as heads are first used. 0
+	// means no heads, no write-back: every partial write is written through (into a spare head
+	// and out to the members, with its parity, before Write returns), whole stripes as always,
+	// and reads go straight to the members.
 	Stripes int
 	// WriteBackDelay is how long a partial stripe waits for later writes to fill it before it
 	// is written out; 0 means DefaultWriteBackDelay. Full stripes, and everything while more
@@ -57,10 +59,10 @@ type Counters struct {
 	RMWWrites        uint64 // partial write-outs by read-modify-write
 	RCWWrites        uint64 // partial write-outs by reconstruct-write
 	CopiedBytes      uint64 // bytes of writes copied into heads
-	Hits             uint64 // read extents served from the cache alone
-	Misses           uint64 // read extents that needed member reads
+	Hits             uint64 // read extents served from the cache alone (none without heads)
+	Misses           uint64 // read extents that needed member reads (none counted without heads)
 	Evictions        uint64 // clean heads reused for another stripe
-	WriteThroughs    uint64 // partial writes written synchronously: no head was free
+	WriteThroughs    uint64 // partial writes written synchronously: no head was free (all, without heads)
 }
 
 // Cache is a write-back RAID-5 stripe cache (see the package doc). All methods may be called
@@ -109,7 +111,7 @@ func New(layout stripe.Layout, coder *parity.Coder, m Backend, locks *stripe.Loc
 		layout: layout, coder: coder, m: m, locks: locks,
 		delay: opts.WriteBackDelay, nwb: opts.WriteBackers, log: opts.Logger, mustRC: opts.MustReconstruct,
 		nd: layout.DataMembers(), chunk: layout.ChunkSize(), upc: int(layout.ChunkSize() / stripe.UnitSize),
-		cap:   max(opts.Stripes, 1),
+		cap:   max(opts.Stripes, 0),
 		heads: make(map[int64]*head),
 		kick:  make(chan struct{}, 1),
 	}
@@ -152,8 +154,12 @@ func (c *Cache) LimitBatch(n int64) { c.nBatch = min(c.nBatch, n) }
 // Capacity returns the capacity in stripes.
 func (c *Cache) Capacity() int { return c.cap }
 
-// Start starts the write-out goroutines; they run until ctx is done or Close.
+// Start starts the write-out goroutines; they run until ctx is done or Close. A cache of no
+// heads has nothing to write out and starts none.
 func (c *Cache) Start(ctx context.Context) {
+	if c.cap == 0 {
+		return
+	}
 	ctx, c.stop = context.WithCancel(ctx)
 	for range c.nwb {
 		c.wg.Add(1)

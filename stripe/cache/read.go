@@ -48,6 +48,9 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 // the members directly, merging it with its neighbours.
 func (c *Cache) Heads(s0, n int64, bits []uint64) {
 	clear(bits[:(n+63)/64])
+	if c.cap == 0 {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.heads) == 0 {
@@ -64,6 +67,9 @@ func (c *Cache) Heads(s0, n int64, bits []uint64) {
 // are copied from it, and each run of the others is read by miss (which reads the member, or
 // rebuilds the range from the rest of the stripe). miss is called without any lock held.
 func (c *Cache) ReadExtent(dst []byte, e stripe.Extent, miss func(dst []byte, e stripe.Extent) error) error {
+	if c.cap == 0 { // no heads: nothing cached, nothing to count
+		return miss(dst, e)
+	}
 	s := e.Stripe
 	c.mu.Lock()
 	h := c.heads[s]
