@@ -462,39 +462,14 @@
 //
 // # Testing with faulty members
 //
-// OpenMember (and so Create, Assemble, AddSpare, a journal path and the command line) accepts
-// a member spec, locked like PATH itself (# Exclusive use),
-//
-//	faulty:PATH?key=value&key=value...
-//	volatile:PATH?key=value&...     (short for faulty:PATH?volatile&key=value&...)
-//
-// that opens PATH wrapped in fault injection, in the spirit of md's faulty personality and
-// dm-flakey. It is a testing aid; its Name is PATH (SpecPath finds it, MapSpecPath rewrites
-// it: the command line makes it absolute, a configuration file resolves it from its
-// directory). A spec without a PATH, an unknown key or a bad value is an error naming the
-// spec; a PATH that does not exist is fs.ErrNotExist, a missing member, as for a plain path.
-// Keys (repeatable where it makes sense):
-//
-//	rfail=OFF+LEN  reads touching member bytes [OFF, OFF+LEN) fail with EIO
-//	wfail=OFF+LEN  writes touching the range fail with EIO
-//	drop=OFF+LEN   writes touching the range report success and write nothing
-//	               (OFF and LEN take K, M, G, T suffixes, powers of 1024; "all" means the
-//	               data area, 1M to the end, so superblocks stay readable)
-//	after=N        the first N operations matching a fault succeed
-//	delay=DUR      every read and write first sleeps DUR (Go duration: 10ms); with ctl,
-//	               only while FILE exists (a member that starts hanging after assembly)
-//	ctl=FILE       faults (and delay) fire only while FILE exists: create or remove it to
-//	               switch a running daemon's member between failing and working
-//	volatile       writes and trims stay in the process's memory, in 4 KiB pages, until the
-//	               member is synced; the sync writes them to PATH in a random order, then
-//	               fdatasyncs. Killing the daemon (SIGKILL) then loses what a power cut would:
-//	               everything unsynced, and any subset of a sync in progress
-//	               (test/e2e_powercut_test.go). The volatile: spelling implies it (and
-//	               refuses the key)
-//
-// For example faulty:/dev/shm/m1.img?wfail=all&ctl=/tmp/fail-m1 behaves until
-// /tmp/fail-m1 is created, then fails every data write (and the array marks it faulty).
-// In-process tests use raidtest.Faulty, which offers the same and counts operations.
+// Member specs other than plain paths are kinds registered with the member package
+// (raid/member # Kinds); the raid package knows none. cmd/raid5d registers
+// raid/member/faulty's faulty:PATH?key=value&... and volatile:PATH?... (fault injection and
+// a volatile write cache; keys in that package's doc), and OpenMember — and so Create,
+// Assemble, AddSpare, a journal path and the command line — then accepts them, locked like
+// PATH itself (# Exclusive use). Their Name is PATH (SpecPath finds it, MapSpecPath rewrites
+// it). In-process tests use raidtest.Faulty, the same implementation, which also counts
+// operations.
 //
 // # Errors
 //

@@ -1,6 +1,13 @@
 package raid
 
-import "time"
+import (
+	"time"
+
+	"github.com/raid5d/raid5d/raid/member/faulty"
+)
+
+// The tests open faulty: and volatile: specs as the daemon does, which registers them.
+func init() { faulty.Register(DataOffset) }
 
 // SetUnsafeReference is a test-only switch: WriteAt then skips the copy and keeps references
 // to the caller's buffer as if it were pinned, without any promise that it stays unchanged.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member/faulty"
 	"github.com/raid5d/raid5d/raid/raidtest"
 )
 
@@ -592,8 +593,8 @@ func TestJournalOnMember(t *testing.T) {
 	opts := raid.CreateOptions{Chunk: testChunk, Consistency: raid.ConsistencyJournal, JournalSize: 2 << 20}
 	for _, c := range []struct{ journal, member string }{
 		{link, paths[1]},
-		{raid.VolatileSpecPrefix + link, paths[1]},
-		{raid.FaultySpecPrefix + link + "?delay=1ms", paths[1]},
+		{faulty.VolatilePrefix + link, paths[1]},
+		{faulty.Prefix + link + "?delay=1ms", paths[1]},
 		{spareLink, spare},
 	} {
 		o := opts
@@ -636,7 +637,7 @@ func TestJournalOnMember(t *testing.T) {
 	}
 	all = append(all, journal)
 	before = snapshot(t, all...)
-	for _, jp := range []string{link, raid.VolatileSpecPrefix + link} {
+	for _, jp := range []string{link, faulty.VolatilePrefix + link} {
 		b, err := raid.Assemble(paths, raid.AssembleOptions{JournalPath: jp})
 		if err == nil {
 			b.Close()
@@ -695,11 +696,11 @@ func TestJournalVolatileSpec(t *testing.T) {
 	wd, _ := os.Getwd()
 	t.Chdir(dir)
 	a, err := raid.Create(paths, raid.CreateOptions{Chunk: testChunk, MemberSize: memberSize,
-		Consistency: raid.ConsistencyJournal, JournalPath: raid.VolatileSpecPrefix + "j.log", JournalSize: 2 << 20})
+		Consistency: raid.ConsistencyJournal, JournalPath: faulty.VolatilePrefix + "j.log", JournalSize: 2 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := a.Status().Journal.Path; p != raid.VolatileSpecPrefix+filepath.Join(dir, "j.log") {
+	if p := a.Status().Journal.Path; p != faulty.VolatilePrefix+filepath.Join(dir, "j.log") {
 		t.Fatalf("recorded journal %q", p)
 	}
 	if err := a.Close(); err != nil {

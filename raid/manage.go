@@ -7,14 +7,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	memberpkg "github.com/raid5d/raid5d/raid/member"
 )
 
-// findMember returns the member named by name: a path (Member.Name; a faulty: spec matches by
-// its path) or a role number. The caller holds sbMu.
+// findMember returns the member named by name: a path (Member.Name; a spec of a kind with a
+// local file, such as faulty:PATH?..., matches by its PATH: specName) or a role number. The
+// caller holds sbMu.
 func (a *Array) findMember(name string) (*member, error) {
-	if spec, ok := strings.CutPrefix(name, FaultySpecPrefix); ok {
-		name, _, _ = strings.Cut(spec, "?")
-	}
+	name = specName(name)
 	if r, err := strconv.Atoi(name); err == nil {
 		if r >= 0 && r < a.roles.n() {
 			if m := a.roles.member(r); m != nil {
@@ -119,9 +120,7 @@ func (a *Array) lockSuperblocks() bool {
 // roleMember is findMember among the roles only, without sbMu: the member serving the role
 // named by number, or by path, or nil.
 func (a *Array) roleMember(name string) *member {
-	if spec, ok := strings.CutPrefix(name, FaultySpecPrefix); ok {
-		name, _, _ = strings.Cut(spec, "?")
-	}
+	name = specName(name)
 	r, err := strconv.Atoi(name)
 	for i := range a.roles.n() {
 		if m := a.roles.member(i); m != nil && (err == nil && i == r || err != nil && m.Name() == name) {
@@ -275,21 +274,20 @@ func (a *Array) addSpare(path string, force, first bool) error {
 	return nil
 }
 
-// baseFile returns the member file under m's faulty: and volatile: wrappers, nil if there is
+// baseFile returns the member file under m's wrappers (faulty: and volatile:), nil if there is
 // none (an in-memory member).
 func baseFile(m Member) *fileMember {
-	for {
-		switch x := m.(type) {
-		case *fileMember:
-			return x
-		case *specMember:
-			m = x.Member
-		case *volatileMember:
-			m = x.Member
-		default:
-			return nil
-		}
+	fm, _ := memberpkg.Base(m).(*fileMember)
+	return fm
+}
+
+// specName is the name of the member a spec opens, as Member.Name has it: its local file if
+// its kind has one (a faulty: spec's PATH), else the spec (a plain path, a remote member's URI).
+func specName(spec string) string {
+	if p := SpecPath(spec); p != "" {
+		return p
 	}
+	return spec
 }
 
 // checkNewMember refuses a path for a new spare that is the same file as one of the array's

@@ -1,4 +1,4 @@
-package raid
+package faulty
 
 import (
 	"bytes"
@@ -14,8 +14,15 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member"
 )
+
+// The kinds are registered as cmd/raid5d registers them.
+func TestMain(m *testing.M) {
+	Register(raid.DataOffset)
+	os.Exit(m.Run())
+}
 
 // The volatile member (faulty:PATH?volatile) is tested here, inside the package, so that a
 // recording member underneath can show the order in which a Sync writes its pages.
@@ -42,7 +49,7 @@ func newVolatileFile(t *testing.T, size int) (string, []byte) {
 func TestVolatileSpecModel(t *testing.T) {
 	const size = 256<<10 + 1000 // a short last page
 	path, data := newVolatileFile(t, size)
-	m, err := OpenMember(FaultySpecPrefix+path+"?volatile", false)
+	m, err := member.Open(Prefix+path+"?volatile", member.Exclusive)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +115,8 @@ func TestVolatileSpecModel(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.ReadAt(buf[:10], 0); !errors.Is(err, errVolatileClosed) {
-		t.Fatalf("read after Close: %v, want errVolatileClosed", err)
+	if _, err := m.ReadAt(buf[:10], 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("read after Close: %v, want ErrClosed", err)
 	}
 	file, err := os.ReadFile(path)
 	if err != nil {
@@ -119,12 +126,12 @@ func TestVolatileSpecModel(t *testing.T) {
 		t.Fatal("after Close without Sync the file differs from the last Sync's contents")
 	}
 	for _, bad := range []string{"volatile=maybe", "volatile=2"} {
-		if _, err := OpenMember(FaultySpecPrefix+path+"?"+bad, false); err == nil {
+		if _, err := member.Open(Prefix+path+"?"+bad, member.Exclusive); err == nil {
 			t.Fatalf("spec %q accepted", bad)
 		}
 	}
 	// volatile=false is a plain faulty: member: writes reach the file at once.
-	m, err = OpenMember(FaultySpecPrefix+path+"?volatile=false", false)
+	m, err = member.Open(Prefix+path+"?volatile=false", member.Exclusive)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +197,7 @@ func (r *recordingMember) Name() string { return "recording" }
 func TestVolatileSyncOrder(t *testing.T) {
 	const pages = 64
 	rec := &recordingMember{data: make([]byte, pages*volatilePage), failAfter: -1}
-	v := newVolatileMember(rec)
+	v := NewVolatile(rec)
 	page := bytes.Repeat([]byte{7}, volatilePage)
 	for pg := range int64(pages) {
 		if _, err := v.WriteAt(page, pg*volatilePage); err != nil {
@@ -252,7 +259,7 @@ func TestVolatileSyncOrder(t *testing.T) {
 func TestVolatileConcurrent(t *testing.T) {
 	const pages = 32
 	rec := &recordingMember{data: make([]byte, 2*pages*volatilePage), failAfter: -1}
-	v := newVolatileMember(rec)
+	v := NewVolatile(rec)
 	var wg sync.WaitGroup
 	for w := range 2 {
 		wg.Go(func() {
@@ -296,8 +303,8 @@ func TestVolatileConcurrent(t *testing.T) {
 func TestVolatileSpelling(t *testing.T) {
 	const size = 64 << 10
 	pairs := [][2]string{
-		{FaultySpecPrefix + "%s?volatile", VolatileSpecPrefix + "%s"},
-		{FaultySpecPrefix + "%s?volatile&rfail=8K+4K", VolatileSpecPrefix + "%s?rfail=8K+4K"},
+		{Prefix + "%s?volatile", VolatilePrefix + "%s"},
+		{Prefix + "%s?volatile&rfail=8K+4K", VolatilePrefix + "%s?rfail=8K+4K"},
 	}
 	for _, pair := range pairs {
 		var files [2][]byte
@@ -306,7 +313,7 @@ func TestVolatileSpelling(t *testing.T) {
 			path, data := newVolatileFile(t, size)
 			orig = data
 			spec := strings.Replace(form, "%s", path, 1)
-			m, err := OpenMember(spec, false)
+			m, err := member.Open(spec, member.Exclusive)
 			if err != nil {
 				t.Fatalf("%s: %v", spec, err)
 			}
@@ -328,7 +335,7 @@ func TestVolatileSpelling(t *testing.T) {
 				t.Fatalf("%s: the unsynced write does not read back: %v", spec, err)
 			}
 			_, err = m.ReadAt(got[:10], 9000)
-			if wantFault := strings.Contains(spec, "rfail"); errors.Is(err, errInjected) != wantFault {
+			if wantFault := strings.Contains(spec, "rfail"); errors.Is(err, ErrInjected) != wantFault {
 				t.Fatalf("%s: read in the rfail range: %v", spec, err)
 			}
 			if err := m.Close(); err != nil {
@@ -350,16 +357,16 @@ func TestVolatileSpelling(t *testing.T) {
 
 	path, _ := newVolatileFile(t, size)
 	for _, bad := range []string{
-		VolatileSpecPrefix,
-		VolatileSpecPrefix + "?rfail=0+1",
-		FaultySpecPrefix + "?volatile",
-		VolatileSpecPrefix + path + "?volatile",
-		VolatileSpecPrefix + path + "?volatile=false",
-		VolatileSpecPrefix + path + "?bogus=1",
-		VolatileSpecPrefix + path + "?after=-1",
-		VolatileSpecPrefix + path + "?wfail=12",
+		VolatilePrefix,
+		VolatilePrefix + "?rfail=0+1",
+		Prefix + "?volatile",
+		VolatilePrefix + path + "?volatile",
+		VolatilePrefix + path + "?volatile=false",
+		VolatilePrefix + path + "?bogus=1",
+		VolatilePrefix + path + "?after=-1",
+		VolatilePrefix + path + "?wfail=12",
 	} {
-		m, err := OpenMember(bad, false)
+		m, err := member.Open(bad, member.Exclusive)
 		if err == nil {
 			m.Close()
 			t.Errorf("spec %q accepted", bad)
@@ -370,7 +377,7 @@ func TestVolatileSpelling(t *testing.T) {
 		}
 	}
 	// A spec whose file does not exist is a missing member, as a plain path is.
-	if _, err := OpenMember(VolatileSpecPrefix+path+".absent?rfail=0+1", false); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := member.Open(VolatilePrefix+path+".absent?rfail=0+1", member.Exclusive); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("absent file: %v, want fs.ErrNotExist", err)
 	}
 }
@@ -387,65 +394,16 @@ func TestSpecPath(t *testing.T) {
 		{"volatile:j.log?delay=1ms", "j.log", "volatile:/d/j.log?delay=1ms"},
 		{"volatile:j.log?", "j.log", "volatile:/d/j.log?"},
 	} {
-		if got := SpecPath(c.spec); got != c.path {
+		if got := member.SpecPath(c.spec); got != c.path {
 			t.Errorf("SpecPath(%q) = %q, want %q", c.spec, got, c.path)
 		}
-		if got, err := MapSpecPath(c.spec, abs); err != nil || got != c.mapped {
+		if got, err := member.MapSpecPath(c.spec, abs); err != nil || got != c.mapped {
 			t.Errorf("MapSpecPath(%q) = %q, %v; want %q", c.spec, got, err, c.mapped)
 		}
 	}
 	boom := errors.New("boom")
-	if _, err := MapSpecPath("volatile:x", func(string) (string, error) { return "", boom }); !errors.Is(err, boom) {
+	if _, err := member.MapSpecPath("volatile:x", func(string) (string, error) { return "", boom }); !errors.Is(err, boom) {
 		t.Errorf("MapSpecPath error: %v", err)
-	}
-}
-
-// TestJournalPlacementDevices: checkJournalPlacement's block-device cases, on device nodes made
-// with mknod (root only; nothing opens them): two nodes of one device number are the same
-// device; a file whose filesystem is a member device (st_dev = the member's rdev) is on the
-// member, and so is the reverse; another device number is not. TestJournalOnMember covers
-// the same-file case through Create and Assemble.
-func TestJournalPlacementDevices(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "j.img")
-	if err := os.WriteFile(file, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var fst unix.Stat_t
-	if err := unix.Stat(file, &fst); err != nil {
-		t.Fatal(err)
-	}
-	node := func(name string, dev uint64) string {
-		p := filepath.Join(dir, name)
-		if err := unix.Mknod(p, unix.S_IFBLK|0o600, int(dev)); err != nil {
-			t.Skipf("mknod: %v (needs root)", err)
-		}
-		return p
-	}
-	devA := unix.Mkdev(7, 200)
-	a1, a2 := node("a1", devA), node("a2", devA)
-	other := node("b", unix.Mkdev(7, 201))
-	fsDev := node("fs", fst.Dev)
-	for _, c := range []struct {
-		journal, member, why string
-	}{
-		{a1, a2, "same block device"},
-		{a1, other, ""},
-		{file, fsDev, "is a file on a filesystem of member"},
-		{fsDev, file, "block device holding the filesystem of member"},
-		{file, other, ""},
-		{VolatileSpecPrefix + a1, FaultySpecPrefix + a2 + "?delay=1ms", "same block device"},
-	} {
-		err := checkJournalPlacement(c.journal, []string{other + ".absent", c.member})
-		if c.why == "" {
-			if err != nil {
-				t.Errorf("journal %s, member %s: %v", c.journal, c.member, err)
-			}
-			continue
-		}
-		if !errors.Is(err, ErrJournalOnMember) || !strings.Contains(err.Error(), c.why) || !strings.Contains(err.Error(), c.member) {
-			t.Errorf("journal %s, member %s: %v; want ErrJournalOnMember, %q", c.journal, c.member, err, c.why)
-		}
 	}
 }
 
@@ -458,7 +416,7 @@ func TestDelayControlled(t *testing.T) {
 	if err := os.WriteFile(path, make([]byte, 4096), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	m, err := OpenMember(FaultySpecPrefix+path+"?delay=10m&ctl="+ctl, false)
+	m, err := member.Open(Prefix+path+"?delay=10m&ctl="+ctl, member.Exclusive)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +437,7 @@ func TestDelayControlled(t *testing.T) {
 		t.Fatal("delay slept without its control file")
 	}
 	m.Close()
-	if m, err = OpenMember(FaultySpecPrefix+path+"?delay=30ms&ctl="+ctl, false); err != nil {
+	if m, err = member.Open(Prefix+path+"?delay=30ms&ctl="+ctl, member.Exclusive); err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
@@ -492,5 +450,55 @@ func TestDelayControlled(t *testing.T) {
 	}
 	if d := time.Since(start); d < 30*time.Millisecond {
 		t.Fatalf("write took %v with delay=30ms and its control file present", d)
+	}
+}
+
+// TestSpecAsFaults: a spec's keys keep their meaning as the Member's Faults they become: a
+// write that wfail and drop both select fails, whichever key comes first; an empty range
+// selects nothing (a Fault with Len 0 would select everything); and after is one count for
+// all the spec's faults, reads and writes together.
+func TestSpecAsFaults(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m")
+	if err := os.WriteFile(path, make([]byte, 64<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := func(query string) member.Member {
+		t.Helper()
+		m, err := member.Open(Prefix+path+"?"+query, member.Exclusive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	buf := make([]byte, 4096)
+	m := open("drop=0+8K&wfail=4K+4K")
+	if _, err := m.WriteAt(buf, 4096); !errors.Is(err, ErrInjected) {
+		t.Errorf("write selected by drop and wfail: %v, want ErrInjected", err)
+	}
+	if n, err := m.WriteAt(buf, 0); err != nil || n != len(buf) {
+		t.Errorf("write selected by drop alone = %d, %v; want dropped (%d, nil)", n, err, len(buf))
+	}
+	m.Close()
+	m = open("rfail=0+0&wfail=8K+0")
+	if _, err := m.ReadAt(buf, 0); err != nil {
+		t.Errorf("read with rfail=0+0: %v, want no fault", err)
+	}
+	if _, err := m.WriteAt(buf, 8192); err != nil {
+		t.Errorf("write with wfail=8K+0: %v, want no fault", err)
+	}
+	m.Close()
+	m = open("rfail=0+4K&wfail=0+4K&after=2")
+	if _, err := m.ReadAt(buf, 0); err != nil {
+		t.Errorf("first matching operation (a read): %v, want it to pass", err)
+	}
+	if _, err := m.WriteAt(buf, 0); err != nil {
+		t.Errorf("second matching operation (a write): %v, want it to pass", err)
+	}
+	if _, err := m.ReadAt(buf, 8192); err != nil {
+		t.Errorf("a read no fault selects: %v", err)
+	}
+	if _, err := m.ReadAt(buf, 0); !errors.Is(err, ErrInjected) {
+		t.Errorf("third matching operation (a read): %v, want ErrInjected", err)
 	}
 }

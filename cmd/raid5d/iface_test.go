@@ -1,4 +1,4 @@
-package raid_test
+package main
 
 import (
 	"github.com/pojntfx/go-nbd/pkg/backend"
@@ -7,7 +7,8 @@ import (
 	"github.com/raid5d/raid5d/raid"
 )
 
-// The array is what the NBD layers serve.
+// The array is what the NBD layers serve (device.go wraps it for the server); raid itself does
+// not import nbd.
 var (
 	_ backend.Backend  = (*raid.Array)(nil)
 	_ nbd.Device       = (*raid.Array)(nil)
