@@ -255,37 +255,72 @@ func TestCacheDegradedPlan(t *testing.T) {
 	check(t, l, mm, model)
 }
 
-// TestAddOp: consecutive units in one buffer merge into one member I/O; units in separate
-// buffers, on other members or in the other direction do not.
-func TestAddOp(t *testing.T) {
-	buf := make([]byte, 4*stripe.UnitSize)
-	other := make([]byte, stripe.UnitSize)
-	u := func(i int) []byte { return buf[i*stripe.UnitSize : (i+1)*stripe.UnitSize] }
-	first := stripe.MemberOp{Role: 1, Buf: u(0), Off: 0}
-	// Each case differs from an op that continues first in exactly one property, so each
-	// check of addOp is needed by one case.
-	for _, tc := range []struct {
-		name  string
-		op    stripe.MemberOp
-		merge bool
+// TestRunOps: a write-out turns each planned run into member operations, one per piece of
+// the run that is contiguous in memory. In a stripe of 2 data chunks of 2 units, a pinned 12 KiB
+// write references chunk 0 whole and chunk 1's unit 0 (contiguous in the pinned buffer, across
+// the chunk boundary) and a copied write fills chunk 1's unit 1: chunk 0 is one write from the
+// pinned buffer, chunk 1 two (the pinned unit and the head's own, not contiguous), parity one.
+// Merging across runs would put chunk 1's pinned unit on chunk 0's member; merging without
+// contiguous memory would write the bytes after the pinned unit.
+func TestRunOps(t *testing.T) {
+	l, _ := stripe.NewLayout(3, 8<<10, stripe.LeftSymmetric)
+	c, _, _ := newTestCache(t, l, 2, 2, -1, 3)
+	const U = stripe.UnitSize
+	pinned := make([]byte, 3*U)
+	for i := range pinned {
+		pinned[i] = byte(i / U)
+	}
+	pin := NewPin(nil)
+	if _, err := c.Write(pinned, 0, true, pin); err != nil {
+		t.Fatal(err)
+	}
+	pin.Drop()
+	copied := bytes.Repeat([]byte{9}, U)
+	if _, err := c.Write(copied, 3*U, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	lk := c.locks.For(0)
+	lk.Lock()
+	defer lk.Unlock()
+	h := c.lookup(0)
+	ws := c.getWork()
+	defer c.putWork(ws)
+	p := &ws.plan
+	stripe.PlanWrite(p, l, stripe.WriteState{Stripe: 0, Units: h.st, Missing: -1})
+	ops := c.appendRuns(nil, h, ws, p, p.Writes, true)
+	pm := l.ParityMember(0)
+	want := []struct {
+		role int
+		off  int64
+		buf  []byte
 	}{
-		{"continues", stripe.MemberOp{Role: 1, Buf: u(1), Off: stripe.UnitSize}, true},
-		{"memory not contiguous", stripe.MemberOp{Role: 1, Buf: other, Off: stripe.UnitSize}, false},
-		{"another member", stripe.MemberOp{Role: 2, Buf: u(1), Off: stripe.UnitSize}, false},
-		{"offset gap", stripe.MemberOp{Role: 1, Buf: u(1), Off: 2 * stripe.UnitSize}, false},
-		{"other direction", stripe.MemberOp{Role: 1, Buf: u(1), Off: stripe.UnitSize, Write: true}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ops := addOp(addOp(nil, first), tc.op)
-			if tc.merge {
-				if len(ops) != 1 || len(ops[0].Buf) != 2*stripe.UnitSize || ops[0].Off != 0 {
-					t.Fatalf("not merged: %d ops, first %d bytes at %d", len(ops), len(ops[0].Buf), ops[0].Off)
-				}
-				return
+		{l.DataMember(0, 0), 0, pinned[:2*U]},
+		{l.DataMember(0, 1), 0, pinned[2*U:]},
+		{l.DataMember(0, 1), U, copied},
+		{pm, 0, nil},
+	}
+	if len(ops) != len(want) {
+		for _, op := range ops {
+			t.Logf("role %d off %d len %d", op.Role, op.Off, len(op.Buf))
+		}
+		t.Fatalf("%d member writes, want %d", len(ops), len(want))
+	}
+	for i, w := range want {
+		op := ops[i]
+		if op.Role != w.role || op.Off != w.off || !op.Write || op.Stripe != 0 || op.Vec != nil {
+			t.Fatalf("write %d: role %d off %d write %v stripe %d, want role %d off %d, a write in stripe 0", i, op.Role, op.Off, op.Write, op.Stripe, w.role, w.off)
+		}
+		if w.buf == nil {
+			if len(op.Buf) != 2*U {
+				t.Fatalf("parity write of %d bytes, want %d", len(op.Buf), 2*U)
 			}
-			if len(ops) != 2 || len(ops[0].Buf) != stripe.UnitSize || ops[1].Role != tc.op.Role || ops[1].Off != tc.op.Off {
-				t.Fatalf("%+v merged into the previous op: %d ops", tc.op, len(ops))
-			}
-		})
+			continue
+		}
+		if !bytes.Equal(op.Buf, w.buf) {
+			t.Fatalf("write %d (role %d, off %d) writes the wrong bytes", i, op.Role, op.Off)
+		}
+	}
+	if &ops[0].Buf[0] != &pinned[0] || &ops[1].Buf[0] != &pinned[2*U] {
+		t.Fatal("the pinned units are not written straight from the pinned buffer")
 	}
 }

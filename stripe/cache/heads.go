@@ -6,10 +6,10 @@ import (
 	"github.com/raid5d/raid5d/stripe"
 )
 
-// Unit states.
+// Unit states: a head's st, one per data unit, is stripe.PlanWrite's input as it is.
 const (
-	stUp    = 1 // the unit's data is known (in buf or refs)
-	stDirty = 2 // newer than the members; implies stUp
+	stUp    = stripe.UnitUp    // the unit's data is known (in buf or refs)
+	stDirty = stripe.UnitDirty // newer than the members; implies stUp
 )
 
 // Queues.

@@ -9,7 +9,7 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 	off := s*c.chunk + int64(u)*stripe.UnitSize
 	role := c.layout.DataMember(s, d)
 	if role != c.m.Missing(s) {
-		if err := c.m.Do([]stripe.MemberOp{{Role: role, Buf: dst, Off: off}}); err != nil {
+		if err := c.m.Do([]stripe.MemberOp{{Role: role, Buf: dst, Off: off, Stripe: s}}); err != nil {
 			return err
 		}
 		h.setUp(d*c.upc + u)
@@ -28,7 +28,7 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 			r = c.layout.DataMember(s, i)
 		}
 		ws.shards[i] = ws.old[int64(i)*stripe.UnitSize : int64(i+1)*stripe.UnitSize]
-		ops = append(ops, stripe.MemberOp{Role: r, Buf: ws.shards[i], Off: off})
+		ops = append(ops, stripe.MemberOp{Role: r, Buf: ws.shards[i], Off: off, Stripe: s})
 	}
 	ws.ops = ops[:0]
 	if err := c.m.Do(ops); err != nil {

@@ -11,8 +11,9 @@ type batch struct {
 	data   []byte // nBatch stripes of data: the copy of the caller's, without stable pages
 	par    []byte // nBatch parity chunks
 	ops    []stripe.MemberOp
-	vecs   [][]byte // the ops' Vec, back to back
+	vecs   [][]byte // the ops' Vec: slot r·n+i holds role r's chunk of the batch's stripe i, or nil
 	shards [][]byte
+	plan   stripe.Plan
 }
 
 // Write writes p at array offset off, stripe by stripe, each under its stripe lock. The caller
@@ -155,30 +156,20 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 		if P == nil {
 			P = ws.old[:c.chunk]
 		}
-		for d := range c.nd {
-			ws.shards[d] = q[int64(d)*c.chunk : int64(d+1)*c.chunk]
-		}
-		ws.shards[c.nd] = P
-		if err := c.coder.Encode(ws.shards); err != nil {
+		p := &ws.plan
+		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: c.whole, Missing: c.m.Missing(s)})
+		if err := c.encodeWhole(p, ws.shards, q, P); err != nil {
 			return err
 		}
-		miss := c.m.Missing(s)
 		ops := ws.ops[:0]
-		for d := 0; d <= c.nd; d++ {
-			r := c.layout.ParityMember(s)
-			if d < c.nd {
-				r = c.layout.DataMember(s, d)
-			}
-			if r != miss {
-				ops = append(ops, stripe.MemberOp{Role: r, Buf: ws.shards[d], Off: s * c.chunk, Write: true})
-			}
+		for _, r := range p.Writes {
+			ops = append(ops, stripe.MemberOp{Role: r.Role, Buf: c.wholeRun(r, q, P), Off: p.Off(r), Write: true, Stripe: s})
 		}
 		ws.ops = ops[:0]
-		clear(ws.shards)
 		if err := c.m.Do(ops); err != nil {
 			return err
 		}
-		c.full.Add(1)
+		c.count(p.Kind)
 		return nil
 	}
 	private := h == nil // not cached: copy into a spare head rather than take a cache slot
@@ -224,13 +215,17 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 		clear(b.shards)
 		c.batches.Put(b)
 	}()
-	C, D, ss := c.chunk, int64(c.nd), c.layout.StripeSize()
+	C, ss := c.chunk, c.layout.StripeSize()
 	src := q
 	if !stable {
 		src = b.data[:len(q)]
 		copy(src, q)
 		c.copied.Add(uint64(len(q)))
 	}
+	m := int64(c.layout.Members())
+	vecs := b.vecs[:n*m]
+	clear(vecs)
+	p := &b.plan
 	for i := range n {
 		s := s0 + i
 		if h := c.lookup(s); h != nil {
@@ -240,43 +235,74 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 				c.cleaned(h)
 			}
 		}
-		for d := range D {
-			b.shards[d] = src[i*ss+d*C : i*ss+(d+1)*C]
-		}
-		b.shards[D] = b.par[i*C : (i+1)*C]
-		if err := c.coder.Encode(b.shards); err != nil {
+		q, P := src[i*ss:(i+1)*ss], b.par[i*C:(i+1)*C]
+		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: c.whole, Missing: c.m.Missing(s)})
+		if err := c.encodeWhole(p, b.shards, q, P); err != nil {
 			return err
 		}
+		for _, r := range p.Writes { // whole chunks: a whole stripe's plan writes every chunk at Off s·C
+			vecs[int64(r.Role)*n+i] = c.wholeRun(r, q, P)
+		}
 	}
-	ops, vecs := b.ops[:0], b.vecs[:0]
-	for r := range c.layout.Members() {
-		k0 := len(vecs) // the current op's first buffer in vecs
-		for i := range n {
-			s := s0 + i
-			if r == c.m.Missing(s) { // end the op before the chunk it must skip
-				if len(vecs) > k0 {
-					ops = append(ops, stripe.MemberOp{Role: r, Off: (s0 + i - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
-				}
-				k0 = len(vecs)
+	// One vectored write per member and run of stripes it is not missing in.
+	ops := b.ops[:0]
+	for r := range m {
+		v := vecs[r*n : (r+1)*n]
+		for i := int64(0); i < n; {
+			if v[i] == nil {
+				i++
 				continue
 			}
-			var chunk []byte
-			if r == c.layout.ParityMember(s) {
-				chunk = b.par[i*C : (i+1)*C]
-			} else {
-				d := int64(c.layout.DataIndex(s, r))
-				chunk = src[i*ss+d*C : i*ss+(d+1)*C]
+			j := i + 1
+			for j < n && v[j] != nil {
+				j++
 			}
-			vecs = append(vecs, chunk)
-		}
-		if len(vecs) > k0 {
-			ops = append(ops, stripe.MemberOp{Role: r, Off: (s0 + n - int64(len(vecs)-k0)) * C, Write: true, Vec: vecs[k0:len(vecs):len(vecs)]})
+			ops = append(ops, stripe.MemberOp{Role: int(r), Off: (s0 + i) * C, Write: true, Vec: v[i:j:j], Stripe: s0 + i, Stripes: j - i})
+			i = j
 		}
 	}
-	b.ops, b.vecs = ops, vecs
+	b.ops = ops
 	if err := c.m.Do(ops); err != nil {
 		return err
 	}
 	c.full.Add(uint64(n))
 	return nil
+}
+
+// encodeWhole computes into P the parity of the stripe whose data chunks lie back to back in q,
+// for each run of columns that plan p encodes (a whole stripe's plan encodes every column, or
+// none when the parity member is missing). shards is scratch for D+1 slices.
+func (c *Cache) encodeWhole(p *stripe.Plan, shards [][]byte, q, P []byte) error {
+	defer clear(shards)
+	for u0 := 0; u0 < len(p.Cols); {
+		if p.Cols[u0] != stripe.ColEncode {
+			u0++
+			continue
+		}
+		u1 := u0 + 1
+		for u1 < len(p.Cols) && p.Cols[u1] == stripe.ColEncode {
+			u1++
+		}
+		lo, hi := int64(u0)*stripe.UnitSize, int64(u1)*stripe.UnitSize
+		for d := range c.nd {
+			shards[d] = q[int64(d)*c.chunk+lo : int64(d)*c.chunk+hi]
+		}
+		shards[c.nd] = P[lo:hi]
+		if err := c.coder.Encode(shards); err != nil {
+			return err
+		}
+		u0 = u1
+	}
+	return nil
+}
+
+// wholeRun returns the buffer of planned run r of a stripe whose data chunks lie back to back in
+// q and whose parity chunk is P.
+func (c *Cache) wholeRun(r stripe.Run, q, P []byte) []byte {
+	lo, hi := int64(r.Unit)*stripe.UnitSize, int64(r.Unit+r.N)*stripe.UnitSize
+	if r.Chunk == c.nd {
+		return P[lo:hi]
+	}
+	o := int64(r.Chunk) * c.chunk
+	return q[o+lo : o+hi]
 }

@@ -4,128 +4,57 @@ import "github.com/raid5d/raid5d/stripe"
 
 // workspace is one write-out's scratch memory.
 type workspace struct {
+	plan   stripe.Plan
 	ops    []stripe.MemberOp
 	shards [][]byte
-	old    []byte  // (D+1)×chunk: old data for read-modify-write, or rebuild scratch
-	cols   []uint8 // per unit column: colDirty, colRMW
+	old    []byte // (D+1)×chunk: old data for read-modify-write, or rebuild scratch
 }
 
-// Column flags of a write-out.
-const (
-	colDirty = 1 // some data unit of the column is dirty
-	colRMW   = 2 // the column is written by read-modify-write
-)
-
 // writeOut writes h's dirty units and the matching parity to the members of stripe s, under
-// s's lock. Full heads need no reads. Otherwise it reads what reconstruct-write or
-// read-modify-write needs, whichever reads fewer units; a stripe whose missing member holds
-// data reconstructs where it can (the missing unit is known) and reads old data and parity
-// where it cannot. On success the dirty units are clean and referenced units are released
-// (and no longer up to date); on error they stay dirty.
+// s's lock, as stripe.PlanWrite plans it: the plan's reads into the head's units (its parity
+// unit) or the old-data scratch, each column's parity, then the plan's writes. On success the
+// dirty units are clean and referenced units are released (and no longer up to date); on
+// error they stay dirty, and the head's parity on the members is no longer trusted.
 func (c *Cache) writeOut(h *head, s int64) error {
-	D, upc := c.nd, c.upc
-	miss := c.m.Missing(s)
-	pm := c.layout.ParityMember(s)
-	dm := -1 // data index of the missing member
-	if miss >= 0 && miss != pm {
-		dm = c.layout.DataIndex(s, miss)
-	}
-	base := s * c.chunk
+	D := c.nd
 	ws := c.getWork()
 	defer c.putWork(ws)
-	cols := ws.cols[:upc]
-	clear(cols)
-	for i, st := range h.st {
-		if st&stDirty != 0 {
-			cols[i%upc] = colDirty
-		}
+	p := &ws.plan
+	// Stale parity matters only to a stripe that is not whole in the head.
+	stale := h.mustRCW || h.nUp < D*c.upc && c.mustRC != nil && c.mustRC(s)
+	stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: h.st, Missing: c.m.Missing(s), ParityStale: stale})
+	if p.Kind == stripe.KindNone {
+		return nil
 	}
-	colDirty := func(u int) bool { return cols[u]&colDirty != 0 }
-	full := h.nUp == D*upc
-	rmw := false
-	if !full && dm < 0 && !h.mustRCW && (c.mustRC == nil || !c.mustRC(s)) {
-		rcwReads, rmwReads := 0, 0
-		for u := range upc {
-			nd, nu := 0, 0
-			for d := range D {
-				st := h.st[d*upc+u]
-				if st&stDirty != 0 {
-					nd++
-				}
-				if st&stUp != 0 {
-					nu++
-				}
-			}
-			if nd > 0 {
-				rcwReads += D - nu
-				rmwReads += nd + 1
-			}
-		}
-		rmw = rmwReads < rcwReads
-	}
-	for u := range upc {
-		if rmw || dm >= 0 && h.st[dm*upc+u]&stUp == 0 {
-			cols[u] |= colRMW
-		}
-	}
-	colRMW := func(u int) bool { return cols[u]&colRMW != 0 }
-	anyRMW := false
-
-	ops := ws.ops[:0]
-	if miss != pm {
-		// Reads.
-		for d := range D {
-			if d == dm {
-				continue
-			}
-			role := c.layout.DataMember(s, d)
-			for u := range upc {
-				st := h.st[d*upc+u]
-				off := base + int64(u)*stripe.UnitSize
-				if !colDirty(u) {
-					continue
-				}
-				if colRMW(u) {
-					if st&stDirty != 0 {
-						o := int64(d)*c.chunk + int64(u)*stripe.UnitSize
-						ops = addOp(ops, stripe.MemberOp{Role: role, Buf: ws.old[o : o+stripe.UnitSize : int64(d+1)*c.chunk], Off: off})
-					}
-				} else if st&stUp == 0 {
-					ops = addOp(ops, stripe.MemberOp{Role: role, Buf: c.unit(h, d, u), Off: off})
-				}
-			}
-		}
-		for u := range upc {
-			if colDirty(u) && colRMW(u) {
-				anyRMW = true
-				ops = addOp(ops, stripe.MemberOp{Role: pm, Buf: c.parityUnit(h, u), Off: base + int64(u)*stripe.UnitSize})
-			}
-		}
-		if err := c.m.Do(ops); err != nil {
-			ws.ops = ops[:0]
+	if len(p.Reads) > 0 {
+		ops := c.appendRuns(ws.ops[:0], h, ws, p, p.Reads, false)
+		err := c.m.Do(ops)
+		clear(ops)
+		ws.ops = ops[:0]
+		if err != nil {
 			return err
 		}
-		// Parity.
-		for u := range upc {
-			if !colDirty(u) {
-				continue
+		for _, r := range p.Reads {
+			if r.Buf == stripe.BufUnit && r.Chunk < D {
+				for u := r.Unit; u < r.Unit+r.N; u++ {
+					h.setUp(r.Chunk*c.upc + u)
+				}
 			}
-			P := c.parityUnit(h, u)
-			if colRMW(u) {
-				for d := range D {
-					if h.st[d*upc+u]&stDirty != 0 {
-						o := int64(d)*c.chunk + int64(u)*stripe.UnitSize
-						if err := c.coder.Update(P, ws.old[o:o+stripe.UnitSize], c.src(h, d, u)); err != nil {
-							return err
-						}
+		}
+	}
+	for u, col := range p.Cols {
+		P := c.parityUnit(h, u)
+		switch col {
+		case stripe.ColUpdate:
+			for d := range D {
+				if h.st[d*c.upc+u]&stDirty != 0 {
+					if err := c.coder.Update(P, c.oldUnit(ws, d, u), c.src(h, d, u)); err != nil {
+						return err
 					}
 				}
-				continue
 			}
+		case stripe.ColEncode:
 			for d := range D {
-				if h.st[d*upc+u]&stUp == 0 { // read just now
-					h.setUp(d*upc + u)
-				}
 				ws.shards[d] = c.src(h, d, u)
 			}
 			ws.shards[D] = P
@@ -133,28 +62,9 @@ func (c *Cache) writeOut(h *head, s int64) error {
 				return err
 			}
 		}
-		clear(ws.shards)
 	}
-	// Writes.
-	ops = ops[:0]
-	for d := range D {
-		role := c.layout.DataMember(s, d)
-		if role == miss {
-			continue
-		}
-		for u := range upc {
-			if h.st[d*upc+u]&stDirty != 0 {
-				ops = addOp(ops, stripe.MemberOp{Role: role, Buf: c.src(h, d, u), Off: base + int64(u)*stripe.UnitSize, Write: true})
-			}
-		}
-	}
-	if miss != pm {
-		for u := range upc {
-			if colDirty(u) {
-				ops = addOp(ops, stripe.MemberOp{Role: pm, Buf: c.parityUnit(h, u), Off: base + int64(u)*stripe.UnitSize, Write: true})
-			}
-		}
-	}
+	clear(ws.shards)
+	ops := c.appendRuns(ws.ops[:0], h, ws, p, p.Writes, true)
 	err := c.m.Do(ops)
 	clear(ops)
 	ws.ops = ops[:0]
@@ -174,26 +84,55 @@ func (c *Cache) writeOut(h *head, s int64) error {
 		}
 	}
 	h.nDirty, h.mustRCW = 0, false
-	switch {
-	case full:
-		c.full.Add(1)
-	case anyRMW:
-		c.rmw.Add(1)
-	default:
-		c.rcw.Add(1)
-	}
+	c.count(p.Kind)
 	return nil
 }
 
-// addOp appends op to ops, or extends the last op when op continues it on the same member in
-// the same direction with contiguous memory.
-func addOp(ops []stripe.MemberOp, op stripe.MemberOp) []stripe.MemberOp {
-	if n := len(ops); n > 0 {
-		l := &ops[n-1]
-		if l.Role == op.Role && l.Write == op.Write && l.Off+int64(len(l.Buf)) == op.Off && contiguous(l.Buf, op.Buf) {
-			l.Buf = l.Buf[:len(l.Buf)+len(op.Buf)]
-			return ops
+// count counts a write-out of one stripe of kind k.
+func (c *Cache) count(k stripe.Kind) {
+	switch k {
+	case stripe.KindFull:
+		c.full.Add(1)
+	case stripe.KindRMW:
+		c.rmw.Add(1)
+	case stripe.KindRCW:
+		c.rcw.Add(1)
+	}
+}
+
+// appendRuns appends to ops the member operations of the plan's runs (its reads, or with write
+// its writes) on head h and workspace ws, and returns the extended slice. A run's units become
+// one operation where their buffers are contiguous in memory (the head's own units of a chunk
+// are; units referenced in pinned buffers may not be), several otherwise.
+func (c *Cache) appendRuns(ops []stripe.MemberOp, h *head, ws *workspace, p *stripe.Plan, runs []stripe.Run, write bool) []stripe.MemberOp {
+	for _, r := range runs {
+		off := p.Off(r)
+		for u := r.Unit; u < r.Unit+r.N; u++ {
+			var b []byte
+			switch {
+			case r.Buf == stripe.BufOld:
+				b = c.oldUnit(ws, r.Chunk, u)
+			case r.Chunk == c.nd:
+				b = c.parityUnit(h, u)
+			case write:
+				b = c.src(h, r.Chunk, u)
+			default:
+				b = c.unit(h, r.Chunk, u)
+			}
+			ops = extendOp(ops, u > r.Unit, stripe.MemberOp{Role: r.Role, Buf: b, Off: off, Write: write, Stripe: p.Stripe})
+			off += stripe.UnitSize
 		}
+	}
+	return ops
+}
+
+// extendOp appends op to ops, or, when cont says op continues the last op on its member (the
+// next unit of the same planned run), extends the last op if op's buffer follows its buffer in
+// memory.
+func extendOp(ops []stripe.MemberOp, cont bool, op stripe.MemberOp) []stripe.MemberOp {
+	if n := len(ops); cont && n > 0 && contiguous(ops[n-1].Buf, op.Buf) {
+		ops[n-1].Buf = ops[n-1].Buf[:len(ops[n-1].Buf)+len(op.Buf)]
+		return ops
 	}
 	return append(ops, op)
 }
@@ -203,11 +142,16 @@ func contiguous(a, b []byte) bool {
 	return len(b) > 0 && cap(a) >= len(a)+len(b) && &a[:len(a)+1][len(a)] == &b[0]
 }
 
+// oldUnit returns the old-data scratch of unit (d, u), with capacity to the end of chunk d.
+func (c *Cache) oldUnit(ws *workspace, d, u int) []byte {
+	o := int64(d)*c.chunk + int64(u)*stripe.UnitSize
+	return ws.old[o : o+stripe.UnitSize : int64(d+1)*c.chunk]
+}
+
 func (c *Cache) getWork() *workspace {
 	ws := c.work.Get().(*workspace)
 	if ws.old == nil {
 		ws.old = make([]byte, int64(c.nd+1)*c.chunk)
-		ws.cols = make([]uint8, c.upc)
 	}
 	return ws
 }
