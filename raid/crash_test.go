@@ -252,7 +252,8 @@ func TestResyncReconstructs(t *testing.T) {
 
 // TestBitmapBeforeWrite: every data-area write to a member finds its region's bit already
 // durable in that member's bitmap (checked on the member's stable contents from a hook on the
-// write path); the bits are cleared once the regions are idle and synced, and not before.
+// write path), a batch of whole stripes' too; the bits are cleared once the regions are idle
+// and synced, and not before.
 func TestBitmapBeforeWrite(t *testing.T) {
 	const C, chunks = 4 << 10, 64
 	vs := make([]*raidtest.Volatile, 4)
@@ -290,6 +291,13 @@ func TestBitmapBeforeWrite(t *testing.T) {
 		})
 	}
 	ss := a.Layout().StripeSize()
+	// First 8 whole stripes at once: one batch of vectored member writes (stripe.MemberOp
+	// spanning Stripes stripes), whose every region's bit must be durable, not just the first's.
+	batch := make([]byte, 8*ss)
+	fill(rng2(9, 9), batch)
+	if _, err := a.WriteAt(batch, 2*ss); err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {

@@ -121,7 +121,7 @@ func (a *Array) runRole(b *ioBatch, role int) {
 			if cap(b.iov[role]) < len(op.Vec) {
 				b.iov[role] = make([]unix.Iovec, 0, max(len(op.Vec), 64))
 			}
-			err = a.memberWritev(role, op.Vec, a.dataOffset+op.Off, b.iov[role])
+			err = a.memberWritev(role, op, b.iov[role])
 		} else {
 			err = a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write, true)
 		}
@@ -132,18 +132,16 @@ func (a *Array) runRole(b *ioBatch, role int) {
 	}
 }
 
-// memberWritev writes bufs, each within one chunk, one after another from member offset off of
-// role: one pwritev on the member that serves role in all their stripes. Where no one member
-// does (missing or not yet rebuilt in some of them), or bufs are more than one call takes, it
-// writes them one by one (memberIO). A failed write fails the member, and is an error only
-// for a stripe that has lost another role too (skipWrite). The caller holds the stripes' locks.
-func (a *Array) memberWritev(role int, bufs [][]byte, off int64, iov []unix.Iovec) error {
-	C := a.layout.ChunkSize()
-	total := int64(0)
-	for _, b := range bufs {
-		total += int64(len(b))
-	}
-	s0, s1 := (off-a.dataOffset)/C, (off+total-1-a.dataOffset)/C
+// memberWritev writes op.Vec, each buffer within one chunk, one after another from op.Off of
+// role: one pwritev on the member that serves role in all the op's stripes. Where no one
+// member does (missing or not yet rebuilt in some of them), or the buffers are more than one
+// call takes, it writes them one by one (memberIO). A failed write fails the member, and is an
+// error only for a stripe that has lost another role too (skipWrite). The caller holds the
+// stripes' locks.
+func (a *Array) memberWritev(role int, op *stripe.MemberOp, iov []unix.Iovec) error {
+	bufs, off := op.Vec, a.dataOffset+op.Off
+	s0, ns := op.Span()
+	s1 := s0 + ns - 1
 	m := a.roles.usable(role, s0)
 	if m == nil || a.roles.usable(role, s1) != m || len(bufs) > maxIov {
 		for _, b := range bufs {
@@ -192,27 +190,12 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 		// batch already under way; this early refusal only spares the journal a record.
 		for i := range ops {
 			if ops[i].Write {
-				return fmt.Errorf("%w: the stripe cache's write-out of stripe %d refused", ErrArrayFailed, ops[i].Off/a.layout.ChunkSize())
+				return fmt.Errorf("%w: the stripe cache's write-out of stripe %d refused", ErrArrayFailed, ops[i].Stripe)
 			}
 		}
 	}
 	if a.bm != nil || a.jr != nil {
-		s0, s1 := int64(-1), int64(-1)
-		C := a.layout.ChunkSize()
-		for i := range ops {
-			if ops[i].Write {
-				s := ops[i].Off / C
-				if s0 < 0 || s < s0 {
-					s0 = s
-				}
-				end := ops[i].Off + int64(len(ops[i].Buf))
-				for _, b := range ops[i].Vec {
-					end += int64(len(b))
-				}
-				s1 = max(s1, s, (end-1)/C)
-			}
-		}
-		if s0 >= 0 {
+		if s0, n := writeSpan(ops); n > 0 {
 			var jops []intentOp
 			if a.journaled() {
 				jp := intentOps.Get().(*[]intentOp)
@@ -233,10 +216,30 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 				}
 				jops = *jp
 			}
-			return a.writeIntent(s0, s1-s0+1, jops, func() error { return m.do(ops) })
+			return a.writeIntent(s0, n, jops, func() error { return m.do(ops) })
 		}
 	}
 	return m.do(ops)
+}
+
+// writeSpan returns the stripes [s0, s0+n) that the writes among ops lie in, from the stripes
+// each op carries (MemberOp.Span); n is 0 when there is no write. The write-intent bitmap's
+// regions and the journal record's range are derived from it.
+func writeSpan(ops []stripe.MemberOp) (s0, n int64) {
+	s0, s1 := int64(-1), int64(-1)
+	for i := range ops {
+		if ops[i].Write {
+			a, k := ops[i].Span()
+			if s0 < 0 || a < s0 {
+				s0 = a
+			}
+			s1 = max(s1, a+k-1)
+		}
+	}
+	if s0 < 0 {
+		return 0, 0
+	}
+	return s0, s1 - s0 + 1
 }
 
 // do is Do without the write-intent bitmap.
