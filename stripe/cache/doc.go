@@ -8,9 +8,9 @@
 // A write covering whole stripes goes out at once, parity from the new data alone, with no
 // member reads. A partial write lands in its head and returns; background write-outs send a
 // head to the members when it has been quiet for WriteBackDelay, at once when it has become full
-// (then, too, with no reads), and oldest first when more than half the heads are dirty. A head
-// still partial when written out takes read-modify-write or reconstruct-write, whichever reads
-// fewer units. A partial write that finds no free head is written through: into a spare head
+// (then, too, with no reads), and oldest first when more than half the heads are dirty. Every
+// write-out executes the plan stripe.PlanWrite makes of its head: a head still partial takes
+// read-modify-write or reconstruct-write, whichever reads fewer units. A partial write that finds no free head is written through: into a spare head
 // and out to the members before Write returns. Reads are served from up-to-date units and go to
 // the members for the rest, so a read sees every write that returned before it started
 // (read-your-writes).
@@ -22,7 +22,7 @@
 //
 // The files follow the jobs: cache.go (the type, New, Start and Close, counters), heads.go
 // (heads, unit state, binding and eviction, the LRU and write-out lists), write.go (Write,
-// partial and whole-stripe writes), writeout.go (planning and issuing a head's member I/O),
+// partial and whole-stripe writes), writeout.go (executing a head's plan: its member I/O),
 // read.go (ReadExtent, Heads, Dirty), writeback.go (the write-out queues and goroutines, Flush,
 // Discard) and pin.go (Pin, Unpin).
 //

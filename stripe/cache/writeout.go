@@ -23,9 +23,6 @@ func (c *Cache) writeOut(h *head, s int64) error {
 	// Stale parity matters only to a stripe that is not whole in the head.
 	stale := h.mustRCW || h.nUp < D*c.upc && c.mustRC != nil && c.mustRC(s)
 	stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: h.st, Missing: c.m.Missing(s), ParityStale: stale})
-	if p.Kind == stripe.KindNone {
-		return nil
-	}
 	if len(p.Reads) > 0 {
 		ops := c.appendRuns(ws.ops[:0], h, ws, p, p.Reads, false)
 		err := c.m.Do(ops)
