@@ -149,6 +149,10 @@ func (c *Cache) getWork() *workspace {
 	ws := c.work.Get().(*workspace)
 	if ws.old == nil {
 		ws.old = make([]byte, int64(c.nd+1)*c.chunk)
+		// Room for a plan's usual runs; a scattered head's grow them once per workspace.
+		ws.plan.Cols = make([]stripe.Col, c.upc)
+		ws.plan.Reads = make([]stripe.Run, 0, 2*(c.nd+1))
+		ws.plan.Writes = make([]stripe.Run, 0, 2*(c.nd+1))
 	}
 	return ws
 }
