@@ -79,7 +79,7 @@ stress: ## the concurrency-heavy unit tests STRESS_COUNT times (30), then STRESS
 	$(GO) test -short -race -count=$(STRESS_RACE_COUNT) -timeout 60m -run '$(STRESS_RUN)' $(STRESS_PKGS)
 
 # package:target pairs for `make fuzz`
-FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock raid:FuzzJournalRecord \
+FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock raid/internal/journal:FuzzJournalRecord \
                 cmd/raid5d/internal/loadgen:FuzzDecodeHeader
 
 fuzz: ## run each fuzz target for FUZZTIME (default 20s)

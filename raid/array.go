@@ -12,6 +12,7 @@ import (
 
 	"github.com/raid5d/raid5d/parity"
 	"github.com/raid5d/raid5d/raid/internal/bitmap"
+	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/stripe"
 	"github.com/raid5d/raid5d/stripe/cache"
 )
@@ -112,7 +113,7 @@ type Array struct {
 	// bm is the write-intent bitmap (bitmap.go); nil if the array has none.
 	bm *bitmap.Bitmap
 	// jr is the write journal (journal.go); nil unless the consistency policy is journal.
-	jr *journal
+	jr *journal.Journal
 
 	// syncMu guards job, lastScrub, lastRebuild, lastResync, speedMin, speedMax and closing:
 	// the background rebuild, scrub or resync (sync.go). Never held while taking sbMu or a
@@ -259,7 +260,7 @@ func (a *Array) start() {
 	a.sbMu.Unlock()
 	if a.cache != nil {
 		if a.jr != nil { // a batch of whole stripes is one journal record: it must fit
-			a.cache.LimitBatch(a.jr.ringSize / 2 / maxRecordSize(a.layout))
+			a.cache.LimitBatch(a.jr.MaxStripes(a.layout))
 		}
 		a.startIO()
 		a.cache.Start(context.Background())
@@ -359,7 +360,7 @@ func (a *Array) Close() error {
 	}
 	a.closed = true
 	if a.jr != nil {
-		a.jr.stopRun() // writers that find the ring full checkpoint by themselves meanwhile
+		a.jr.Stop() // writers that find the ring full checkpoint by themselves meanwhile
 	}
 	a.stopAllSync()
 	var errs []error
@@ -373,9 +374,9 @@ func (a *Array) Close() error {
 			}
 		}
 		err = errors.Join(err, a.syncWorking())
-		if err == nil && a.jr != nil && a.jr.m != nil && !a.roles.failed() {
+		if err == nil && a.jr != nil && !a.jr.Missing() && !a.roles.failed() {
 			// Everything is written and synced: nothing is left to replay.
-			err = a.jr.checkpoint()
+			err = a.jr.Checkpoint()
 		}
 		errs = append(errs, err)
 		a.sbMu.Lock()
@@ -401,9 +402,9 @@ func (a *Array) Close() error {
 		errs = append(errs, memberErr(m, m.sb.Role, "close", -1, m.Close()))
 	}
 	a.sbMu.Unlock()
-	if a.jr != nil && a.jr.m != nil {
-		if err := a.jr.m.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("raid: closing the journal %s: %w", a.jr.path, err))
+	if a.jr != nil {
+		if err := a.jr.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("raid: closing the journal %s: %w", a.jr.Path(), err))
 		}
 	}
 	return errors.Join(errs...)

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/stripe"
 )
 
@@ -266,10 +267,10 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 				bmRegion*layout.StripeSize(), bmSize, MaxBitmapBytes)
 		}
 	}
-	var jh *journalHeader
+	var jh *journal.Header
 	jpath := ""
 	if jm != nil && opts.Consistency == ConsistencyJournal {
-		if jh, err = initJournal(jm, arrayUUID); err != nil {
+		if jh, err = journal.Init(jm, arrayUUID); err != nil {
 			return nil, err
 		}
 		features |= featureJournal
@@ -306,8 +307,8 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 // startJournal starts the journal's checkpointer (writable arrays with a journal); Close
 // stops it.
 func (a *Array) startJournal() {
-	if a.jr != nil && a.jr.m != nil && !a.readOnly {
-		a.bgWG.Go(a.jr.run)
+	if a.jr != nil && !a.jr.Missing() && !a.readOnly {
+		a.bgWG.Go(a.jr.Run)
 	}
 }
 
@@ -445,7 +446,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	}
 	// The journal is found and checked before anything is written.
 	var jm Member
-	var jh *journalHeader
+	var jh *journal.Header
 	jpath := ""
 	if ref.Features&featureJournal != 0 {
 		var owned bool
@@ -469,7 +470,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 			log.Warn("raid: the write journal is missing; the array was shut down cleanly, so nothing needs replaying: assembling it read-only (reassemble with the journal, or JournalPath, to write)",
 				"journal", jpath, "array", ref.ArrayUUID)
 			opts.ReadOnly = true
-		} else if jh, err = readJournalHeader(jm, ref.ArrayUUID); err != nil {
+		} else if jh, err = journal.ReadHeader(jm, ref.ArrayUUID); err != nil {
 			if owned {
 				jm.Close()
 			}
@@ -590,7 +591,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	}
 	if ref.Features&featureJournal != 0 {
 		if jh == nil {
-			jh = &journalHeader{}
+			jh = &journal.Header{}
 		}
 		a.jr = newJournal(a, jm, jpath, jh)
 	}
@@ -600,7 +601,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		// Every stripe write since the last checkpoint is in the journal: replaying it
 		// completes each one, so parity matches data everywhere, degraded or not.
 		a.dirty.Store(true)
-		resync, err := a.jr.recover(opts.SkipCorruptJournal)
+		resync, err := a.jr.Recover(opts.SkipCorruptJournal)
 		if err != nil {
 			return nil, fmt.Errorf("raid: replaying the write journal %s: %w", jpath, err)
 		}

@@ -441,6 +441,63 @@ func blockGen(b []byte, off int64) int64 {
 	return int64(gen)
 }
 
+// powerCutLoad is the power-cut tests' workload. Writers goroutines write to a: writer g the
+// blocks blocks[k] with k%writers == g, at random, each a new generation (makeBlock; issued
+// counts them), flushing every flushEvery writes (durable records the generations each flush
+// made durable); seed picks the writers' random streams. Once every writer could have
+// flushed twice (or after 10 s) and a random pause of up to maxPause, the power goes on cut
+// (PowerCut: unsynced pages kept with probability keep, chosen by rng), and the writers stop.
+type powerCutLoad struct {
+	writers, flushEvery int
+	seed                uint64
+	maxPause            time.Duration
+	keep                float64
+	rng                 *rand.Rand
+}
+
+// run runs the workload on a and returns, per block index, the generation last flushed and
+// the last issued (maybe not acknowledged), and the pages the cut kept and lost.
+func (l powerCutLoad) run(a *raid.Array, blocks []int64, durable, issued []int64, cut ...*raidtest.Volatile) (kept, lost int) {
+	var stop atomic.Bool
+	var flushes atomic.Int64
+	var wg sync.WaitGroup
+	for g := range l.writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), l.seed))
+			p := make([]byte, blk)
+			acked := map[int64]int64{}
+			for i := 0; !stop.Load() && i < 5000; i++ {
+				b := blocks[rng.IntN(len(blocks)/l.writers)*l.writers+g]
+				issued[b]++
+				makeBlock(p, b*blk, uint64(issued[b]))
+				if _, err := a.WriteAt(p, b*blk); err != nil {
+					return // the cut
+				}
+				acked[b] = issued[b]
+				if i%l.flushEvery == l.flushEvery-1 {
+					if a.Flush() != nil {
+						return
+					}
+					for x, gen := range acked {
+						durable[x] = gen
+					}
+					clear(acked)
+					flushes.Add(1)
+				}
+			}
+		})
+	}
+	// Cut at a random moment after every writer could have flushed a few times.
+	for deadline := time.Now().Add(10 * time.Second); flushes.Load() < 2*int64(l.writers) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(time.Duration(rand.Int64N(int64(l.maxPause))))
+	kept, lost = raidtest.PowerCut(l.keep, l.rng, cut...)
+	stop.Store(true)
+	wg.Wait()
+	return kept, lost
+}
+
 // TestPowerCut crashes the whole machine in-process: writers write blocks, each flushing now
 // and then, while every member is cut off at a random moment, losing its unsynced pages (all
 // of them, or a random subset as a reordering disk would). Reassembled, every block flushed
@@ -494,45 +551,14 @@ func TestPowerCut(t *testing.T) {
 			nblk := mustSize(a) / 4 / blk
 			durable := make([]int64, nblk) // generation flushed
 			issued := make([]int64, nblk)  // last generation issued (maybe not acknowledged)
-			var cut atomic.Bool
-			var flushes atomic.Int64
-			var wg sync.WaitGroup
-			for g := range writers {
-				wg.Go(func() {
-					rng := rand.New(rand.NewPCG(uint64(g), 99))
-					buf := make([]byte, blk)
-					acked := map[int64]int64{}
-					for i := 0; !cut.Load() && i < 5000; i++ {
-						b := int64(rng.IntN(int(nblk/writers)))*writers + int64(g)
-						issued[b]++
-						makeBlock(buf, b*blk, uint64(issued[b]))
-						if _, err := a.WriteAt(buf, b*blk); err != nil {
-							return // the cut
-						}
-						acked[b] = issued[b]
-						if i%16 == 15 {
-							if a.Flush() != nil {
-								return
-							}
-							for b, gen := range acked {
-								durable[b] = gen
-							}
-							clear(acked)
-							flushes.Add(1)
-						}
-					}
-				})
+			blocks := make([]int64, nblk)
+			for i := range blocks {
+				blocks[i] = int64(i)
 			}
-			// Cut at a random moment after every writer could have flushed a few times.
-			for deadline := time.Now().Add(10 * time.Second); flushes.Load() < 2*writers && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
-			}
-			time.Sleep(time.Duration(rand.IntN(100)) * time.Millisecond)
-			rng := rand.New(rand.NewPCG(7, uint64(len(tc.name))))
-			kept, lost := raidtest.PowerCut(tc.keep, rng, all...)
+			load := powerCutLoad{writers: writers, flushEvery: 16, seed: 99, maxPause: 100 * time.Millisecond,
+				keep: tc.keep, rng: rand.New(rand.NewPCG(7, uint64(len(tc.name))))}
+			kept, lost := load.run(a, blocks, durable, issued, all...)
 			t.Logf("power cut: %d unsynced pages kept, %d lost", kept, lost)
-			cut.Store(true)
-			wg.Wait()
 			a.Close() // fails: the members are off
 			for _, v := range all {
 				v.Reopen()

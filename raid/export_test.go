@@ -3,6 +3,7 @@ package raid
 import (
 	"time"
 
+	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/raid/member/faulty"
 )
 
@@ -46,58 +47,25 @@ func StopBitmapCleaner(a *Array) {
 	}
 }
 
-// JournalOp is one op of a journal record, for the record tests: Data written at member
-// offset Off of Role, or with Data nil, Trim bytes trimmed there.
-type JournalOp struct {
-	Role int
-	Off  int64
-	Data []byte
-	Trim int64
-}
-
-// EncodeJournalRecord encodes and seals a journal record as the write path does (commit: its
-// group's commit point, at most seq).
-func EncodeJournalRecord(uuid UUID, s0, n int64, ops []JournalOp, seq, lsn, commit uint64) []byte {
-	iops := make([]intentOp, len(ops))
-	for i, op := range ops {
-		iops[i] = intentOp{role: op.Role, off: op.Off, buf: op.Data, trim: op.Trim}
-	}
-	b := encodeRecord(nil, uuid, s0, n, iops)
-	sealRecord(b, seq, lsn, commit)
-	return b
-}
-
-// DecodeJournalRecord decodes a whole record (both checksums checked), as the replay does.
-func DecodeJournalRecord(b []byte) (uuid UUID, seq, lsn, commit uint64, s0, n int64, ops []JournalOp, err error) {
-	r, err := decodeRecord(b)
+// JournalRecordSeq decodes a whole journal record (both checksums checked), as the replay
+// does, and returns its sequence number.
+func JournalRecordSeq(b []byte) (uint64, error) {
+	r, err := journal.DecodeRecord(b)
 	if err != nil {
-		return uuid, 0, 0, 0, 0, 0, nil, err
+		return 0, err
 	}
-	p := r.hdrLen
-	for _, op := range r.ops {
-		jo := JournalOp{Role: op.role, Off: op.off}
-		if op.trim {
-			jo.Trim = op.n
-		} else {
-			jo.Data = b[p : p+op.n]
-			p += op.n
-		}
-		ops = append(ops, jo)
-	}
-	return r.uuid, r.seq, r.lsn, r.commit, r.s0, r.n, ops, nil
+	return r.Seq(), nil
 }
 
 // JournalPosition returns the journal's head and tail (logical byte positions), the
 // sequence number of the next record, and the ring's size; ok is false without a journal.
 func JournalPosition(a *Array) (head, tail, seq uint64, ring int64, ok bool) {
-	j := a.jr
-	if j == nil {
+	if a.jr == nil {
 		return 0, 0, 0, 0, false
 	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.head, j.tail, j.seq, j.ringSize, true
+	head, tail, seq, ring = a.jr.Position()
+	return head, tail, seq, ring, true
 }
 
 // JournalRingOffset is where the ring starts on the journal device.
-const JournalRingOffset = journalRingOffset
+const JournalRingOffset = journal.RingOffset

@@ -1,18 +1,13 @@
 package raid
 
-import "sync"
+import (
+	"sync"
 
-// intentOp is one member write of a stripe operation, as writeIntent hands it to the journal:
-// buf written at the absolute member offset off, or, with buf nil, trim bytes punched there.
-type intentOp struct {
-	role int
-	off  int64
-	buf  []byte
-	trim int64
-}
+	"github.com/raid5d/raid5d/raid/internal/journal"
+)
 
-// intentOps pools the op slices of the cache's write-outs.
-var intentOps = sync.Pool{New: func() any { return new([]intentOp) }}
+// intentOps pools the journal op slices of the cache's write-outs.
+var intentOps = sync.Pool{New: func() any { return new([]journal.Op) }}
 
 // journaled reports whether the array keeps a journal, so callers build intent ops only then.
 func (a *Array) journaled() bool { return a.jr != nil }
@@ -22,7 +17,7 @@ func (a *Array) journaled() bool { return a.jr != nil }
 // durable before it issues a member write and stay set until the cleaner sees the writes
 // synced. With a journal, ops are logged durably before write runs. With neither it just runs
 // write.
-func (a *Array) writeIntent(s0, n int64, ops []intentOp, write func() error) error {
+func (a *Array) writeIntent(s0, n int64, ops []journal.Op, write func() error) error {
 	if a.bm == nil && a.jr == nil {
 		return write()
 	}
@@ -34,7 +29,7 @@ func (a *Array) writeIntent(s0, n int64, ops []intentOp, write func() error) err
 		defer a.bm.End(s0, n)
 	}
 	if a.jr != nil {
-		done, err := a.jr.log(s0, n, ops)
+		done, err := a.jr.Log(s0, n, ops)
 		if err != nil {
 			return err
 		}

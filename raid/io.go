@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/stripe"
 	"github.com/raid5d/raid5d/stripe/cache"
 	"golang.org/x/sys/unix"
@@ -386,10 +387,10 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 		n := min(nLocks, end-s)
 		a.locks.LockSpan(s, n) // in ascending lock order, as every holder of several (Array.locks)
 		var errs []error
-		var jops []intentOp
+		var jops []journal.Op
 		if a.journaled() {
 			for r := range a.roles.n() {
-				jops = append(jops, intentOp{role: r, off: a.dataOffset + s*C, trim: n * C})
+				jops = append(jops, journal.Op{Role: r, Off: a.dataOffset + s*C, Trim: n * C})
 			}
 		}
 		ierr := a.writeIntent(s, n, jops, func() error {

@@ -304,7 +304,7 @@ func (a *Array) checkNewMember(path string) error {
 		return err
 	}
 	if a.jr != nil {
-		if err := checkJournalPlacement(a.jr.path, []string{path}); err != nil {
+		if err := checkJournalPlacement(a.jr.Path(), []string{path}); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/stripe"
 	"golang.org/x/sys/unix"
 )
@@ -196,21 +197,21 @@ func (m memberIO) Do(ops []stripe.MemberOp) error {
 	}
 	if a.bm != nil || a.jr != nil {
 		if s0, n := writeSpan(ops); n > 0 {
-			var jops []intentOp
+			var jops []journal.Op
 			if a.journaled() {
-				jp := intentOps.Get().(*[]intentOp)
+				jp := intentOps.Get().(*[]journal.Op)
 				defer func() { clear(*jp); *jp = (*jp)[:0]; intentOps.Put(jp) }()
 				for _, op := range ops {
 					if !op.Write {
 						continue
 					}
 					if op.Vec == nil {
-						*jp = append(*jp, intentOp{role: op.Role, off: a.dataOffset + op.Off, buf: op.Buf})
+						*jp = append(*jp, journal.Op{Role: op.Role, Off: a.dataOffset + op.Off, Buf: op.Buf})
 						continue
 					}
 					off := a.dataOffset + op.Off // a vectored write: one intent op per buffer
 					for _, b := range op.Vec {
-						*jp = append(*jp, intentOp{role: op.Role, off: off, buf: b})
+						*jp = append(*jp, journal.Op{Role: op.Role, Off: off, Buf: b})
 						off += int64(len(b))
 					}
 				}

@@ -211,7 +211,7 @@ func (a *Array) Status() Status {
 		st.Bitmap = &b
 	}
 	if a.jr != nil {
-		j := a.jr.status()
+		j := a.jr.Status()
 		st.Journal = &j
 	}
 	return st

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/raid5d/raid5d/raid/internal/journal"
 )
 
 // Defaults of IOOptions.SyncSpeedMin and SyncSpeedMax, as md's sync_speed_min/max (1000 and
@@ -629,9 +631,9 @@ func (a *Array) scrubSpan(s0, k int64, bufs [][]byte, repair bool) ([]int64, err
 		}
 		bad = append(bad, s)
 		if repair {
-			var jops []intentOp
+			var jops []journal.Op
 			if a.journaled() {
-				jops = []intentOp{{role: pm, off: a.dataOffset + s*C, buf: P[:C]}}
+				jops = []journal.Op{{Role: pm, Off: a.dataOffset + s*C, Buf: P[:C]}}
 			}
 			if err := a.writeIntent(s, 1, jops, func() error { return a.memberIO(pm, P[:C], a.dataOffset+s*C, true, true) }); err != nil {
 				return bad, err
