@@ -21,14 +21,14 @@ STRESS_COUNT            ?= 30
 STRESS_RACE_COUNT       ?= 5
 STRESS_SHORT_COUNT      ?= 5
 STRESS_SHORT_RACE_COUNT ?= 1
-STRESS_PKGS  := ./raid ./stripe ./nbd
+STRESS_PKGS  := ./raid ./raid/internal/bitmap ./raid/internal/journal ./stripe ./nbd
 STRESS_TESTS := \
   TestDoubleFailure TestWriteFailure TestUnrecordedFailure TestFailureDrainsWrites TestFailedArrayReleasesPins \
   TestRebuild TestRebuildResume TestFailDuringRebuild TestForceDuringRebuild TestScrubDuringResync \
   TestHungMember TestHungMembersFailArray \
   TestPinnedRelease TestWriteDuringWriteOut TestOverlapStress TestHazard TestBatching TestReadYourWrites \
   TestWriteOutError TestFUA TestStripeLocks TestReadMappedClose TestModel \
-  TestPowerCut TestJournalWrap TestJournalDegradedPowerCut TestVolatileConcurrent \
+  TestPowerCut TestJournalWrap TestJournalDegradedPowerCut TestVolatileConcurrent TestGroupCommit TestRingFull \
   TestCacheDirty TestCacheRandom TestCacheDegradedPlan \
   TestStablePages TestStablePagesBound TestStablePagesErrors TestPipelining TestInFlightBytesBound \
   TestDiscDrainsWrites TestServeShutdownDrains TestServeShutdownTimeout TestMixedWriteSizes TestServeClients \

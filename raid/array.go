@@ -110,9 +110,11 @@ type Array struct {
 	resync    *resyncSet
 	resyncPos atomic.Int64
 	writeHole atomic.Bool
-	// bm is the write-intent bitmap (bitmap.go); nil if the array has none.
+	// bm is the write-intent bitmap (internal/bitmap; bitmap.go is its bitmap.Members); nil if
+	// the array has none.
 	bm *bitmap.Bitmap
-	// jr is the write journal (journal.go); nil unless the consistency policy is journal.
+	// jr is the write journal (internal/journal; journal.go is its journal.Array and Device);
+	// nil unless the consistency policy is journal.
 	jr *journal.Journal
 
 	// syncMu guards job, lastScrub, lastRebuild, lastResync, speedMin, speedMax and closing:
