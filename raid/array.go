@@ -130,9 +130,17 @@ type Array struct {
 	bgWG               sync.WaitGroup // sync jobs, the bitmap's cleaner, work after a failure (Unpin, a rebuild's start)
 	unpinOnce          sync.Once
 	stopWatchdog       context.CancelFunc // stops the watchdog (hung.go); nil if none runs
-	watchWG            sync.WaitGroup     // the watchdog: it runs until Close has flushed
+	watchWG            sync.WaitGroup     // the watchdog: it runs until Close has written out and synced
 	// dirty is true once the superblocks say dirty; set under sbMu, read without it.
 	dirty atomic.Bool
+}
+
+// stopWatch stops the watchdog, if it runs, and waits for it (and for a failure it is making).
+func (a *Array) stopWatch() {
+	if a.stopWatchdog != nil {
+		a.stopWatchdog()
+		a.watchWG.Wait()
+	}
 }
 
 // lostInCache is Close's error for a failed array whose stripe cache still held writes it
@@ -376,28 +384,30 @@ func (a *Array) Close() error {
 			}
 		}
 		err = errors.Join(err, a.syncWorking())
+		// Nothing below may run on a failed array, and from here on only the steps below can
+		// fail a member, each reporting it in its error: the watchdog (which watched the
+		// write-outs and the final sync) stops first, so that no failure overtakes a check.
+		a.stopWatch()
 		if err == nil && a.jr != nil && !a.jr.Missing() && !a.roles.failed() {
 			// Everything is written and synced: nothing is left to replay.
 			err = a.jr.Checkpoint()
 		}
 		errs = append(errs, err)
-		a.sbMu.Lock()
 		if err == nil && a.bm != nil && !a.roles.failed() {
 			// Everything is written and synced: no region needs its bit (but those still
-			// waiting for the resync).
+			// waiting for the resync). Not under sbMu: a member whose bitmap write fails is
+			// failed, which takes sbMu (TestCloseBitmapWriteFails).
 			err = a.bm.ClearAll()
 			errs = append(errs, err)
 		}
+		a.sbMu.Lock()
 		if err == nil && a.dirty.Load() && !a.unclean && !a.roles.failed() {
 			errs = append(errs, a.writeSuperblocks(func(sb *superblock) { sb.Dirty = false }))
 			a.dirty.Store(false)
 		}
 		a.sbMu.Unlock()
 	}
-	if a.stopWatchdog != nil { // it watched the final flush too
-		a.stopWatchdog()
-		a.watchWG.Wait()
-	}
+	a.stopWatch()
 	a.closeMapped() // no reply still reads a member's mapping
 	a.sbMu.Lock()
 	for _, m := range append(a.all(), a.retired...) {
