@@ -22,10 +22,6 @@ const (
 	BitmapClearDelay = bitmap.ClearDelay
 )
 
-// ErrBitmapRegion is returned by Create when CreateOptions.BitmapRegion gives a bitmap that
-// does not fit in the reserved area.
-var ErrBitmapRegion = errors.New("raid: write-intent bitmap region too small: the bitmap does not fit in the reserved area")
-
 // BitmapStatus describes the write-intent bitmap (Status.Bitmap).
 type BitmapStatus struct {
 	RegionBytes int64  // array bytes per bit (a power-of-two number of stripes)

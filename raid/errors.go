@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	journalpkg "github.com/raid5d/raid5d/raid/internal/journal"
 	memberpkg "github.com/raid5d/raid5d/raid/member"
 )
 
@@ -131,6 +132,27 @@ var (
 	ErrJournalOnMember = errors.New("raid: write journal on a member's storage")
 	// ErrNoMembers is returned by Assemble and Examine when no member could be read at all.
 	ErrNoMembers = errors.New("raid: no usable member")
+	// ErrBitmapRegion is returned by Create when CreateOptions.BitmapRegion gives a bitmap
+	// that does not fit in the reserved area.
+	ErrBitmapRegion = errors.New("raid: write-intent bitmap region too small: the bitmap does not fit in the reserved area")
+	// ErrJournal is returned when a write journal is unusable: by Create and Assemble when its
+	// header is corrupt, it belongs to another array or it is too small, and by the writing
+	// methods when a record would not fit its ring or once writing it has failed (sticky
+	// until the array is reassembled). It is journal.ErrUnusable.
+	ErrJournal = journalpkg.ErrUnusable
+	// ErrJournalCorrupt is returned by Assemble when the write journal of an array that was
+	// not shut down cleanly has an unreadable record followed by records written after that
+	// record had been made durable: the damage is not a write torn by the crash, and
+	// replaying only the records before it could undo newer writes already on the members.
+	// Nothing is replayed or written. AssembleOptions.SkipCorruptJournal assembles anyway:
+	// it discards the journal and resyncs parity from the members' data. It is
+	// journal.ErrCorrupt.
+	ErrJournalCorrupt = journalpkg.ErrCorrupt
+	// ErrJournalMissing is returned by Assemble for an array with the journal policy that was
+	// not shut down cleanly when its journal cannot be found: the journal holds what a replay
+	// needs, and assembling without it would leave stripes being written at the crash
+	// inconsistent, with no resync to fix them.
+	ErrJournalMissing = errors.New("raid: write journal missing")
 	// ErrMemberBusy is returned, inside a *BusyError naming the holder, by OpenMember and so by
 	// Create, Assemble and AddSpare (and for a journal) when the file or device is in use: another
 	// raid5d holds its lock (or another open of it in this process does, or a read-write open

@@ -1,8 +1,6 @@
 package raid
 
 import (
-	"errors"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/raid5d/raid5d/raid/internal/journal"
@@ -19,26 +17,6 @@ const (
 	// MaxJournalPath is the longest journal path the superblock records, in bytes.
 	MaxJournalPath = 1024
 )
-
-var (
-	// ErrJournal is returned when a write journal is unusable: its header is corrupt, it
-	// belongs to another array, it is too small, or writing it failed.
-	ErrJournal = journal.ErrUnusable
-
-	// ErrJournalCorrupt is returned by Assemble when the write journal of an array that was
-	// not shut down cleanly has an unreadable record followed by records written after that
-	// record had been made durable: the damage is not a write torn by the crash, and
-	// replaying only the records before it could undo newer writes already on the members.
-	// Nothing is replayed or written. AssembleOptions.SkipCorruptJournal assembles anyway:
-	// it discards the journal and resyncs parity from the members' data.
-	ErrJournalCorrupt = journal.ErrCorrupt
-)
-
-// ErrJournalMissing is returned by Assemble for an array with the journal policy that was
-// not shut down cleanly when its journal cannot be found: the journal holds what a replay
-// needs, and assembling without it would leave stripes being written at the crash
-// inconsistent, with no resync to fix them.
-var ErrJournalMissing = errors.New("raid: write journal missing")
 
 // JournalStatus describes the write journal (Status.Journal).
 type JournalStatus = journal.Status
