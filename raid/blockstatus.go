@@ -68,7 +68,7 @@ func (a *Array) BlockStatus(off, length int64, dst []Extent) ([]Extent, error) {
 		s := pos / S
 		n := min(end, (s+1)*S) - pos
 		pieces := a.layout.Extents(exts[:0], pos, n) // the stripe's data chunks in the range
-		lk := a.stripeLock(s)
+		lk := a.locks.For(s)
 		lk.Lock()
 		whole := a.roles.missingAt(s) < 0 && (a.cache == nil || !a.cache.Dirty(s, 1))
 		for _, e := range pieces {

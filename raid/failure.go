@@ -124,7 +124,7 @@ func (a *Array) readError(m *member, err error) {
 // of every other role's bytes there, taking s's lock unless locked.
 func (a *Array) rebuildRange(role int, s int64, buf []byte, off int64, locked bool) error {
 	if !locked {
-		mu := a.stripeLock(s)
+		mu := a.locks.For(s)
 		mu.Lock()
 		defer mu.Unlock()
 	}

@@ -20,8 +20,6 @@ func (a *Array) check(off, n int64) error {
 	return nil
 }
 
-func (a *Array) stripeLock(s int64) *sync.Mutex { return a.locks.For(s) }
-
 // ReadAt reads len(p) bytes at array offset off into p (io.ReaderAt). Units up to date in the
 // stripe cache (including writes not yet written out) are copied from it; member reads go
 // straight into p. A request that spans members reads each member's share on its own

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	memberpkg "github.com/raid5d/raid5d/raid/member"
@@ -64,8 +63,8 @@ func (a *Array) Fail(member string, opts ...ManageOption) error {
 		// the update waits for it until the member timeout). A member in a role is found
 		// without sbMu (roles are atomic) and failed at once, which lets that update go on
 		// without it; anything else waits for the lock.
-		if m := a.roleMember(member); m != nil {
-			loss := a.checkLoss(m, "failing "+member)
+		if m := a.roles.named(specName(member)); m != nil {
+			loss := a.roles.checkLoss(m, "failing "+member)
 			if loss != nil && !forced(opts) {
 				return loss
 			}
@@ -77,7 +76,7 @@ func (a *Array) Fail(member string, opts ...ManageOption) error {
 	m, err := a.findMember(member)
 	var loss error
 	if err == nil {
-		loss = a.checkLoss(m, "failing "+member)
+		loss = a.roles.checkLoss(m, "failing "+member)
 		if !forced(opts) {
 			err = loss
 		}
@@ -98,7 +97,7 @@ func (a *Array) Fail(member string, opts ...ManageOption) error {
 	return nil
 }
 
-// failWhy is what the log says a member failed by request failed of; loss is checkLoss's
+// failWhy is what the log says a member failed by request failed of; loss is roleTable.checkLoss's
 // refusal that Force overrode, if any.
 func failWhy(loss error) error {
 	if loss != nil {
@@ -115,49 +114,6 @@ func (a *Array) lockSuperblocks() bool {
 		}
 	}
 	return true
-}
-
-// roleMember is findMember among the roles only, without sbMu: the member serving the role
-// named by number, or by path, or nil.
-func (a *Array) roleMember(name string) *member {
-	name = specName(name)
-	r, err := strconv.Atoi(name)
-	for i := range a.roles.n() {
-		if m := a.roles.member(i); m != nil && (err == nil && i == r || err != nil && m.Name() == name) {
-			return m
-		}
-	}
-	return nil
-}
-
-// checkLoss returns an ErrWouldFail error, saying which roles would be lost, if losing m would
-// leave the array failed when it is not, or more roles lost when it is (roleTable.lost); nil
-// otherwise. The caller holds sbMu.
-func (a *Array) checkLoss(m *member, what string) error {
-	n := a.roles.lost(m)
-	if n < 2 || n == a.roles.lost(nil) {
-		return nil
-	}
-	C := a.layout.ChunkSize()
-	last := a.memberData/C - 1
-	var lost []string
-	for r := range a.roles.n() {
-		x := a.roles.member(r)
-		switch {
-		case x == m:
-			lost = append(lost, fmt.Sprintf("role %d: %s", r, m.Name()))
-		case a.roles.usable(r, last) != nil:
-		case x == nil:
-			lost = append(lost, fmt.Sprintf("role %d: no member", r))
-		case x.faulty.Load():
-			lost = append(lost, fmt.Sprintf("role %d: %s is faulty", r, x.Name()))
-		default:
-			lost = append(lost, fmt.Sprintf("role %d: %s is being rebuilt, %.1f%% done", r, x.Name(),
-				100*float64(a.roles.rebuildPos()*C)/float64(a.memberData)))
-		}
-	}
-	return fmt.Errorf("%w: %s would leave %d of %d roles without a working member (%s); RAID-5 survives the loss of one",
-		ErrWouldFail, what, n, a.roles.n(), strings.Join(lost, "; "))
 }
 
 // Remove drops a faulty member or a spare from the array (like mdadm --remove); name is a path
@@ -405,7 +361,7 @@ func (a *Array) Replace(member, path string, opts ...ManageOption) error {
 		err = fmt.Errorf("%w: %s is not an active member", ErrNoSuchMember, member)
 	}
 	if err == nil && !force {
-		err = a.checkLoss(m, "replacing "+member)
+		err = a.roles.checkLoss(m, "replacing "+member)
 	}
 	a.sbMu.Unlock()
 	if err != nil {

@@ -1,6 +1,9 @@
 package raid
 
 import (
+	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -131,6 +134,47 @@ func (t *roleTable) lost(gone *member) int {
 		}
 	}
 	return n
+}
+
+// checkLoss returns an ErrWouldFail error, saying which roles would be lost, if losing m (what
+// names the change) would leave the array failed when it is not, or more roles lost when it
+// is (lost); nil otherwise. The caller holds sbMu, or accepts a snapshot (Fail of a member
+// that holds sbMu up).
+func (t *roleTable) checkLoss(m *member, what string) error {
+	n := t.lost(m)
+	if n < 2 || n == t.lost(nil) {
+		return nil
+	}
+	var lost []string
+	for r := range t.byRole {
+		x := t.byRole[r].Load()
+		switch {
+		case x == m:
+			lost = append(lost, fmt.Sprintf("role %d: %s", r, m.Name()))
+		case t.usable(r, t.last) != nil:
+		case x == nil:
+			lost = append(lost, fmt.Sprintf("role %d: no member", r))
+		case x.faulty.Load():
+			lost = append(lost, fmt.Sprintf("role %d: %s is faulty", r, x.Name()))
+		default:
+			lost = append(lost, fmt.Sprintf("role %d: %s is being rebuilt, %.1f%% done", r, x.Name(),
+				100*float64(t.rebuilt.Load())/float64(t.last+1)))
+		}
+	}
+	return fmt.Errorf("%w: %s would leave %d of %d roles without a working member (%s); RAID-5 survives the loss of one",
+		ErrWouldFail, what, n, len(t.byRole), strings.Join(lost, "; "))
+}
+
+// named returns the member serving the role named by number, or whose Name is name, or nil.
+// Without sbMu: Fail finds a hung member so while a superblock update waits for it.
+func (t *roleTable) named(name string) *member {
+	r, err := strconv.Atoi(name)
+	for i := range t.byRole {
+		if m := t.byRole[i].Load(); m != nil && (err == nil && i == r || err != nil && m.Name() == name) {
+			return m
+		}
+	}
+	return nil
 }
 
 // roleOf returns the role m holds or is being rebuilt into, or -1 (spare, retired).
