@@ -54,8 +54,9 @@ run: build ## build, create ./data/member{0..3}.img (4 x 256M, sparse) if absent
 	@echo "attach:  nbdinfo nbd://$(LISTEN)   |   nbd-client -b 4096 $(subst :, ,$(LISTEN)) /dev/nbd0   |   see README"
 	./$(BIN) serve --listen $(LISTEN) $(MEMBERS)
 
-test: deps lint ## install what the tests need, then run every test (unit with -race, end-to-end, a short stress pass, each fuzz target briefly)
+test: deps lint ## install what the tests need, then run every test (unit with -race, the model test under the invariants tag, end-to-end, a short stress pass, each fuzz target briefly)
 	$(GO) test -race -count=1 $(UNIT_PKGS)
+	$(GO) test -tags invariants -count=1 -run 'TestModel|TestInvariants' ./raid ./stripe/...
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 20m $$($(GO) list ./test/... | grep -v /test/vm)
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-$${CI:+1}} $(GO) test -count=1 -timeout 25m ./test/vm
 	$(MAKE) --no-print-directory stress STRESS_COUNT=$(STRESS_SHORT_COUNT) STRESS_RACE_COUNT=$(STRESS_SHORT_RACE_COUNT)

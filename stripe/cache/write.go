@@ -169,6 +169,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 		if err := c.m.Do(ops); err != nil {
 			return err
 		}
+		c.checkStripes(s, 1, "full-stripe write") // invariants: parity matches the data
 		c.count(p.Kind)
 		return nil
 	}
@@ -265,6 +266,7 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 	if err := c.m.Do(ops); err != nil {
 		return err
 	}
+	c.checkStripes(s0, n, "batch of full-stripe writes") // invariants: parity matches the data
 	c.full.Add(uint64(n))
 	return nil
 }

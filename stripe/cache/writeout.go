@@ -69,6 +69,7 @@ func (c *Cache) writeOut(h *head, s int64) error {
 		h.mustRCW = true
 		return err
 	}
+	c.checkWriteOut(h, s) // invariants: the stripe's parity matches its data
 	for i, st := range h.st {
 		if st&stDirty == 0 {
 			continue
