@@ -140,139 +140,31 @@ var ErrInjected = faulty.ErrInjected
 // NewFaulty wraps m, with no faults yet (faulty.New).
 func NewFaulty(m raid.Member) *Faulty { return faulty.New(m) }
 
-// ErrPoweredOff is returned by a Volatile's methods between PowerCut and Reopen.
-var ErrPoweredOff = errors.New("raidtest: member is powered off")
+// ErrPoweredOff is returned by a Volatile's methods between PowerCut and Reopen
+// (faulty.ErrPoweredOff).
+var ErrPoweredOff = faulty.ErrPoweredOff
 
 // PageSize is the granularity of a Volatile's write cache: a page is lost or kept whole.
-const PageSize = 4096
+const PageSize = faulty.PageSize
 
 // Volatile is an in-memory raid.Member with a volatile write cache, for crashing the whole
-// machine in-process: a write lands in the cache (whole pages, copy-on-write from the stable
-// contents) and reaches the stable contents only when Sync runs; PowerCut then throws the
-// cache away — all of it, or a random subset of its pages, as a disk that reorders its writes
-// may — and refuses every operation until Reopen. Reads see the cache over the stable
-// contents, like a real disk. It is safe for concurrent use.
+// machine in-process: faulty.Volatile (the implementation behind the daemon's volatile:
+// specs) over a Mem that holds the stable contents. A write lands in the cache and reaches
+// the stable contents only when Sync writes it there; PowerCut then throws the cache away —
+// all of it, or a random subset of its pages, as a disk that reorders its writes may — and
+// refuses every operation until Reopen. Close, too, drops what was not synced. Reads see the
+// cache over the stable contents, like a real disk. It is safe for concurrent use.
 type Volatile struct {
-	name string
-	size int64
-	mu   sync.Mutex // guards everything below
-	// stable holds what survives a power cut; cache the pages written since the last Sync.
-	stable []byte
-	cache  map[int64][]byte
-	off    bool // powered off (PowerCut) or closed
-	syncs  int
+	*faulty.Volatile
+	mem *Mem
 }
 
 var _ raid.Member = (*Volatile)(nil)
 
 // NewVolatile returns a zero-filled Volatile of size bytes (a multiple of PageSize).
 func NewVolatile(name string, size int64) *Volatile {
-	return &Volatile{name: name, size: size, stable: make([]byte, size), cache: map[int64][]byte{}}
-}
-
-func (v *Volatile) Name() string { return v.name }
-func (v *Volatile) Size() int64  { return v.size }
-
-func (v *Volatile) check(off, n int64) error {
-	if v.off {
-		return ErrPoweredOff
-	}
-	if off < 0 || n < 0 || off+n > v.size {
-		return fmt.Errorf("raidtest: [%d, %d) outside member of %d bytes", off, off+n, v.size)
-	}
-	return nil
-}
-
-func (v *Volatile) ReadAt(p []byte, off int64) (int, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.check(off, int64(len(p))); err != nil {
-		return 0, err
-	}
-	for n := int64(0); n < int64(len(p)); {
-		pg, in := (off+n)/PageSize, (off+n)%PageSize
-		k := min(PageSize-in, int64(len(p))-n)
-		if c := v.cache[pg]; c != nil {
-			copy(p[n:n+k], c[in:])
-		} else {
-			copy(p[n:n+k], v.stable[off+n:])
-		}
-		n += k
-	}
-	return len(p), nil
-}
-
-// write puts p (nil: zeroes) at off into the cache; v.mu is held.
-func (v *Volatile) write(p []byte, off, length int64) {
-	for n := int64(0); n < length; {
-		pg, in := (off+n)/PageSize, (off+n)%PageSize
-		k := min(PageSize-in, length-n)
-		c := v.cache[pg]
-		if c == nil {
-			c = make([]byte, PageSize)
-			copy(c, v.stable[pg*PageSize:])
-			v.cache[pg] = c
-		}
-		if p != nil {
-			copy(c[in:in+k], p[n:])
-		} else {
-			clear(c[in : in+k])
-		}
-		n += k
-	}
-}
-
-func (v *Volatile) WriteAt(p []byte, off int64) (int, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.check(off, int64(len(p))); err != nil {
-		return 0, err
-	}
-	v.write(p, off, int64(len(p)))
-	return len(p), nil
-}
-
-// Trim zeroes [off, off+length) in the cache: it is as volatile as a write.
-func (v *Volatile) Trim(off, length int64) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.check(off, length); err != nil {
-		return err
-	}
-	v.write(nil, off, length)
-	return nil
-}
-
-// Sync moves every cached page to the stable contents.
-func (v *Volatile) Sync() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.off {
-		return ErrPoweredOff
-	}
-	for pg, c := range v.cache {
-		copy(v.stable[pg*PageSize:], c)
-	}
-	clear(v.cache)
-	v.syncs++
-	return nil
-}
-
-// Syncs reports how many times Sync succeeded.
-func (v *Volatile) Syncs() int {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.syncs
-}
-
-func (v *Volatile) Close() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.off {
-		return ErrPoweredOff
-	}
-	v.off = true
-	return nil
+	mem := NewMem(name, size)
+	return &Volatile{Volatile: faulty.NewVolatile(mem), mem: mem}
 }
 
 // PowerCut loses the write cache: each cached page reaches the stable contents with
@@ -283,56 +175,24 @@ func (v *Volatile) PowerCut(keep float64, rng *rand.Rand) (kept, lost int) {
 	return PowerCut(keep, rng, v)
 }
 
-// PowerCut cuts the power of every member in vs at one instant (all their locks held at
-// once, so no I/O reaches one after another lost power): as Volatile.PowerCut on each. A
-// machine's crash is this; cutting members one by one would let the array notice the first
-// and record it on the others.
+// PowerCut cuts the power of every member in vs at one instant, as faulty.PowerCut.
 func PowerCut(keep float64, rng *rand.Rand, vs ...*Volatile) (kept, lost int) {
-	for _, v := range vs {
-		v.mu.Lock()
+	fs := make([]*faulty.Volatile, len(vs))
+	for i, v := range vs {
+		fs[i] = v.Volatile
 	}
-	for _, v := range vs {
-		k, l := v.cut(keep, rng)
-		kept, lost = kept+k, lost+l
-	}
-	for _, v := range vs {
-		v.mu.Unlock()
-	}
-	return kept, lost
-}
-
-// cut is PowerCut for v; v.mu is held.
-func (v *Volatile) cut(keep float64, rng *rand.Rand) (kept, lost int) {
-	for pg, c := range v.cache {
-		if keep > 0 && rng.Float64() < keep {
-			copy(v.stable[pg*PageSize:], c)
-			kept++
-		} else {
-			lost++
-		}
-	}
-	clear(v.cache)
-	v.off = true
-	return kept, lost
-}
-
-// Unsynced returns how many pages the write cache holds.
-func (v *Volatile) Unsynced() int {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return len(v.cache)
+	return faulty.PowerCut(keep, rng, fs...)
 }
 
 // Stable copies the stable contents at off into p: what a power cut with keep 0 would leave.
 func (v *Volatile) Stable(p []byte, off int64) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	copy(p, v.stable[off:])
+	v.mem.mu.RLock()
+	defer v.mem.mu.RUnlock()
+	copy(p, v.mem.data[off:])
 }
 
 // Reopen powers v on again (after PowerCut or Close), with its stable contents.
 func (v *Volatile) Reopen() {
-	v.mu.Lock()
-	v.off = false
-	v.mu.Unlock()
+	v.mem.Reopen()
+	v.Volatile.Reopen()
 }

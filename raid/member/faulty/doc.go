@@ -1,7 +1,7 @@
 // Package faulty is fault injection for members, in the manner of pebble's errorfs: a Member
 // wraps any member.Member and fails, drops or delays the operations its Faults select, and a
-// Volatile keeps writes in memory until Sync, so that killing the process loses what a power
-// cut would. Register makes them member kinds, faulty: and volatile:, which the daemon
+// Volatile keeps writes in memory until Sync, so that killing the process — or, in-process,
+// PowerCut — loses what a power cut would. Register makes them member kinds, faulty: and volatile:, which the daemon
 // accepts wherever a member path goes; raid/raidtest uses the same types in-process. It is a
 // testing aid, never a way to run an array.
 //
@@ -46,6 +46,7 @@
 //
 // # Errors
 //
-// ErrInjected (errno EIO) from an injected fault; ErrClosed from a Volatile after Close. A
+// ErrInjected (errno EIO) from an injected fault; ErrClosed from a Volatile after Close,
+// ErrPoweredOff between PowerCut and Reopen. A
 // malformed spec is an error starting "faulty: member spec".
 package faulty

@@ -62,7 +62,7 @@ func TestVolatileSpecModel(t *testing.T) {
 	buf := make([]byte, size)
 	for i := range 2000 {
 		off := rng.IntN(size)
-		n := rng.IntN(min(3*volatilePage, size-off) + 1)
+		n := rng.IntN(min(3*PageSize, size-off) + 1)
 		switch r := rng.IntN(20); {
 		case r < 13:
 			p := make([]byte, n)
@@ -75,8 +75,8 @@ func TestVolatileSpecModel(t *testing.T) {
 			copy(seen[off:], p)
 		case r < 16:
 			if r == 15 { // whole pages, as the array trims them
-				off = off / volatilePage * volatilePage
-				n = min(n/volatilePage*volatilePage, size-off)
+				off = off / PageSize * PageSize
+				n = min(n/PageSize*PageSize, size-off)
 			}
 			if err := m.Trim(int64(off), int64(n)); err != nil {
 				t.Fatalf("op %d: trim [%d,+%d): %v", i, off, n, err)
@@ -153,6 +153,7 @@ type recordingMember struct {
 	order     []int64 // page numbers, in the order written
 	failAfter int     // writes that succeed before every write fails (< 0: never)
 	syncs     int
+	onWrite   func(n int) // if set, called after the nth write, r.mu not held
 }
 
 var errStopped = errors.New("recordingMember: stopped")
@@ -169,8 +170,21 @@ func (r *recordingMember) WriteAt(p []byte, off int64) (int, error) {
 	if r.failAfter >= 0 && len(r.order) >= r.failAfter {
 		return 0, errStopped
 	}
-	r.order = append(r.order, off/volatilePage)
-	return copy(r.data[off:], p), nil
+	r.order = append(r.order, off/PageSize)
+	n := copy(r.data[off:], p)
+	if r.onWrite != nil {
+		r.mu.Unlock()
+		r.onWrite(len(r.order))
+		r.mu.Lock()
+	}
+	return n, nil
+}
+
+// written returns how many writes have reached r.
+func (r *recordingMember) written() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.order)
 }
 
 func (r *recordingMember) Trim(off, n int64) error {
@@ -196,11 +210,11 @@ func (r *recordingMember) Name() string { return "recording" }
 // write cached, and the next Sync writes them.
 func TestVolatileSyncOrder(t *testing.T) {
 	const pages = 64
-	rec := &recordingMember{data: make([]byte, pages*volatilePage), failAfter: -1}
+	rec := &recordingMember{data: make([]byte, pages*PageSize), failAfter: -1}
 	v := NewVolatile(rec)
-	page := bytes.Repeat([]byte{7}, volatilePage)
+	page := bytes.Repeat([]byte{7}, PageSize)
 	for pg := range int64(pages) {
-		if _, err := v.WriteAt(page, pg*volatilePage); err != nil {
+		if _, err := v.WriteAt(page, pg*PageSize); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -226,7 +240,7 @@ func TestVolatileSyncOrder(t *testing.T) {
 	// A Sync stopped after 10 pages: 10 pages reached the member, the rest stay readable
 	// through the cache and reach the member at the next Sync.
 	for pg := range int64(pages) {
-		if _, err := v.WriteAt(bytes.Repeat([]byte{byte(pg + 100)}, volatilePage), pg*volatilePage); err != nil {
+		if _, err := v.WriteAt(bytes.Repeat([]byte{byte(pg + 100)}, PageSize), pg*PageSize); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,7 +252,7 @@ func TestVolatileSyncOrder(t *testing.T) {
 		t.Fatalf("%d pages written before the failure, want 10", len(rec.order))
 	}
 	for pg := range int64(pages) {
-		onMember := rec.data[pg*volatilePage] == byte(pg+100)
+		onMember := rec.data[pg*PageSize] == byte(pg+100)
 		if onMember != slices.Contains(rec.order, pg) {
 			t.Fatalf("page %d: on the member %v, but written %v", pg, onMember, slices.Contains(rec.order, pg))
 		}
@@ -248,7 +262,7 @@ func TestVolatileSyncOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for pg := range int64(pages) {
-		if !bytes.Equal(rec.data[pg*volatilePage:(pg+1)*volatilePage], bytes.Repeat([]byte{byte(pg + 100)}, volatilePage)) {
+		if !bytes.Equal(rec.data[pg*PageSize:(pg+1)*PageSize], bytes.Repeat([]byte{byte(pg + 100)}, PageSize)) {
 			t.Fatalf("page %d not on the member after the retried Sync", pg)
 		}
 	}
@@ -258,20 +272,20 @@ func TestVolatileSyncOrder(t *testing.T) {
 // batch, and each sees the newest contents (run with -race).
 func TestVolatileConcurrent(t *testing.T) {
 	const pages = 32
-	rec := &recordingMember{data: make([]byte, 2*pages*volatilePage), failAfter: -1}
+	rec := &recordingMember{data: make([]byte, 2*pages*PageSize), failAfter: -1}
 	v := NewVolatile(rec)
 	var wg sync.WaitGroup
 	for w := range 2 {
 		wg.Go(func() {
-			buf := make([]byte, volatilePage)
+			buf := make([]byte, PageSize)
 			for i := range 200 {
 				pg := int64(w*pages + i%pages)
-				p := bytes.Repeat([]byte{byte(i)}, volatilePage)
-				if _, err := v.WriteAt(p, pg*volatilePage); err != nil {
+				p := bytes.Repeat([]byte{byte(i)}, PageSize)
+				if _, err := v.WriteAt(p, pg*PageSize); err != nil {
 					t.Error(err)
 					return
 				}
-				if _, err := v.ReadAt(buf, pg*volatilePage); err != nil || !bytes.Equal(buf, p) {
+				if _, err := v.ReadAt(buf, pg*PageSize); err != nil || !bytes.Equal(buf, p) {
 					t.Errorf("page %d: read %v, equal %v", pg, err, bytes.Equal(buf, p))
 					return
 				}
@@ -290,7 +304,7 @@ func TestVolatileConcurrent(t *testing.T) {
 	if err := v.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 2*pages*volatilePage)
+	buf := make([]byte, 2*pages*PageSize)
 	if _, err := v.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, rec.data) {
 		t.Fatalf("after the last Sync the member differs from what reads see: %v", err)
 	}
@@ -500,5 +514,65 @@ func TestSpecAsFaults(t *testing.T) {
 	}
 	if _, err := m.ReadAt(buf, 0); !errors.Is(err, ErrInjected) {
 		t.Errorf("third matching operation (a read): %v, want ErrInjected", err)
+	}
+}
+
+// TestVolatilePowerCutDuringSync: a PowerCut that lands while a Sync is writing its batch
+// stops it: no page reaches the member underneath after the cut, the Sync fails with
+// ErrPoweredOff, the pages it had not written are lost (keep 0) rather than cached again, and
+// after Reopen reads see exactly what reached the member.
+func TestVolatilePowerCutDuringSync(t *testing.T) {
+	const pages = 64
+	rec := &recordingMember{data: make([]byte, pages*PageSize), failAfter: -1}
+	v := NewVolatile(rec)
+	for pg := range int64(pages) {
+		if _, err := v.WriteAt(bytes.Repeat([]byte{byte(pg + 1)}, PageSize), pg*PageSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reached, resume := make(chan struct{}), make(chan struct{})
+	rec.onWrite = func(n int) {
+		if n == 10 {
+			close(reached)
+			<-resume
+		}
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- v.Sync() }()
+	<-reached // the Sync is inside its 10th page write, holding v.mu for reading
+	cut := make(chan struct{})
+	go func() {
+		PowerCut(0, nil, v)
+		close(cut)
+	}()
+	for v.mu.TryRLock() { // until PowerCut waits for the lock: it then comes before page 11
+		v.mu.RUnlock()
+		time.Sleep(time.Millisecond)
+	}
+	close(resume)
+	<-cut
+	atCut := rec.written()
+	if err := <-synced; !errors.Is(err, ErrPoweredOff) {
+		t.Fatalf("Sync cut off by PowerCut: %v, want ErrPoweredOff", err)
+	}
+	if n := rec.written(); n != 10 || atCut != 10 {
+		t.Fatalf("%d pages on the member at the cut and %d after the Sync returned, want 10 and 10", atCut, n)
+	}
+	if _, err := v.ReadAt(make([]byte, 1), 0); !errors.Is(err, ErrPoweredOff) {
+		t.Fatalf("read while powered off: %v, want ErrPoweredOff", err)
+	}
+	v.Reopen()
+	if n := v.Unsynced(); n != 0 {
+		t.Fatalf("%d pages cached after the cut, want 0", n)
+	}
+	got := make([]byte, pages*PageSize)
+	if _, err := v.ReadAt(got, 0); err != nil || !bytes.Equal(got, rec.data) {
+		t.Fatalf("after Reopen reads differ from the member underneath: %v", err)
+	}
+	for pg := range int64(pages) {
+		onMember := rec.data[pg*PageSize] == byte(pg+1)
+		if onMember != slices.Contains(rec.order, pg) {
+			t.Fatalf("page %d: on the member %v, written by the Sync %v", pg, onMember, slices.Contains(rec.order, pg))
+		}
 	}
 }
