@@ -116,7 +116,7 @@ func Create(paths []string, opts CreateOptions) (a *Array, err error) {
 	}
 	members := make([]Member, 0, len(paths))
 	for _, p := range append(paths[:len(paths):len(paths)], opts.Spares...) {
-		if opts.MemberSize > 0 {
+		if opts.MemberSize > 0 && SpecPath(p) != "" { // a remote member ("") is not made
 			if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 				if err := createMemberFile(p, opts.MemberSize); err != nil {
 					closeMembers(members)

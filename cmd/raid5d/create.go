@@ -41,10 +41,12 @@ superblock, so give them to serve with the members.`, stdout)
 	fs.Var(&bitmapRegion, "bitmap-region", "array bytes each bitmap bit covers (`size`, rounded up to a power-of-two number of stripes);\n"+
 		"default: the smallest giving at most 4096 bits")
 	force := fs.Bool("force", false, "overwrite members and spares that already carry a raid5d superblock (destroys that array)")
+	setMemberOpts := memberFlags(fs)
 	members, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
+	setMemberOpts(0)
 	if len(members) < stripe.MinMembers {
 		return fmt.Errorf("%w: need at least %d members, got %d", errUsage, stripe.MinMembers, len(members))
 	}

@@ -66,7 +66,8 @@ Commands:
   raid5d COMMAND --help    flags of one command
   raid5d --version         print the version
 
-A MEMBER is a regular file or a block device. Sizes are bytes or take a binary suffix: 64K, 256M, 1G.
+A MEMBER is a regular file, a block device, or an NBD export on another host: nbd://host[:port]/export,
+nbds://... (TLS: --member-tls-ca/-cert/-key) or nbd+unix:///export?socket=PATH. Sizes are bytes or take a binary suffix: 64K, 256M, 1G.
 
 Quick start:
   raid5d create --size 256M data/m0.img data/m1.img data/m2.img data/m3.img

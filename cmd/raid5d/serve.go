@@ -127,6 +127,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		"resynced, stale members are rebuilt. With --read-only nothing is written. One-off: not a configuration key")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
+	setMemberOpts := memberFlags(fs)
 	members, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -160,6 +161,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	if *printCfg {
 		return printConfig(stdout, fs, members, src)
 	}
+	setMemberOpts(*memberTimeout) // a remote member's requests have the array's member timeout
 	if len(members) == 0 {
 		return fmt.Errorf("%w: no members given", errUsage)
 	}

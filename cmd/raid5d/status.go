@@ -32,10 +32,12 @@ Exit status: 0 clean or active, 1 on an error or a failed array (two or more mem
 rebuild runs).`, stdout)
 	cf := addControlFlags(fs, "export `name` of the daemon, to find its default control socket")
 	asJSON := fs.Bool("json", false, "print the status as JSON (its \"source\" says online or offline)")
+	setMemberOpts := memberFlags(fs)
 	paths, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
+	setMemberOpts(0)
 	sock := cf.socket()
 	st, err := control.Do(sock, control.Request{Op: control.OpStatus})
 	switch {

@@ -1,0 +1,412 @@
+package nbdmember_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"io/fs"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/nbd"
+	"github.com/raid5d/raid5d/nbd/client"
+	"github.com/raid5d/raid5d/nbd/nbdtest"
+	"github.com/raid5d/raid5d/raid/member"
+	"github.com/raid5d/raid5d/raid/member/nbdmember"
+)
+
+func TestMain(m *testing.M) {
+	nbdmember.Register(func() nbdmember.Options { return nbdmember.Options{} })
+	os.Exit(m.Run())
+}
+
+// serve serves exports on a unix socket until the test ends and returns the socket's path.
+func serve(t *testing.T, exports ...nbd.Export) string {
+	t.Helper()
+	srv, err := nbd.NewServer(nbd.Options{Exports: exports, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nbdtest.ServeUnix(t, srv)
+}
+
+func uri(sock, export string) string { return "nbd+unix:///" + export + "?socket=" + sock }
+
+func open(t *testing.T, spec string, use member.Use, opts nbdmember.Options) *nbdmember.Member {
+	t.Helper()
+	m, err := nbdmember.Open(spec, use, opts)
+	if err != nil {
+		t.Fatalf("Open %s: %v", spec, err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func random(n int) []byte {
+	b := make([]byte, n)
+	r := rand.NewChaCha8([32]byte{7})
+	r.Read(b)
+	return b
+}
+
+// TestRegistered: member.Open dispatches the URI prefixes to the kind; Name is the URI, Size
+// the export's, and the member has no local path (no lock).
+func TestRegistered(t *testing.T) {
+	sock := serve(t, nbd.Export{Name: "m0", Device: nbdtest.NewMemDevice(3 << 20)})
+	spec := uri(sock, "m0")
+	m, err := member.Open(spec, member.Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.Name() != spec || m.Size() != 3<<20 {
+		t.Errorf("Name %q Size %d, want %q and %d", m.Name(), m.Size(), spec, 3<<20)
+	}
+	if p := member.SpecPath(spec); p != "" {
+		t.Errorf("SpecPath = %q, want \"\"", p)
+	}
+	if _, ok := m.(member.DSyncWriter); !ok {
+		t.Error("not a DSyncWriter")
+	}
+}
+
+// TestSplitAtMaxBlock: requests longer than the server's maximum block size are split at it
+// (the server refuses longer ones), and every byte arrives where it belongs.
+func TestSplitAtMaxBlock(t *testing.T) {
+	dev := nbdtest.NewMemDevice(4 << 20)
+	sock := serve(t, nbd.Export{Name: "m", Device: dev, MinBlock: 512, PreferredBlock: 4096, MaxBlock: 64 << 10})
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{})
+	data := random(1<<20 + 8192)
+	const off = 12288
+	if n, err := m.WriteAt(data, off); n != len(data) || err != nil {
+		t.Fatalf("WriteAt = %d, %v", n, err)
+	}
+	if got := dev.Stats().Writes; got != 17 {
+		t.Errorf("%d WRITEs, want 17 (16 of 64 KiB and one of 8 KiB)", got)
+	}
+	if !bytes.Equal(dev.Bytes()[off:off+len(data)], data) {
+		t.Fatal("device does not hold what was written")
+	}
+	got := make([]byte, len(data))
+	if n, err := m.ReadAt(got, off); n != len(got) || err != nil {
+		t.Fatalf("ReadAt = %d, %v", n, err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("read back differs")
+	}
+	// Short requests go whole.
+	before := dev.Stats().Reads
+	if _, err := m.ReadAt(got[:64<<10], 0); err != nil || dev.Stats().Reads != before+1 {
+		t.Errorf("64 KiB read: %v, %d READs, want 1", err, dev.Stats().Reads-before)
+	}
+}
+
+// TestErrorsAreEIO: a server's error reply, whatever its errno, is an *Error with errno EIO to
+// the array, the server's errno inside; a read fails with no bytes claimed.
+func TestErrorsAreEIO(t *testing.T) {
+	dev := nbdtest.NewMemDevice(1 << 20)
+	dev.Fail = func(op nbdtest.Op, off, n int64) error {
+		if off >= 512<<10 {
+			return syscall.ENOSPC
+		}
+		return nil
+	}
+	sock := serve(t, nbd.Export{Name: "m", Device: dev})
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{})
+	p := make([]byte, 8192)
+	for _, tc := range []struct {
+		op string
+		f  func() (int, error)
+	}{
+		{"read", func() (int, error) { return m.ReadAt(p, 512<<10) }},
+		{"write", func() (int, error) { return m.WriteAt(p, 512<<10) }},
+		{"dsync", func() (int, error) { return m.WriteAtDSync(p, 512<<10) }},
+		{"trim", func() (int, error) { return 0, m.Trim(512<<10, 8192) }},
+	} {
+		n, err := tc.f()
+		var e *nbdmember.Error
+		if n != 0 || !errors.As(err, &e) || e.Errno() != uint32(syscall.EIO) {
+			t.Errorf("%s: %d, %v; want 0 and an *Error with errno EIO", tc.op, n, err)
+		}
+	}
+	if _, err := m.ReadAt(p, 0); err != nil {
+		t.Errorf("read after errors: %v (the connection goes on)", err)
+	}
+}
+
+// TestShortDeviceRead: a server whose device returns fewer bytes than asked replies with an
+// error, and the member's read is an error, never zeroes.
+func TestShortDeviceRead(t *testing.T) {
+	sock := serve(t, nbd.Export{Name: "m", Device: shortDevice{nbdtest.NewMemDevice(1 << 20)}})
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{})
+	p := make([]byte, 8192)
+	if _, err := member.ReadFull(m, p, 4096); err == nil {
+		t.Fatal("short read of the server's device: no error")
+	}
+}
+
+type shortDevice struct{ *nbdtest.MemDevice }
+
+func (d shortDevice) ReadAt(p []byte, off int64) (int, error) {
+	n, err := d.MemDevice.ReadAt(p[:len(p)/2], off)
+	return n, err
+}
+
+// TestCutReply: a reply cut off mid-payload (the server's host gone) is an error, and so is
+// every later request: nothing is taken for data.
+func TestCutReply(t *testing.T) {
+	dev := nbdtest.NewMemDevice(1 << 20)
+	if _, err := dev.WriteAt(random(1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	sock := serve(t, nbd.Export{Name: "m", Device: dev})
+	px := newCutProxy(t, sock)
+	m := open(t, uri(px.path, "m"), member.Exclusive, nbdmember.Options{})
+	p := make([]byte, 64<<10)
+	px.cutAfter(1000) // the next reply is cut 1000 bytes in
+	n, err := m.ReadAt(p, 0)
+	if err == nil || n != 0 || !errors.Is(err, client.ErrDisconnected) {
+		t.Fatalf("cut READ reply: %d, %v; want 0 and ErrDisconnected", n, err)
+	}
+	if _, err := m.WriteAt(p, 0); err == nil {
+		t.Fatal("write after a broken connection: no error")
+	}
+}
+
+// cutProxy forwards a unix socket connection to the server and, once armed, cuts the
+// server-to-client stream after so many bytes.
+type cutProxy struct {
+	path string
+	cut  atomic.Int64 // > 0: bytes still to forward before the cut
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	px := &cutProxy{path: filepath.Join(t.TempDir(), "proxy.sock")}
+	ln, err := net.Listen("unix", px.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			cc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			sc, err := net.Dial("unix", target)
+			if err != nil {
+				cc.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, cc, sc)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(sc, cc); sc.Close() }()
+			go func() { defer wg.Done(); px.down(cc, sc); cc.Close(); sc.Close() }()
+		}
+	}()
+	return px
+}
+
+func (px *cutProxy) cutAfter(n int64) { px.cut.Store(n) }
+
+func (px *cutProxy) down(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		if c := px.cut.Load(); c > 0 {
+			dst.Write(buf[:min(int64(n), c)])
+			if int64(n) >= c {
+				return
+			}
+			px.cut.Store(c - int64(n))
+			continue
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// TestDeadline: a server that stops answering makes the request return within its deadline
+// with ErrDeadline, the other requests in flight with it, and every later one fails: the
+// array then fails the member instead of hanging.
+func TestDeadline(t *testing.T) {
+	dev := nbdtest.NewMemDevice(1 << 20)
+	stall := make(chan struct{})
+	var stalled atomic.Bool
+	dev.Delay = func(op nbdtest.Op, off, n int64) {
+		if stalled.Load() {
+			<-stall
+		}
+	}
+	sock := serve(t, nbd.Export{Name: "m", Device: dev})
+	t.Cleanup(func() { close(stall) }) // before the server's cleanup (LIFO)
+	const timeout = 300 * time.Millisecond
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{Timeout: timeout})
+	p := make([]byte, 4096)
+	if _, err := m.WriteAt(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	stalled.Store(true)
+	start := time.Now()
+	errs := make(chan error, 4)
+	for i := range 4 {
+		go func() {
+			q := make([]byte, 4096)
+			_, err := m.ReadAt(q, int64(i)*4096)
+			errs <- err
+		}()
+	}
+	for range 4 {
+		select {
+		case err := <-errs:
+			var e *nbdmember.Error
+			if !errors.Is(err, nbdmember.ErrDeadline) || !errors.As(err, &e) || e.Errno() != uint32(syscall.EIO) {
+				t.Errorf("stalled read: %v, want ErrDeadline in an *Error (EIO)", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("stalled read did not return within 30s (deadline 300ms)")
+		}
+	}
+	if d := time.Since(start); d < timeout {
+		t.Errorf("returned after %v, before the deadline %v", d, timeout)
+	}
+	if _, err := m.WriteAt(p, 0); !errors.Is(err, nbdmember.ErrDeadline) {
+		t.Errorf("write after the deadline: %v, want ErrDeadline", err)
+	}
+	if err := m.Sync(); err == nil {
+		t.Error("Sync after the deadline: no error")
+	}
+}
+
+// TestDSyncFUA: WriteAtDSync is one FUA WRITE where the server advertises FUA, else a WRITE
+// and a FLUSH; Sync is FLUSH.
+func TestDSyncFUA(t *testing.T) {
+	dev := nbdtest.NewMemDevice(1 << 20)
+	sock := serve(t, nbd.Export{Name: "m", Device: nbdtest.FUADevice{MemDevice: dev}})
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{})
+	data := random(8192)
+	if _, err := m.WriteAtDSync(data, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if s := dev.Stats(); s.FUAWrites != 1 || s.Flushes != 0 {
+		t.Errorf("with FUA: %d FUA writes, %d flushes; want 1 and 0", s.FUAWrites, s.Flushes)
+	}
+	m.MaskFlags(client.FlagSendFUA)
+	if _, err := m.WriteAtDSync(data, 65536); err != nil {
+		t.Fatal(err)
+	}
+	if s := dev.Stats(); s.FUAWrites != 1 || s.Flushes != 1 || s.Writes != 1 {
+		t.Errorf("without FUA: %d FUA writes, %d flushes, %d writes; want 1, 1, 1", s.FUAWrites, s.Flushes, s.Writes)
+	}
+	if b := dev.Bytes(); !bytes.Equal(b[4096:4096+8192], data) || !bytes.Equal(b[65536:65536+8192], data) {
+		t.Error("device does not hold the writes")
+	}
+	if err := m.Sync(); err != nil || dev.Stats().Flushes != 2 {
+		t.Errorf("Sync: %v, %d flushes, want 2", err, dev.Stats().Flushes)
+	}
+	m.MaskFlags(client.FlagSendFlush) // a server with no cache to flush
+	if err := m.Sync(); err != nil || dev.Stats().Flushes != 2 {
+		t.Errorf("Sync without FLUSH advertised: %v, %d flushes, want nil and 2", err, dev.Stats().Flushes)
+	}
+}
+
+// TestTrimZeroes: Trim leaves zeroes: WRITE_ZEROES where advertised, else WRITEs of zeroes;
+// never a bare TRIM (whose range the protocol leaves undefined).
+func TestTrimZeroes(t *testing.T) {
+	dev := nbdtest.NewMemDevice(4 << 20)
+	sock := serve(t, nbd.Export{Name: "m", Device: dev})
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{})
+	if _, err := m.WriteAt(random(4<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, 1<<20)
+	if err := m.Trim(1<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if s := dev.Stats(); s.WriteZeroes != 1 || s.Trims != 0 {
+		t.Errorf("%d WRITE_ZEROES, %d TRIMs; want 1 and 0", s.WriteZeroes, s.Trims)
+	}
+	m.MaskFlags(client.FlagSendWriteZeroes)
+	writes := dev.Stats().Writes
+	if err := m.Trim(3<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if s := dev.Stats(); s.WriteZeroes != 1 || s.Trims != 0 || s.Writes == writes {
+		t.Errorf("without WRITE_ZEROES: %d WRITE_ZEROES, %d TRIMs, %d writes; want 1, 0, more", s.WriteZeroes, s.Trims, s.Writes-writes)
+	}
+	b := dev.Bytes()
+	if !bytes.Equal(b[1<<20:2<<20], zero) || !bytes.Equal(b[3<<20:4<<20], zero) {
+		t.Error("trimmed ranges do not read as zeroes")
+	}
+	if bytes.Equal(b[2<<20:2<<20+4096], zero[:4096]) {
+		t.Error("range between the trims was zeroed")
+	}
+}
+
+// TestOpenErrors: a read-only export opened read-write is refused, read-only use is fine;
+// an export that cannot be reached is fs.ErrNotExist (a missing member); a minimum block size
+// the array cannot meet is refused.
+func TestOpenErrors(t *testing.T) {
+	dev := nbdtest.NewMemDevice(1 << 20)
+	sock := serve(t,
+		nbd.Export{Name: "ro", Device: dev, ReadOnly: true},
+		nbd.Export{Name: "big", Device: dev, MinBlock: 8192, PreferredBlock: 8192},
+	)
+	if _, err := nbdmember.Open(uri(sock, "ro"), member.Exclusive, nbdmember.Options{}); !errors.Is(err, nbdmember.ErrReadOnlyExport) {
+		t.Errorf("read-only export opened read-write: %v, want ErrReadOnlyExport", err)
+	}
+	m := open(t, uri(sock, "ro"), member.Inspect, nbdmember.Options{})
+	if _, err := m.ReadAt(make([]byte, 4096), 0); err != nil {
+		t.Errorf("read of a read-only export: %v", err)
+	}
+	if _, err := nbdmember.Open(uri(sock, "big"), member.Exclusive, nbdmember.Options{}); !errors.Is(err, nbdmember.ErrBlockSize) {
+		t.Errorf("minimum block 8192: %v, want ErrBlockSize", err)
+	}
+	for _, spec := range []string{
+		uri(sock, "nosuch"),
+		uri(filepath.Join(t.TempDir(), "none.sock"), "m"),
+	} {
+		if _, err := nbdmember.Open(spec, member.Exclusive, nbdmember.Options{Timeout: 10 * time.Second}); !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, nbdmember.ErrUnreachable) {
+			t.Errorf("%s: %v, want ErrUnreachable (fs.ErrNotExist)", spec, err)
+		}
+	}
+	for _, spec := range []string{
+		"nbd://host/x?tls-certificates=/d", // TLS files on a plaintext URI
+		"nbd+unix:///x",                    // no socket
+		"nbds://host/x?tls-certificates=",  // empty DIR
+	} {
+		if _, err := nbdmember.Open(spec, member.Exclusive, nbdmember.Options{}); !errors.Is(err, client.ErrBadURI) {
+			t.Errorf("%s: %v, want client.ErrBadURI", spec, err)
+		}
+	}
+	if _, err := nbdmember.Open("nbds://127.0.0.1:1/x?tls-certificates="+t.TempDir(), member.Exclusive, nbdmember.Options{}); !errors.Is(err, nbdmember.ErrTLSFiles) {
+		t.Errorf("tls-certificates DIR without ca-cert.pem: %v, want ErrTLSFiles", err)
+	}
+}
