@@ -56,7 +56,8 @@ type Run struct {
 type WriteState struct {
 	Stripe int64
 	// Units holds the state of unit u of data chunk d at d·UnitsPerChunk()+u: UnitUp,
-	// UnitDirty, both or neither. A dirty unit is also treated as up to date.
+	// UnitDirty, both or neither. A dirty unit is also treated as up to date. Nil means every
+	// unit dirty: a stripe written whole, planned without looking at each unit.
 	Units []uint8
 	// Missing is the role whose member is missing in the stripe, or -1. It is never read or
 	// written; its data lives in parity.
@@ -120,6 +121,10 @@ func PlanWrite(p *Plan, l Layout, w WriteState) {
 	}
 	cols := p.Cols[:upc]
 	p.Cols = cols
+	if w.Units == nil {
+		planWhole(p, l, w)
+		return
+	}
 	nUp, nDirty, rcwReads, rmwReads := 0, 0, 0, 0
 	for u := range upc {
 		nd, nu := 0, 0
@@ -197,6 +202,30 @@ func PlanWrite(p *Plan, l Layout, w WriteState) {
 				p.Writes = addRun(p.Writes, Run{Role: pm, Chunk: D, Unit: u, N: 1, Buf: BufUnit})
 			}
 		}
+	}
+}
+
+// planWhole is PlanWrite for a stripe written whole (w.Units nil): the plan the unit-by-unit
+// path makes of every unit dirty — no reads, every column encoded (or without parity when the
+// parity member is missing), each present chunk written in one run.
+func planWhole(p *Plan, l Layout, w WriteState) {
+	D, upc, s := l.DataMembers(), l.UnitsPerChunk(), w.Stripe
+	pm := l.ParityMember(s)
+	col := ColEncode
+	if pm == w.Missing {
+		col = ColNoParity
+	}
+	for u := range p.Cols {
+		p.Cols[u] = col
+	}
+	p.Kind = KindFull
+	for d := range D {
+		if r := l.DataMember(s, d); r != w.Missing {
+			p.Writes = append(p.Writes, Run{Role: r, Chunk: d, Unit: 0, N: upc, Buf: BufUnit})
+		}
+	}
+	if pm != w.Missing {
+		p.Writes = append(p.Writes, Run{Role: pm, Chunk: D, Unit: 0, N: upc, Buf: BufUnit})
 	}
 }
 

@@ -63,6 +63,7 @@ func parseState(text string) (Layout, WriteState, error) {
 		err    error
 		hasLay bool
 		miss   = "none"
+		whole  bool
 	)
 	for _, line := range strings.Split(text, "\n") {
 		f := strings.Fields(line)
@@ -89,6 +90,8 @@ func parseState(text string) (Layout, WriteState, error) {
 			miss = f[1]
 		case f[0] == "parity" && len(f) == 2 && (f[1] == "trusted" || f[1] == "stale"):
 			w.ParityStale = f[1] == "stale"
+		case len(f) == 1 && f[0] == "whole": // every unit dirty, as WriteState.Units nil says
+			whole = true
 		case len(f) == 2 && f[0] == fmt.Sprintf("d%d", len(rows)):
 			rows = append(rows, f[1])
 		default:
@@ -99,7 +102,10 @@ func parseState(text string) (Layout, WriteState, error) {
 		return l, w, fmt.Errorf("no layout line")
 	}
 	D, upc := l.DataMembers(), l.UnitsPerChunk()
-	if len(rows) != D {
+	if whole && len(rows) > 0 {
+		return l, w, fmt.Errorf("both whole and chunk rows")
+	}
+	if !whole && len(rows) != D {
 		return l, w, fmt.Errorf("%d chunk rows, want %d", len(rows), D)
 	}
 	switch {
@@ -114,6 +120,9 @@ func parseState(text string) (Layout, WriteState, error) {
 		w.Missing = l.DataMember(w.Stripe, d)
 	default:
 		return l, w, fmt.Errorf("bad missing %q", miss)
+	}
+	if whole {
+		return l, w, nil
 	}
 	w.Units = make([]uint8, D*upc)
 	for d, row := range rows {
@@ -202,6 +211,17 @@ func TestPlanExecuted(t *testing.T) {
 				if rng.Float64() < pDirty {
 					w.Units[j] |= UnitDirty
 				}
+			}
+		}
+		if rng.IntN(8) == 0 { // a stripe written whole: both ways of saying it plan alike
+			for j := range w.Units {
+				w.Units[j] = UnitUp | UnitDirty
+			}
+			PlanWrite(&p, l, w)
+			want := renderPlan(l, &p)
+			PlanWrite(&p, l, WriteState{Stripe: s, Missing: missing, ParityStale: w.ParityStale})
+			if got := renderPlan(l, &p); got != want {
+				t.Fatalf("case %d: the plan of a whole stripe (Units nil):\n%s\ndiffers from that of every unit dirty:\n%s", i, got, want)
 			}
 		}
 		PlanWrite(&p, l, w)

@@ -79,7 +79,6 @@ type Cache struct {
 	nd     int                // data chunks per stripe
 	chunk  int64              // chunk size
 	upc    int                // units per chunk
-	whole  []uint8            // every unit dirty: a stripe written whole, as PlanWrite sees it
 	cap    int
 
 	mu      sync.Mutex // guards heads, lru, free, delayed, urgent, queued, err, and heads' bindings and links
@@ -115,10 +114,6 @@ func New(layout stripe.Layout, coder *parity.Coder, m Backend, locks *stripe.Loc
 		cap:   max(opts.Stripes, 0),
 		heads: make(map[int64]*head),
 		kick:  make(chan struct{}, 1),
-	}
-	c.whole = make([]uint8, c.nd*c.upc)
-	for i := range c.whole {
-		c.whole[i] = stUp | stDirty
 	}
 	if c.delay <= 0 {
 		c.delay = DefaultWriteBackDelay

@@ -57,7 +57,7 @@ func (m *memMembers) Do(ops []stripe.MemberOp) error {
 
 // newTestCache returns a cache of capacity stripes over members holding random data with
 // correct parity, its members, and the array's contents (the model).
-func newTestCache(t *testing.T, l stripe.Layout, stripes int64, capacity, missing int, seed uint64) (*Cache, *memMembers, []byte) {
+func newTestCache(t testing.TB, l stripe.Layout, stripes int64, capacity, missing int, seed uint64) (*Cache, *memMembers, []byte) {
 	t.Helper()
 	coder, err := parity.New(l.DataMembers())
 	if err != nil {

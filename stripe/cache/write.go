@@ -157,7 +157,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 			P = ws.old[:c.chunk]
 		}
 		p := &ws.plan
-		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: c.whole, Missing: c.m.Missing(s)})
+		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.m.Missing(s)}) // Units nil: written whole
 		if err := c.encodeWhole(p, ws.shards, q, P); err != nil {
 			return err
 		}
@@ -237,7 +237,7 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 			}
 		}
 		q, P := src[i*ss:(i+1)*ss], b.par[i*C:(i+1)*C]
-		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: c.whole, Missing: c.m.Missing(s)})
+		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.m.Missing(s)}) // Units nil: written whole
 		if err := c.encodeWhole(p, b.shards, q, P); err != nil {
 			return err
 		}

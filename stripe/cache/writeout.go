@@ -22,7 +22,11 @@ func (c *Cache) writeOut(h *head, s int64) error {
 	p := &ws.plan
 	// Stale parity matters only to a stripe that is not whole in the head.
 	stale := h.mustRCW || h.nUp < D*c.upc && c.mustRC != nil && c.mustRC(s)
-	stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: h.st, Missing: c.m.Missing(s), ParityStale: stale})
+	units := h.st
+	if h.nDirty == len(h.st) {
+		units = nil // every unit dirty: planned as a stripe written whole
+	}
+	stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: units, Missing: c.m.Missing(s), ParityStale: stale})
 	if len(p.Reads) > 0 {
 		ops := c.appendRuns(ws.ops[:0], h, ws, p, p.Reads, false)
 		err := c.m.Do(ops)
