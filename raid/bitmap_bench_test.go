@@ -27,7 +27,7 @@ func shmDir(b *testing.B) string {
 
 // BenchmarkRandWrite4K: random 4 KiB writes from 4 goroutines over a 4-member array of files
 // on /dev/shm (64 KiB chunks, 3×32 MiB), with and without the write-intent bitmap, cached and
-// cacheless, from a freshly created array (every region's bit clear at the start: the
+// written through ("cacheless": StripeCache -1), from a freshly created array (every region's bit clear at the start: the
 // bitmap's worst case). bmflush/op is bitmap writes per write (TestBitmapCost checks the
 // counts exactly). Compare with benchstat.
 func BenchmarkRandWrite4K(b *testing.B) {

@@ -187,7 +187,7 @@ func TestResyncReconstructs(t *testing.T) {
 	for _, mode := range []struct {
 		name  string
 		cache int
-	}{{"cached", 0}, {"cacheless", -1}} {
+	}{{"cached", 0}, {"write-through", -1}} {
 		t.Run(mode.name, func(t *testing.T) {
 			mems := newMems("w", 4, raid.DataOffset+chunks*C)
 			ms := asMembers(mems)
@@ -517,12 +517,12 @@ func TestPowerCut(t *testing.T) {
 	}{
 		{"bitmap/lose-all", 0, 0, 0, false},
 		{"bitmap/reorder", 0, 0.5, 0, false},
-		{"bitmap/cacheless/reorder", 0, 0.5, -1, false},
+		{"bitmap/write-through/reorder", 0, 0.5, -1, false},
 		{"no-bitmap/reorder", -1, 0.5, 0, false},
 		{"journal/lose-all", 0, 0, 0, true},
 		{"journal/reorder", 0, 0.5, 0, true},
-		{"journal/cacheless/lose-all", 0, 0, -1, true},
-		{"journal/cacheless/reorder", 0, 0.5, -1, true},
+		{"journal/write-through/lose-all", 0, 0, -1, true},
+		{"journal/write-through/reorder", 0, 0.5, -1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vs := make([]*raidtest.Volatile, members)

@@ -62,7 +62,7 @@ var cacheModes = []struct {
 	io   raid.IOOptions
 }{
 	{"cache", raid.IOOptions{WriteBackDelay: time.Millisecond}},
-	{"cacheless", raid.IOOptions{StripeCache: -1}},
+	{"write-through", raid.IOOptions{StripeCache: -1}},
 }
 
 // TestReadErrors: reads that fail on one member of a healthy array are served correctly by

@@ -150,7 +150,7 @@ func TestJournalDegradedPowerCut(t *testing.T) {
 		name  string
 		keep  float64
 		cache int
-	}{{"cached/reorder", 0.5, 0}, {"cacheless/lose-all", 0, -1}, {"cacheless/reorder", 0.5, -1}} {
+	}{{"cached/reorder", 0.5, 0}, {"write-through/lose-all", 0, -1}, {"write-through/reorder", 0.5, -1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			io := raid.IOOptions{StripeCache: tc.cache, WriteBackDelay: time.Millisecond}
 			a, vs, jv := journaled(t, "d", members, raid.DataOffset+chunks*C, 4<<20, io)

@@ -35,8 +35,8 @@ func readMapped(t *testing.T, a *raid.Array, off, n int64) ([]byte, bool) {
 }
 
 // TestReadMapped: reads through the members' mappings return exactly what ReadAt would — the
-// model — with and without a cache, with writes still dirty in the cache, and degraded; small
-// reads are refused.
+// model — with write-back caching and without (StripeCache -1), with writes still dirty in the
+// cache, and degraded; small reads are refused.
 func TestReadMapped(t *testing.T) {
 	for _, cache := range []int{0, -1} {
 		t.Run(fmt.Sprintf("StripeCache=%d", cache), func(t *testing.T) { readMappedCase(t, cache) })

@@ -38,14 +38,15 @@ type ioMode struct {
 
 // ioModes are the modes every data test runs in: the write-back cache copying (the default),
 // with stable pages, with stable pages and pinned buffers, with a cache of two stripes (constant
-// eviction and write-through), and without a cache; reads through the members' mappings
-// (MappedReads) in the stable and cacheless modes, as the daemon reads by default.
+// eviction and write-through), and with no write-back caching (StripeCache -1: a cache of no
+// heads, every partial write written through before it returns); reads through the members'
+// mappings (MappedReads) in the stable and write-through modes, as the daemon reads by default.
 var ioModes = []ioMode{
 	{name: "copy"},
 	{name: "stable", io: raid.IOOptions{StablePages: true, MappedReads: true}},
 	{name: "pinned", io: raid.IOOptions{StablePages: true}, pinned: true},
 	{name: "tiny-cache", io: raid.IOOptions{StripeCache: 2, WriteBackDelay: time.Millisecond}},
-	{name: "cacheless", io: raid.IOOptions{StripeCache: -1, MappedReads: true}},
+	{name: "write-through", io: raid.IOOptions{StripeCache: -1, MappedReads: true}},
 }
 
 // TestModel drives arrays of 3, 4 and 5 members in every layout with concurrent random reads,

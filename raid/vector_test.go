@@ -59,7 +59,7 @@ func TestReadMergesMemberRanges(t *testing.T) {
 		name   string
 		io     IOOptions
 		warmAt int64 // if > 0: write this array range first (its stripes get a cache head)
-	}{{"cacheless", IOOptions{StripeCache: -1}, 0}, {"cold-cache", IOOptions{}, 0}, {"partly-cached", IOOptions{}, off + 200<<10}} {
+	}{{"write-through", IOOptions{StripeCache: -1}, 0}, {"cold-cache", IOOptions{}, 0}, {"partly-cached", IOOptions{}, off + 200<<10}} {
 		t.Run(mode.name, func(t *testing.T) {
 			cms := make([]*countMember, len(paths))
 			ms := make([]Member, len(paths))

@@ -100,7 +100,7 @@ func checkVerifyJobs(t *testing.T, jobs []fioJob, n int) {
 // TestFioVerify runs the verify jobs in each I/O mode the daemon offers: the default
 // (write-back cache, stable pages: pinned buffers), stable pages with the immutable guard on (a
 // stray write to a held buffer would crash the daemon), copying every write into the cache
-// (--stable-pages=false), and write-through without a cache. Every mode
+// (--stable-pages=false), and every write written through (--stripe-cache off). Every mode
 // reads through the members' mappings (--mapped-reads, the default): the verify pass's reads of
 // 64 KiB and more must have been sent from them, and fio checks every byte and its offset.
 func TestFioVerify(t *testing.T) {

@@ -4,7 +4,7 @@ import "testing"
 
 // volatileSpecs returns the array's members as faulty:PATH?volatile specs: each member keeps
 // the daemon's writes in the daemon's memory until it syncs the member, then writes them out
-// in a random order (raid/faultspec.go), so a SIGKILL loses what a power cut would.
+// in a random order (raid/member/faulty's volatile write cache), so a SIGKILL loses what a power cut would.
 func volatileSpecs(a *array, _ int) []string {
 	specs := make([]string, len(a.members))
 	for i, m := range a.members {

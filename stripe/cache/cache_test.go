@@ -255,14 +255,14 @@ func TestCacheDegradedPlan(t *testing.T) {
 	check(t, l, mm, model)
 }
 
-// TestRunOps: a write-out turns each planned run into member operations, one per piece of
+// TestAppendRuns: a write-out turns each planned run into member operations, one per piece of
 // the run that is contiguous in memory. In a stripe of 2 data chunks of 2 units, a pinned 12 KiB
 // write references chunk 0 whole and chunk 1's unit 0 (contiguous in the pinned buffer, across
 // the chunk boundary) and a copied write fills chunk 1's unit 1: chunk 0 is one write from the
 // pinned buffer, chunk 1 two (the pinned unit and the head's own, not contiguous), parity one.
 // Merging across runs would put chunk 1's pinned unit on chunk 0's member; merging without
 // contiguous memory would write the bytes after the pinned unit.
-func TestRunOps(t *testing.T) {
+func TestAppendRuns(t *testing.T) {
 	l, _ := stripe.NewLayout(3, 8<<10, stripe.LeftSymmetric)
 	c, _, _ := newTestCache(t, l, 2, 2, -1, 3)
 	const U = stripe.UnitSize

@@ -182,7 +182,7 @@ func (c *Cache) writeBacker(ctx context.Context) {
 		if err := c.writeBack(s); err != nil {
 			c.mu.Lock()
 			if c.err == nil {
-				c.log.Error("stripe: background write-out failed; the data stays dirty in the cache and the next Flush reports it", "stripe", s, "err", err)
+				c.log.Error("cache: background write-out failed; the data stays dirty in the cache and the next Flush reports it", "stripe", s, "err", err)
 				c.err = err
 			}
 			c.mu.Unlock()
