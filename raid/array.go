@@ -35,11 +35,9 @@ type Array struct {
 	// roles is which member serves each role, what is usable, missing or lost, whether the
 	// array has failed, and the write gate (roles.go). Read without a lock on every I/O.
 	roles roleTable
-	// recording counts member failures being recorded (beginRecord; see awaitRecord); recIdle
-	// is closed when it drops to 0. recMu guards recIdle and the changes of recording.
-	recording atomic.Int32
-	recMu     sync.Mutex
-	recIdle   chan struct{}
+	// records counts the member failures being recorded in the superblocks, which writes
+	// wait for before they are acknowledged (record.go, awaitRecord).
+	records failureRecords
 	// view is the member list and superblock fields as the last Status (or assembly) read
 	// them under sbMu: what Status answers with while sbMu is held for long.
 	view atomic.Pointer[memberView]

@@ -165,9 +165,9 @@ func (a *Array) fail(m *member, why error) {
 	// hung m gives up on it (eachMember), so failing a member never waits for the member.
 	// Writes that skip m meanwhile wait for the record (awaitRecord): it is counted before m
 	// is marked, so whoever sees m faulty also sees the record under way.
-	a.beginRecord()
+	a.records.begin()
 	if a.roles.markFaulty(m) {
-		a.endRecord()
+		a.records.end()
 		a.awaitRecord() // the record of the first fail, then the drain if that failed the array
 		return
 	}
@@ -196,7 +196,7 @@ func (a *Array) fail(m *member, why error) {
 	}
 	failed := a.roles.failed() // decided by the recounts above, under sbMu
 	a.sbMu.Unlock()
-	a.endRecord()
+	a.records.end()
 	if failed {
 		a.roles.drain()
 		a.log.Error("raid: array failed: two roles have no working member; data on them is lost; member writes stopped")

@@ -3,6 +3,8 @@ package raid
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,8 +21,8 @@ func (a *Array) writeSuperblocks(set func(*superblock)) error {
 	if len(bad) == 0 {
 		return nil
 	}
-	a.beginRecord() // before the members are marked faulty (awaitRecord)
-	defer a.endRecord()
+	a.records.begin() // before the members are marked faulty (awaitRecord)
+	defer a.records.end()
 	rebuilding := false
 	for ; len(bad) > 0; bad, err = a.superblockWrite(set) {
 		a.log.Error("raid: a superblock update did not reach every member; failing those it missed", "err", err)
@@ -110,42 +112,57 @@ func (a *Array) markDirty() error {
 	return nil
 }
 
-// beginRecord counts a member failure being recorded in the superblocks, before the member
-// is marked faulty; endRecord ends it once the record is durable (or has failed the array).
-func (a *Array) beginRecord() {
-	a.recMu.Lock()
-	if a.recording.Add(1) == 1 {
-		a.recIdle = make(chan struct{})
-	}
-	a.recMu.Unlock()
+// failureRecords counts the member failures being recorded in the superblocks. A record
+// begins before its member is marked faulty and ends once it is durable (or has failed the
+// array), so whoever sees a member faulty also sees its record under way (Array.awaitRecord).
+type failureRecords struct {
+	n    atomic.Int32  // records under way
+	mu   sync.Mutex    // guards idle and the changes of n
+	idle chan struct{} // made when n leaves 0, closed when it comes back to 0
 }
 
-func (a *Array) endRecord() {
-	a.recMu.Lock()
-	if a.recording.Add(-1) == 0 {
-		close(a.recIdle)
+// begin counts a record, before its member is marked faulty.
+func (f *failureRecords) begin() {
+	f.mu.Lock()
+	if f.n.Add(1) == 1 {
+		f.idle = make(chan struct{})
 	}
-	a.recMu.Unlock()
+	f.mu.Unlock()
+}
+
+// end ends a record that begin counted.
+func (f *failureRecords) end() {
+	f.mu.Lock()
+	if f.n.Add(-1) == 0 {
+		close(f.idle)
+	}
+	f.mu.Unlock()
+}
+
+// wait waits until every record begun before it has ended: one atomic load when none is.
+func (f *failureRecords) wait() {
+	if f.n.Load() == 0 {
+		return
+	}
+	f.mu.Lock()
+	idle := f.idle
+	if f.n.Load() == 0 {
+		idle = nil
+	}
+	f.mu.Unlock()
+	if idle != nil {
+		<-idle
+	}
 }
 
 // awaitRecord waits until every superblock update recording a faulty member that had begun
-// (beginRecord) is durable. Writing methods call it before they return, so that no write that
-// skipped a faulty member is acknowledged before the superblocks say the member is faulty, and
-// no write that failed with the array returns before the gate has drained (roleTable.drain). It
-// does not wait on sbMu: a member is marked faulty before its fail takes sbMu, so a waiter
-// could take sbMu first and return before the record.
+// (failureRecords.begin) is durable. Writing methods call it before they return, so that no
+// write that skipped a faulty member is acknowledged before the superblocks say the member is
+// faulty, and no write that failed with the array returns before the gate has drained
+// (roleTable.drain). It does not wait on sbMu: a member is marked faulty before its fail takes
+// sbMu, so a waiter could take sbMu first and return before the record.
 func (a *Array) awaitRecord() {
-	if a.recording.Load() > 0 {
-		a.recMu.Lock()
-		idle := a.recIdle
-		if a.recording.Load() == 0 {
-			idle = nil
-		}
-		a.recMu.Unlock()
-		if idle != nil {
-			<-idle
-		}
-	}
+	a.records.wait()
 	a.roles.drain()
 }
 

@@ -17,8 +17,8 @@ import (
 // Who changes what: set, remove and recount run under Array.sbMu (or in newArray, which owns
 // the array alone); markFaulty runs without sbMu (fail marks a member before it takes sbMu, so
 // that I/O goes around the member at once); setRebuilt moves the rebuild position past stripe s
-// only while s's stripe lock is held. A member's own flags (faulty, rebuilding) are atomics of
-// the member.
+// only while s's stripe lock is held (but see setRebuilt). A member's own flags (faulty,
+// rebuilding) are atomics of the member.
 //
 // The decision that the array has failed is made in one place, recount, which shuts the gate.
 // failed only reports it; what must not happen on a failed array (a member write) is refused
@@ -206,7 +206,8 @@ func (t *roleTable) states() (states [stripe.MaxMembers]uint8, rebuilding bool) 
 func (t *roleTable) rebuildPos() int64 { return t.rebuilt.Load() }
 
 // setRebuilt moves the rebuild position to stripe s. Moving it past a stripe needs that
-// stripe's lock (or no rebuilding member yet: the rebuild's start, under sbMu).
+// stripe's lock, unless nothing can read it meanwhile: assembly (before the array serves) and
+// the rebuild's start (under sbMu, before the spare takes the role).
 func (t *roleTable) setRebuilt(s int64) { t.rebuilt.Store(s) }
 
 // set makes m (nil: none) serve role r. The caller holds sbMu and calls recount after.
