@@ -3,6 +3,7 @@ package nbd
 import (
 	"fmt"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // no Go pointer rule is at stake. They come in size classes of powers of two, 4 KiB to 32 MiB;
 // a larger request gets a mapping of its own, unmapped when it is done.
 //
-// Each connection has its own pool (conn.free, under conn.mu): a buffer belongs to one
+// Each connection has its own pool (conn.pool, under conn.mu): a buffer belongs to one
 // connection for its whole life, is charged to that connection's in-flight bytes while it is
 // out of the pool, and is unmapped when the connection ends. A connection ends only after every
 // buffer it lent to a PinnedWriter has been released.
@@ -168,6 +169,22 @@ func (s *Server) BufferStats() BufferStats {
 		Pinned: st.pinned.Load(), PinnedBytes: st.pinnedBytes.Load(),
 		PinnedWrites: st.pinnedWrites.Load(),
 	}
+}
+
+// buffers is a connection's in-flight bounds (Options.MaxInFlightRequests, MaxInFlightBytes)
+// and its pool of request buffers, with the requests they go with.
+type buffers struct {
+	// mu guards the in-flight accounting, the free lists of requests and buffers, and the
+	// worker count; cond (on mu) wakes the reader when a request or a buffer is released.
+	mu            sync.Mutex
+	cond          sync.Cond
+	inflight      int                   // requests acquired and not yet released
+	inflightBytes int64                 // request bytes of the buffers out of the pool
+	free          []*request            // released requests, for reuse
+	nworkers      int                   // workers started; never fewer than inflight
+	pool          [numClasses][]*buffer // free buffers by size class
+	poolBytes     int64                 // their mapped bytes
+	bufsOut       int                   // buffers out of the pool: with a request or a device
 }
 
 // acquire waits until the connection's in-flight limits admit a request like h, then returns

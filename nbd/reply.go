@@ -2,7 +2,10 @@ package nbd
 
 import (
 	"encoding/binary"
+	"net"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pojntfx/go-nbd/pkg/protocol"
@@ -15,6 +18,35 @@ const (
 	maxErrorMessage = 64
 	maxReplyHeader  = wire.ChunkHeaderSize + 4 + 2 + maxErrorMessage + 8
 )
+
+// replies is a connection's reply side: the writer's state and the queue of replies waiting
+// to be written together.
+type replies struct {
+	// writeMu serialises writes on nc, so that a header and its payload go out together.
+	// It guards writeErr and errHdr.
+	writeMu  sync.Mutex
+	writeErr error                // first failed reply write; later replies are dropped
+	errHdr   [maxReplyHeader]byte // header of error replies sent by the reader itself
+
+	// shutdownAt is the write deadline shutdown set (UnixNano), or 0: reply writes take the
+	// earlier of it and their own ReplyTimeout, so shutdown still bounds them.
+	shutdownAt atomic.Int64
+
+	// Replies are coalesced: a worker with a reply queues its request on replyQ and, if no
+	// worker is writing, becomes the writer: it writes every queued reply with one writev,
+	// releases those requests, and repeats until replyQ is empty. A lone reply goes out at
+	// once; replies completed while a write is under way go out together in the next one.
+	// qmu guards replyQ, spareQ and writing; wbufs and iovs belong to the writer.
+	qmu     sync.Mutex
+	replyQ  []*request  // requests whose replies are ready, in completion order
+	spareQ  []*request  // the last written batch's slice, reused as the next replyQ
+	writing bool        // a worker is writing replyQ
+	iovs    [][]byte    // backing array of wbufs, kept across batches
+	wbufs   net.Buffers // the batch being written (a field, so WriteTo does not allocate)
+	// serving counts the requests handed to the workers whose replies are not queued yet: a
+	// writer with a single reply lets them run first when there are some (see reply).
+	serving atomic.Int32
+}
 
 // encodeHeader encodes req's reply header into req.hdr: a simple reply without structured
 // replies, else one chunk with NBD_REPLY_FLAG_DONE — OFFSET_DATA for a READ's data,

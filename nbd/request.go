@@ -9,6 +9,47 @@ import (
 	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
+// readHeader reads the next request header into hb and decodes it. After a large WRITE
+// (direct) it reads straight from the connection when the buffered reader is empty, so that
+// the buffered reader does not fetch the next payload ahead into its buffer (directReadMin).
+func (c *conn) readHeader(hb *[wire.RequestHeaderSize]byte, direct bool) (protocol.TransmissionRequestHeader, error) {
+	var err error
+	if direct && c.br.Buffered() == 0 {
+		_, err = io.ReadFull(c.nc, hb[:])
+	} else {
+		_, err = io.ReadFull(c.br, hb[:])
+	}
+	if err != nil {
+		return protocol.TransmissionRequestHeader{}, err
+	}
+	if c.srv.idleTimeout > 0 {
+		c.lastActive.Store(time.Now().UnixNano())
+	}
+	return wire.DecodeRequest(hb), nil
+}
+
+// refuse answers a request the reader will not serve with errno, from the reader, after
+// reading past a WRITE's payload to stay in sync, and logs it: why is the error behind the
+// refusal (a buffer that could not be mapped), or nil for a request checkRequest refused. It
+// returns an error only if the payload could not be read.
+func (c *conn) refuse(h *protocol.TransmissionRequestHeader, errno uint32, why error) error {
+	if h.Type == wire.CmdWrite {
+		// Stay in sync: the payload follows whatever we think of the request.
+		if err := c.discardPayload(h); err != nil {
+			return err
+		}
+	}
+	if why == nil {
+		c.log.Debug("nbd: request refused", "cmd", wire.CmdName(h.Type), "flags", h.CommandFlags,
+			"offset", h.Offset, "length", h.Length, "errno", errno)
+	} else {
+		c.log.Warn("nbd: request refused", "cmd", wire.CmdName(h.Type), "offset", h.Offset,
+			"length", h.Length, "errno", errno, "err", why)
+	}
+	c.replyFromReader(h, errno)
+	return nil
+}
+
 // directReadMin is the shortest WRITE payload, or rest of one, read straight from the
 // connection into the request buffer rather than through the connection's buffered reader.
 // The buffered reader batches small requests (one read brings in many), but a payload that
@@ -27,7 +68,8 @@ const payloadPiece = 1 << 20
 // holds, then the rest straight from the connection if it is long (directReadMin), else
 // through the reader. The payload must arrive within PayloadTimeout of the first read that
 // waits for it, not counting the time spent waiting for the budget; past it the read fails
-// with a *payloadTimeoutError. The caller calls endPayload afterwards.
+// with a *payloadTimeoutError. It ends the payload's use of the budget's lane (endPayload)
+// either way; on error the caller releases req.
 func (c *conn) readPayload(req *request) error {
 	b := req.buf
 	p := b.mem[:req.length]
@@ -37,6 +79,7 @@ func (c *conn) readPayload(req *request) error {
 		if !deadline.IsZero() {
 			c.setReadDeadline(time.Time{})
 		}
+		c.srv.mem.endPayload(c.hold)
 	}()
 	for n < len(p) {
 		if int64(n) == b.shared {

@@ -16,8 +16,10 @@ import (
 	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
-// conn is one client connection. Its reader (the goroutine running ServeConn) decodes requests
-// and hands them to workers; workers call the Device and write the replies.
+// conn is one client connection in the transmission phase. Its reader (the goroutine running
+// ServeConn) reads requests (request.go), takes their buffers from the connection's pool
+// (pool.go) and hands them to workers; workers call the Device (serveRequest) and write the
+// replies (reply.go).
 type conn struct {
 	srv *Server
 	nc  net.Conn      // the connection, or the TLS session on it after STARTTLS
@@ -30,42 +32,8 @@ type conn struct {
 	pinned PinnedWriter // the export's Device as a PinnedWriter if StablePages is on, or nil
 	mapped MappedReader // the export's Device as a MappedReader if MappedReads is on, or nil
 
-	// writeMu serialises writes on nc, so that a header and its payload go out together.
-	// It guards writeErr and errHdr.
-	writeMu  sync.Mutex
-	writeErr error                // first failed reply write; later replies are dropped
-	errHdr   [maxReplyHeader]byte // header of error replies sent by the reader itself
-
-	// shutdownAt is the write deadline shutdown set (UnixNano), or 0: reply writes take the
-	// earlier of it and their own ReplyTimeout, so shutdown still bounds them.
-	shutdownAt atomic.Int64
-
-	// Replies are coalesced: a worker with a reply queues its request on replyQ and, if no
-	// worker is writing, becomes the writer: it writes every queued reply with one writev,
-	// releases those requests, and repeats until replyQ is empty. A lone reply goes out at
-	// once; replies completed while a write is under way go out together in the next one.
-	// qmu guards replyQ, spareQ and writing; wbufs and iovs belong to the writer.
-	qmu     sync.Mutex
-	replyQ  []*request  // requests whose replies are ready, in completion order
-	spareQ  []*request  // the last written batch's slice, reused as the next replyQ
-	writing bool        // a worker is writing replyQ
-	iovs    [][]byte    // backing array of wbufs, kept across batches
-	wbufs   net.Buffers // the batch being written (a field, so WriteTo does not allocate)
-	// serving counts the requests handed to the workers whose replies are not queued yet: a
-	// writer with a single reply lets them run first when there are some (see reply).
-	serving atomic.Int32
-
-	// mu guards the in-flight accounting, the free lists of requests and buffers, and the
-	// worker count; cond (on mu) wakes the reader when a request or a buffer is released.
-	mu            sync.Mutex
-	cond          sync.Cond
-	inflight      int                   // requests acquired and not yet released
-	inflightBytes int64                 // request bytes of the buffers out of the pool
-	free          []*request            // released requests, for reuse
-	nworkers      int                   // workers started; never fewer than inflight
-	pool          [numClasses][]*buffer // free buffers by size class (see pool.go)
-	poolBytes     int64                 // their mapped bytes
-	bufsOut       int                   // buffers out of the pool: with a request or a device
+	replies // the reply side: reply.go
+	buffers // the in-flight bounds and the buffer pool: pool.go
 
 	work    chan *request // reader → workers; closed when the reader stops
 	workers sync.WaitGroup
@@ -152,6 +120,59 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	c.writeMu.Lock()
 	werr := c.writeErr
 	c.writeMu.Unlock()
+	c.logEnd(ctx, err, werr)
+}
+
+// readRequests is the reader's loop: it reads each request's header, checks it, takes a
+// request and its buffer from the pool, reads a WRITE's payload into the buffer, and hands
+// the request to the workers. A request it refuses is answered at once. It returns nil on
+// NBD_CMD_DISC, else why it stopped: a read error, ErrBadRequestMagic, ErrPayloadTooLarge or
+// a *payloadTimeoutError.
+func (c *conn) readRequests() error {
+	var hb [wire.RequestHeaderSize]byte
+	direct := false // the last request was a large WRITE: see readHeader
+	for {
+		h, err := c.readHeader(&hb, direct)
+		if err != nil {
+			return err
+		}
+		errno, err := checkRequest(&h, c.sess)
+		if err != nil {
+			return err
+		}
+		if h.Type == wire.CmdDisc {
+			return nil
+		}
+		if errno != 0 {
+			if err := c.refuse(&h, errno, nil); err != nil {
+				return err
+			}
+			continue
+		}
+		req, err := c.acquire(&h)
+		if err != nil {
+			// No memory for the buffer: refuse this request, keep the stream in sync.
+			if err := c.refuse(&h, wire.EIO, err); err != nil {
+				return err
+			}
+			continue
+		}
+		direct = false
+		if h.Type == wire.CmdWrite && h.Length > 0 {
+			if err := c.readPayload(req); err != nil {
+				c.release(req)
+				return err
+			}
+			direct = h.Length >= directReadMin
+		}
+		c.serving.Add(1)
+		c.work <- req // never blocks: acquire keeps inflight <= cap(c.work)
+	}
+}
+
+// logEnd logs why the connection's transmission phase ended: err from readRequests, werr the
+// first failed reply write.
+func (c *conn) logEnd(ctx context.Context, err, werr error) {
 	var pe *payloadTimeoutError
 	switch {
 	case errors.As(err, &pe) && werr == nil:
@@ -183,72 +204,6 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 		c.log.Info("nbd: client closed the connection", "err", err)
 	default:
 		c.log.Warn("nbd: closing connection", "err", err)
-	}
-}
-
-// readRequests reads and dispatches requests. It returns nil on NBD_CMD_DISC, else why it
-// stopped: a read error, ErrBadRequestMagic or ErrPayloadTooLarge.
-func (c *conn) readRequests() error {
-	var hb [wire.RequestHeaderSize]byte
-	direct := false // the last request was a large WRITE: see readPayload
-	for {
-		var err error
-		if direct && c.br.Buffered() == 0 {
-			_, err = io.ReadFull(c.nc, hb[:])
-		} else {
-			_, err = io.ReadFull(c.br, hb[:])
-		}
-		if err != nil {
-			return err
-		}
-		if c.srv.idleTimeout > 0 {
-			c.lastActive.Store(time.Now().UnixNano())
-		}
-		h := wire.DecodeRequest(&hb)
-		errno, err := checkRequest(&h, c.sess)
-		if err != nil {
-			return err
-		}
-		if h.Type == wire.CmdDisc {
-			return nil
-		}
-		if errno != 0 {
-			if h.Type == wire.CmdWrite {
-				// Stay in sync: the payload follows whatever we think of the request.
-				if err := c.discardPayload(&h); err != nil {
-					return err
-				}
-			}
-			c.log.Debug("nbd: request refused", "cmd", wire.CmdName(h.Type), "flags", h.CommandFlags,
-				"offset", h.Offset, "length", h.Length, "errno", errno)
-			c.replyFromReader(&h, errno)
-			continue
-		}
-		req, err := c.acquire(&h)
-		if err != nil {
-			// No memory for the buffer: refuse this request, keep the stream in sync.
-			if h.Type == wire.CmdWrite {
-				if err := c.discardPayload(&h); err != nil {
-					return err
-				}
-			}
-			c.log.Warn("nbd: request refused", "cmd", wire.CmdName(h.Type), "offset", h.Offset,
-				"length", h.Length, "errno", wire.EIO, "err", err)
-			c.replyFromReader(&h, wire.EIO)
-			continue
-		}
-		direct = false
-		if h.Type == wire.CmdWrite && h.Length > 0 {
-			err := c.readPayload(req)
-			c.srv.mem.endPayload(c.hold)
-			if err != nil {
-				c.release(req)
-				return err
-			}
-			direct = h.Length >= directReadMin
-		}
-		c.serving.Add(1)
-		c.work <- req // never blocks: acquire keeps inflight <= cap(c.work)
 	}
 }
 
