@@ -72,14 +72,11 @@ func benchConn(b *testing.B, network string, size int, mode benchMode, structure
 	if err != nil {
 		b.Fatal(err)
 	}
-	var ln net.Listener
+	addr := nbdtest.ServeTCP
 	if network == "unix" {
-		ln, _ = unixListener(b)
-	} else if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-		b.Fatal(err)
+		addr = nbdtest.ServeUnix
 	}
-	nbdtest.Serve(b, s, ln)
-	nc, err := net.Dial(ln.Addr().Network(), ln.Addr().String())
+	nc, err := net.Dial(network, addr(b, s))
 	if err != nil {
 		b.Fatal(err)
 	}

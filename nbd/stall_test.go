@@ -192,11 +192,7 @@ func TestLargeWritesShareBudget(t *testing.T) {
 	const budget = 4 << 20
 	mem := nbdtest.NewMemDevice(conns * writes * bs)
 	s, _ := testServer(t, Options{Exports: []Export{{Device: mem}}, MaxTotalInFlightBytes: budget})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nbdtest.Serve(t, s, ln)
+	addr := nbdtest.ServeTCP(t, s)
 	var peak atomic.Int64
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
@@ -214,7 +210,7 @@ func TestLargeWritesShareBudget(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	for i := range conns {
-		nc, err := net.Dial("tcp", ln.Addr().String())
+		nc, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}

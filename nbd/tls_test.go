@@ -292,12 +292,7 @@ func TestAllowedUIDs(t *testing.T) {
 		}
 	})
 	t.Run("TCP has no uid", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		nbdtest.Serve(t, s, ln)
-		nc, err := net.Dial("tcp", ln.Addr().String())
+		nc, err := net.Dial("tcp", nbdtest.ServeTCP(t, s))
 		if err != nil {
 			t.Fatal(err)
 		}

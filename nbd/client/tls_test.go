@@ -40,12 +40,7 @@ func serveTLS(t *testing.T, p *testpki.PKI, mode nbd.TLSMode, mutual bool, dev n
 	if err != nil {
 		t.Fatal(err)
 	}
-	tln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nbdtest.Serve(t, srv, tln)
-	return nbdtest.ServeUnix(t, srv), tln.Addr().String()
+	return nbdtest.ServeUnix(t, srv), nbdtest.ServeTCP(t, srv)
 }
 
 func dialTLS(uri string, conf *tls.Config) (*client.Conn, error) {

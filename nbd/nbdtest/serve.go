@@ -40,3 +40,15 @@ func ServeUnix(t testing.TB, s Server) string {
 	Serve(t, s, ln)
 	return path
 }
+
+// ServeTCP serves s on a fresh loopback TCP port until the test ends, as Serve does, and
+// returns its address (host:port).
+func ServeTCP(t testing.TB, s Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	Serve(t, s, ln)
+	return ln.Addr().String()
+}
