@@ -193,6 +193,12 @@ func TestLargeWritesShareBudget(t *testing.T) {
 	mem := nbdtest.NewMemDevice(conns * writes * bs)
 	s, _ := testServer(t, Options{Exports: []Export{{Device: mem}}, MaxTotalInFlightBytes: budget})
 	addr := nbdtest.ServeTCP(t, s)
+	// The payloads are made before the clients connect: under -race making 96 MiB of
+	// pattern takes tens of seconds, which the clients' 30 s deadline must not include.
+	want := make([][]byte, conns*writes)
+	for i := range want {
+		want[i] = pattern(uint64(i*bs), bs)
+	}
 	var peak atomic.Int64
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
@@ -220,8 +226,8 @@ func TestLargeWritesShareBudget(t *testing.T) {
 		wg.Go(func() {
 			go func() { // all of them in flight at once
 				for k := range writes {
-					off := uint64((i*writes + k) * bs)
-					c.request(wire.CmdWrite, 0, uint64(k), off, bs, pattern(off, bs))
+					j := i*writes + k
+					c.request(wire.CmdWrite, 0, uint64(k), uint64(j*bs), bs, want[j])
 				}
 			}()
 			for range writes {
@@ -234,9 +240,9 @@ func TestLargeWritesShareBudget(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	sampler.Wait()
-	for i := range conns * writes {
+	for i := range want {
 		off := i * bs
-		if !bytes.Equal(mem.Bytes()[off:off+bs], pattern(uint64(off), bs)) {
+		if !bytes.Equal(mem.Bytes()[off:off+bs], want[i]) {
 			t.Errorf("write at %d differs", off)
 		}
 	}
