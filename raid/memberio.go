@@ -9,171 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ioWorkers is the number of goroutines per member that run the cache's member I/O, so that
-// several stripes' reads and writes to one member can be in flight at once.
-const ioWorkers = 4
-
 // memberIO is how the stripe cache reaches the members (cache.Backend). Its Do hands each
 // member's share of a batch to that member's I/O goroutines (started by startIO, stopped by
 // stopIO), so that it allocates nothing.
 type memberIO struct{ a *Array }
-
-// ioBatch is the state of one Do call.
-type ioBatch struct {
-	ops  []stripe.MemberOp
-	errs [stripe.MaxMembers]error        // by role
-	iov  [stripe.MaxMembers][]unix.Iovec // by role: scratch for vectored writes
-	wg   sync.WaitGroup
-}
-
-// ioJob asks a member's I/O goroutine to run role's ops of a batch, or a read worker to read
-// role's share of a multi-member ReadAt (st).
-type ioJob struct {
-	b    *ioBatch
-	st   *readState
-	role int
-}
-
-// readWorkers is the number of read workers per role: goroutines that take the members of a
-// ReadAt other than the first (handOff), so that a read across members reaches them
-// concurrently without starting a goroutine per member per request.
-const readWorkers = 2
-
-// inlineWriteMax is the most bytes of member writes that Do writes in the calling goroutine,
-// one member after another, instead of concurrently on the members' I/O goroutines: a full
-// stripe of 16 KiB chunks takes 28% less CPU that way (BenchmarkFiles seqwrite-48k), while a
-// 1 MiB write's member writes finish 18% sooner concurrently.
-const inlineWriteMax = 256 << 10
-
-var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
-
-// startIO starts the member I/O goroutines: ioWorkers per role (they serve whichever member
-// holds the role when the I/O runs), on a.ioq[role], and readWorkers per role read workers,
-// on the one queue after them, a.ioq[a.roles.n()] (readQueue).
-func (a *Array) startIO() {
-	n := a.roles.n()
-	a.ioq = make([]chan ioJob, n+1)
-	a.ioq[n] = make(chan ioJob)
-	for range readWorkers * n {
-		a.ioWG.Go(func() {
-			for j := range a.ioq[n] {
-				j.st.readRole(j.role)
-				j.st.wg.Done()
-			}
-		})
-	}
-	for r := range n {
-		a.ioq[r] = make(chan ioJob)
-		for range ioWorkers {
-			a.ioWG.Go(func() {
-				for j := range a.ioq[r] {
-					a.runRole(j.b, j.role)
-					j.b.wg.Done()
-				}
-			})
-		}
-	}
-}
-
-// stopIO stops the member I/O goroutines and waits for them. No Do may be running.
-func (a *Array) stopIO() {
-	for _, q := range a.ioq {
-		if q != nil {
-			close(q)
-		}
-	}
-	a.ioWG.Wait()
-	a.ioq = nil
-}
-
-// handOff gives role r's share of the read st to an idle read worker, or to a new goroutine
-// when the array has no read workers (read-only: startIO was not called). It reports false,
-// leaving the share to the caller, when every read worker is busy: the machine is then busy
-// enough that reading it in the calling goroutine costs little concurrency. A read worker
-// waits only for stripe locks, and no holder of a stripe lock waits for a read worker, so
-// they cannot deadlock with writes or write-outs.
-func (a *Array) handOff(st *readState, r int) bool {
-	st.wg.Add(1)
-	if len(a.ioq) <= a.roles.n() {
-		go func() {
-			st.readRole(r)
-			st.wg.Done()
-		}()
-		return true
-	}
-	select {
-	case a.ioq[a.roles.n()] <- ioJob{st: st, role: r}:
-		return true
-	default:
-		st.wg.Done()
-		return false
-	}
-}
-
-// runRole runs b's ops for role in order, stopping at the first error.
-func (a *Array) runRole(b *ioBatch, role int) {
-	for i := range b.ops {
-		op := &b.ops[i]
-		if op.Role != role {
-			continue
-		}
-		var err error
-		if op.Vec != nil {
-			if cap(b.iov[role]) < len(op.Vec) {
-				b.iov[role] = make([]unix.Iovec, 0, max(len(op.Vec), 64))
-			}
-			err = a.memberWritev(role, op, b.iov[role])
-		} else {
-			err = a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write, true)
-		}
-		if err != nil {
-			b.errs[role] = err
-			return
-		}
-	}
-}
-
-// memberWritev writes op.Vec, each buffer within one chunk, one after another from op.Off of
-// role: one pwritev on the member that serves role in all the op's stripes. Where no one
-// member does (missing or not yet rebuilt in some of them), or the buffers are more than one
-// call takes, it writes them one by one (memberIO). A failed write fails the member, and is an
-// error only for a stripe that has lost another role too (skipWrite). The caller holds the
-// stripes' locks.
-func (a *Array) memberWritev(role int, op *stripe.MemberOp, iov []unix.Iovec) error {
-	bufs, off := op.Vec, a.dataOffset+op.Off
-	s0, ns := op.Span()
-	s1 := s0 + ns - 1
-	m := a.roles.usable(role, s0)
-	if m == nil || a.roles.usable(role, s1) != m || len(bufs) > maxIov {
-		for _, b := range bufs {
-			if err := a.memberIO(role, b, off, true, true); err != nil {
-				return err
-			}
-			off += int64(len(b))
-		}
-		return nil
-	}
-	if !a.roles.enter(role) {
-		return fmt.Errorf("%w (stripes %d-%d, role %d)", errGateShut, s0, s1, role)
-	}
-	m.begin()
-	n, err := writev(m.Member, bufs, off, iov)
-	m.end()
-	a.roles.leave(role)
-	a.ctr.memberWrit.Add(uint64(n))
-	if err == nil {
-		return nil
-	}
-	m.writeErrs.Add(1)
-	merr := memberErr(m, role, "write", off, err)
-	a.fail(m, merr)
-	for s := s0; s <= s1; s++ {
-		if err := a.skipWrite(role, s, merr); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // Missing returns the role with no usable member in stripe s, or -1.
 func (m memberIO) Missing(s int64) int { return m.a.roles.missingAt(s) }
@@ -299,4 +138,165 @@ func (m memberIO) do(ops []stripe.MemberOp) error {
 	b.ops = nil
 	ioBatches.Put(b)
 	return err
+}
+
+// runRole runs b's ops for role in order, stopping at the first error.
+func (a *Array) runRole(b *ioBatch, role int) {
+	for i := range b.ops {
+		op := &b.ops[i]
+		if op.Role != role {
+			continue
+		}
+		var err error
+		if op.Vec != nil {
+			if cap(b.iov[role]) < len(op.Vec) {
+				b.iov[role] = make([]unix.Iovec, 0, max(len(op.Vec), 64))
+			}
+			err = a.memberWritev(role, op, b.iov[role])
+		} else {
+			err = a.memberIO(role, op.Buf, a.dataOffset+op.Off, op.Write, true)
+		}
+		if err != nil {
+			b.errs[role] = err
+			return
+		}
+	}
+}
+
+// memberWritev writes op.Vec, each buffer within one chunk, one after another from op.Off of
+// role: one pwritev on the member that serves role in all the op's stripes. Where no one
+// member does (missing or not yet rebuilt in some of them), or the buffers are more than one
+// call takes, it writes them one by one (memberIO). A failed write fails the member, and is an
+// error only for a stripe that has lost another role too (skipWrite). The caller holds the
+// stripes' locks.
+func (a *Array) memberWritev(role int, op *stripe.MemberOp, iov []unix.Iovec) error {
+	bufs, off := op.Vec, a.dataOffset+op.Off
+	s0, ns := op.Span()
+	s1 := s0 + ns - 1
+	m := a.roles.usable(role, s0)
+	if m == nil || a.roles.usable(role, s1) != m || len(bufs) > maxIov {
+		for _, b := range bufs {
+			if err := a.memberIO(role, b, off, true, true); err != nil {
+				return err
+			}
+			off += int64(len(b))
+		}
+		return nil
+	}
+	if !a.roles.enter(role) {
+		return fmt.Errorf("%w (stripes %d-%d, role %d)", errGateShut, s0, s1, role)
+	}
+	m.begin()
+	n, err := writev(m.Member, bufs, off, iov)
+	m.end()
+	a.roles.leave(role)
+	a.ctr.memberWrit.Add(uint64(n))
+	if err == nil {
+		return nil
+	}
+	m.writeErrs.Add(1)
+	merr := memberErr(m, role, "write", off, err)
+	a.fail(m, merr)
+	for s := s0; s <= s1; s++ {
+		if err := a.skipWrite(role, s, merr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ioBatch is the state of one Do call.
+type ioBatch struct {
+	ops  []stripe.MemberOp
+	errs [stripe.MaxMembers]error        // by role
+	iov  [stripe.MaxMembers][]unix.Iovec // by role: scratch for vectored writes
+	wg   sync.WaitGroup
+}
+
+// ioJob asks a member's I/O goroutine to run role's ops of a batch, or a read worker to read
+// role's share of a multi-member ReadAt (st).
+type ioJob struct {
+	b    *ioBatch
+	st   *readState
+	role int
+}
+
+// ioWorkers is the number of goroutines per member that run the cache's member I/O, so that
+// several stripes' reads and writes to one member can be in flight at once.
+const ioWorkers = 4
+
+// readWorkers is the number of read workers per role: goroutines that take the members of a
+// ReadAt other than the first (handOff), so that a read across members reaches them
+// concurrently without starting a goroutine per member per request.
+const readWorkers = 2
+
+// inlineWriteMax is the most bytes of member writes that Do writes in the calling goroutine,
+// one member after another, instead of concurrently on the members' I/O goroutines: a full
+// stripe of 16 KiB chunks takes 28% less CPU that way (BenchmarkFiles seqwrite-48k), while a
+// 1 MiB write's member writes finish 18% sooner concurrently.
+const inlineWriteMax = 256 << 10
+
+var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
+
+// startIO starts the member I/O goroutines: ioWorkers per role (they serve whichever member
+// holds the role when the I/O runs), on a.ioq[role], and readWorkers per role read workers,
+// on the one queue after them, a.ioq[a.roles.n()] (readQueue).
+func (a *Array) startIO() {
+	n := a.roles.n()
+	a.ioq = make([]chan ioJob, n+1)
+	a.ioq[n] = make(chan ioJob)
+	for range readWorkers * n {
+		a.ioWG.Go(func() {
+			for j := range a.ioq[n] {
+				j.st.readRole(j.role)
+				j.st.wg.Done()
+			}
+		})
+	}
+	for r := range n {
+		a.ioq[r] = make(chan ioJob)
+		for range ioWorkers {
+			a.ioWG.Go(func() {
+				for j := range a.ioq[r] {
+					a.runRole(j.b, j.role)
+					j.b.wg.Done()
+				}
+			})
+		}
+	}
+}
+
+// stopIO stops the member I/O goroutines and waits for them. No Do may be running.
+func (a *Array) stopIO() {
+	for _, q := range a.ioq {
+		if q != nil {
+			close(q)
+		}
+	}
+	a.ioWG.Wait()
+	a.ioq = nil
+}
+
+// handOff gives role r's share of the read st to an idle read worker, or to a new goroutine
+// when the array has no read workers (read-only: startIO was not called). It reports false,
+// leaving the share to the caller, when every read worker is busy: the machine is then busy
+// enough that reading it in the calling goroutine costs little concurrency. A read worker
+// waits only for stripe locks, and no holder of a stripe lock waits for a read worker, so
+// they cannot deadlock with writes or write-outs.
+func (a *Array) handOff(st *readState, r int) bool {
+	st.wg.Add(1)
+	if len(a.ioq) <= a.roles.n() {
+		go func() {
+			st.readRole(r)
+			st.wg.Done()
+		}()
+		return true
+	}
+	select {
+	case a.ioq[a.roles.n()] <- ioJob{st: st, role: r}:
+		return true
+	default:
+		st.wg.Done()
+		return false
+	}
 }
