@@ -240,7 +240,7 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 		if opts.StripeCache == 0 {
 			stripes = DefaultCacheStripes(layout)
 		}
-		a.cache = cache.New(layout, coder, memberIO{a}, &a.locks, cache.Options{
+		a.cache = cache.New(layout, coder, cacheBackend{a}, &a.locks, cache.Options{
 			Stripes: stripes, WriteBackDelay: opts.WriteBackDelay, WriteBackers: opts.WriteBackers, Logger: log,
 			MustReconstruct: a.needsRCW,
 		})

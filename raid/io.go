@@ -265,8 +265,8 @@ func (a *Array) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // WritePinned is WriteAt for a pinned buffer (nbd.PinnedWriter): p stays unchanged until
-// release runs. With StablePages and a cache, the whole aligned 4 KiB units of a partial-stripe
-// write are kept by reference in the cache, not copied, until written out; release runs,
+// release runs. With StablePages, the whole aligned 4 KiB units of a partial-stripe write are
+// kept by reference in the cache, not copied, until written out; release runs,
 // exactly once, after the last member write that reads p has completed — possibly before
 // WritePinned returns, and on error too. Otherwise it is WriteAt followed by release.
 func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
@@ -279,6 +279,10 @@ func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
 	return a.writeAt(p, off, pin)
 }
 
+// writeAt is WriteAt and WritePinned (pin non-nil): it checks the request, marks the array
+// dirty before the first member write (markDirty), hands p to the stripe cache, the only write
+// path (Cache.Write: stripe by stripe, whole stripes at once, the rest into heads), and before
+// returning waits until any member failure the write ran into is recorded (awaitRecord).
 func (a *Array) writeAt(p []byte, off int64, pin *cache.Pin) (int, error) {
 	if err := a.check(off, int64(len(p))); err != nil {
 		return 0, err

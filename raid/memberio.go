@@ -9,18 +9,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// memberIO is how the stripe cache reaches the members (cache.Backend). Its Do hands each
-// member's share of a batch to that member's I/O goroutines (started by startIO, stopped by
-// stopIO), so that it allocates nothing.
-type memberIO struct{ a *Array }
+// cacheBackend is the stripe cache's only way to the members (cache.Backend): every member
+// read and write of a write-out, a whole-stripe write or a cache read goes through its Do.
+type cacheBackend struct{ a *Array }
 
 // Missing returns the role with no usable member in stripe s, or -1.
-func (m memberIO) Missing(s int64) int { return m.a.roles.missingAt(s) }
+func (m cacheBackend) Missing(s int64) int { return m.a.roles.missingAt(s) }
 
-// Do performs ops (member data-area offsets): the first member's in the calling goroutine, the
-// others' concurrently on their members' I/O goroutines, each member's in order. It returns
-// the error of the lowest role that failed, as a *MemberError.
-func (m memberIO) Do(ops []stripe.MemberOp) error {
+// Do performs ops (offsets in the members' data areas; the caller holds their stripes' locks),
+// in three steps: a failed array's writes are refused (ErrArrayFailed); the writes' intent is
+// made durable — the write-intent bitmap's regions or one journal record, both derived from the
+// stripes the ops carry (writeSpan, writeIntent); then do runs the ops, each member's in order,
+// every member write through the write gate. A member that fails is failed, its writes skipped
+// (the stripe stays consistent without it) and its reads rebuilt from the rest of the stripe.
+// Do returns an error only when the array has failed or a stripe has lost two roles
+// (ErrArrayFailed), when a read cannot be rebuilt, or when the bitmap or journal fails (then
+// nothing is written): the lowest failing role's error.
+func (m cacheBackend) Do(ops []stripe.MemberOp) error {
 	a := m.a
 	if a.roles.failed() {
 		// Nothing is written to a failed array, not even data acknowledged before it failed
@@ -82,8 +87,11 @@ func writeSpan(ops []stripe.MemberOp) (s0, n int64) {
 	return s0, s1 - s0 + 1
 }
 
-// do is Do without the write-intent bitmap.
-func (m memberIO) do(ops []stripe.MemberOp) error {
+// do runs ops on the members, with no bitmap or journal: a single op in the calling goroutine;
+// small batches of writes (up to inlineWriteMax bytes) member after member in the calling
+// goroutine; others with the first member's ops here and the rest concurrently on their
+// members' I/O goroutines (runRole). It returns the error of the lowest role that failed.
+func (m cacheBackend) do(ops []stripe.MemberOp) error {
 	a := m.a
 	switch {
 	case len(ops) == 0:

@@ -68,18 +68,18 @@ type Counters struct {
 // Cache is a write-back RAID-5 stripe cache (see the package doc). All methods may be called
 // concurrently.
 type Cache struct {
-	layout stripe.Layout
-	coder  *parity.Coder
-	m      Backend
-	locks  *stripe.Locks
-	delay  time.Duration
-	nwb    int
-	log    *slog.Logger
-	mustRC func(s int64) bool // Options.MustReconstruct, or nil
-	nd     int                // data chunks per stripe
-	chunk  int64              // chunk size
-	upc    int                // units per chunk
-	cap    int
+	layout  stripe.Layout
+	coder   *parity.Coder
+	backend Backend
+	locks   *stripe.Locks
+	delay   time.Duration
+	nwb     int
+	log     *slog.Logger
+	mustRC  func(s int64) bool // Options.MustReconstruct, or nil
+	nd      int                // data chunks per stripe
+	chunk   int64              // chunk size
+	upc     int                // units per chunk
+	cap     int
 
 	mu      sync.Mutex // guards heads, lru, free, delayed, urgent, queued, err, and heads' bindings and links
 	heads   map[int64]*head
@@ -108,7 +108,7 @@ type Cache struct {
 // members through m and locking stripes in locks. Start starts its write-out goroutines.
 func New(layout stripe.Layout, coder *parity.Coder, m Backend, locks *stripe.Locks, opts Options) *Cache {
 	c := &Cache{
-		layout: layout, coder: coder, m: m, locks: locks,
+		layout: layout, coder: coder, backend: m, locks: locks,
 		delay: opts.WriteBackDelay, nwb: opts.WriteBackers, log: opts.Logger, mustRC: opts.MustReconstruct,
 		nd: layout.DataMembers(), chunk: layout.ChunkSize(), upc: int(layout.ChunkSize() / stripe.UnitSize),
 		cap:   max(opts.Stripes, 0),

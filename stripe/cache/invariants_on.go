@@ -35,7 +35,7 @@ func (c *Cache) checkWriteOut(h *head, s int64) {
 // with a missing role, or one whose re-read fails, is not checked: there is nothing to compare.
 func (c *Cache) checkStripes(s0, n int64, what string) {
 	for s := s0; s < s0+n; s++ {
-		if c.m.Missing(s) >= 0 {
+		if c.backend.Missing(s) >= 0 {
 			continue
 		}
 		shards := make([][]byte, c.nd+1)
@@ -48,7 +48,7 @@ func (c *Cache) checkStripes(s0, n int64, what string) {
 			shards[d] = make([]byte, c.chunk)
 			ops[d] = stripe.MemberOp{Role: r, Buf: shards[d], Off: s * c.chunk}
 		}
-		if err := c.m.Do(ops); err != nil {
+		if err := c.backend.Do(ops); err != nil {
 			continue
 		}
 		ok, err := c.coder.Verify(shards)

@@ -8,8 +8,8 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 	dst := c.unit(h, d, u)
 	off := s*c.chunk + int64(u)*stripe.UnitSize
 	role := c.layout.DataMember(s, d)
-	if role != c.m.Missing(s) {
-		if err := c.m.Do([]stripe.MemberOp{{Role: role, Buf: dst, Off: off, Stripe: s}}); err != nil {
+	if role != c.backend.Missing(s) {
+		if err := c.backend.Do([]stripe.MemberOp{{Role: role, Buf: dst, Off: off, Stripe: s}}); err != nil {
 			return err
 		}
 		h.setUp(d*c.upc + u)
@@ -31,7 +31,7 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 		ops = append(ops, stripe.MemberOp{Role: r, Buf: ws.shards[i], Off: off, Stripe: s})
 	}
 	ws.ops = ops[:0]
-	if err := c.m.Do(ops); err != nil {
+	if err := c.backend.Do(ops); err != nil {
 		return err
 	}
 	if err := c.coder.Reconstruct(ws.shards, d); err != nil {

@@ -50,7 +50,11 @@ func (c *Cache) Write(p []byte, off int64, stable bool, pin *Pin) (int, error) {
 	return len(p), nil
 }
 
-// writeStripe writes q, which lies within one stripe, at array offset pos.
+// writeStripe writes q, which lies within one stripe, at array offset pos, under the stripe's
+// lock: a whole stripe at once (writeFull); otherwise into the stripe's head as dirty units
+// (fill), binding a free head or evicting a clean one if it has none, and queues the head for
+// write-out (dirtied). With no head to bind (every head dirty or busy, or a cache of no heads)
+// the units go into a spare head that is written out at once and forgotten: a write-through.
 func (c *Cache) writeStripe(q []byte, pos int64, stable bool, pin *Pin) error {
 	ss := c.layout.StripeSize()
 	s := pos / ss
@@ -157,7 +161,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 			P = ws.old[:c.chunk]
 		}
 		p := &ws.plan
-		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.m.Missing(s)}) // Units nil: written whole
+		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.backend.Missing(s)}) // Units nil: written whole
 		if err := c.encodeWhole(p, ws.shards, q, P); err != nil {
 			return err
 		}
@@ -166,7 +170,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 			ops = append(ops, stripe.MemberOp{Role: r.Role, Buf: c.wholeRun(r, q, P), Off: p.Off(r), Write: true, Stripe: s})
 		}
 		ws.ops = ops[:0]
-		if err := c.m.Do(ops); err != nil {
+		if err := c.backend.Do(ops); err != nil {
 			return err
 		}
 		c.checkStripes(s, 1, "full-stripe write") // invariants: parity matches the data
@@ -237,7 +241,7 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 			}
 		}
 		q, P := src[i*ss:(i+1)*ss], b.par[i*C:(i+1)*C]
-		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.m.Missing(s)}) // Units nil: written whole
+		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.backend.Missing(s)}) // Units nil: written whole
 		if err := c.encodeWhole(p, b.shards, q, P); err != nil {
 			return err
 		}
@@ -263,7 +267,7 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 		}
 	}
 	b.ops = ops
-	if err := c.m.Do(ops); err != nil {
+	if err := c.backend.Do(ops); err != nil {
 		return err
 	}
 	c.checkStripes(s0, n, "batch of full-stripe writes") // invariants: parity matches the data

@@ -26,10 +26,10 @@ func (c *Cache) writeOut(h *head, s int64) error {
 	if h.nDirty == len(h.st) {
 		units = nil // every unit dirty: planned as a stripe written whole
 	}
-	stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: units, Missing: c.m.Missing(s), ParityStale: stale})
+	stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Units: units, Missing: c.backend.Missing(s), ParityStale: stale})
 	if len(p.Reads) > 0 {
 		ops := c.appendRuns(ws.ops[:0], h, ws, p, p.Reads, false)
-		err := c.m.Do(ops)
+		err := c.backend.Do(ops)
 		clear(ops)
 		ws.ops = ops[:0]
 		if err != nil {
@@ -66,7 +66,7 @@ func (c *Cache) writeOut(h *head, s int64) error {
 	}
 	clear(ws.shards)
 	ops := c.appendRuns(ws.ops[:0], h, ws, p, p.Writes, true)
-	err := c.m.Do(ops)
+	err := c.backend.Do(ops)
 	clear(ops)
 	ws.ops = ops[:0]
 	if err != nil {
