@@ -23,8 +23,9 @@
 // A member spec is a plain path (a file or block device: OpenFile) or starts with the prefix
 // of a registered kind. Open, SpecPath and MapSpecPath dispatch on it, and the raid package
 // opens every member, spare and journal through Open, so it knows no kind but plain paths
-// and imports none. raid/member/faulty is one kind (faulty:PATH?..., volatile:PATH); cmd/raid5d
-// registers it.
+// and imports none. raid/member/faulty is one kind (faulty:PATH?..., volatile:PATH) and
+// raid/member/nbdmember another (NBD exports: nbd://, nbds://, nbd+unix://); cmd/raid5d
+// registers both.
 //
 // A new kind is one file, in its own package, registered from cmd/raid5d:
 //

@@ -1,0 +1,354 @@
+package test
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// remoteMember is a member file served by nbdkit's file plugin on a unix socket, or by
+// nbd-server on a TCP port of 127.0.0.1.
+type remoteMember struct {
+	file, uri string
+	sock      string // nbdkit's unix socket path
+	addr      string // nbd-server's 127.0.0.1:port
+	p         *proc  // nbdkit
+}
+
+// start serves m.file (through extra nbdkit filters and plugin keys, if any) until the test
+// ends or it is stopped, and waits until the server accepts connections.
+func (m *remoteMember) start(t *testing.T, extra ...string) {
+	t.Helper()
+	if m.addr != "" {
+		m.startNbdServer(t)
+		return
+	}
+	os.Remove(m.sock) // nbdkit leaves its socket behind when it stops
+	args := []string{"--foreground", "--unix", m.sock}
+	var filters, keys []string
+	for _, e := range extra {
+		if strings.HasPrefix(e, "--filter=") {
+			filters = append(filters, e)
+		} else {
+			keys = append(keys, e)
+		}
+	}
+	args = append(append(append(args, filters...), "file", "file="+m.file), keys...)
+	m.p = startProc(t, "nbdkit", args...)
+	p := m.p
+	t.Cleanup(func() { p.stop(syscall.SIGTERM, stopGrace) })
+	waitFor(t, "nbdkit to accept", startTimeout, p, func() bool { return canDial("unix", m.sock) })
+}
+
+// startNbdServer serves m.file with nbd-server (FLUSH and FUA on) on m.addr. nbd-server
+// daemonizes: it is stopped by the PID in its pid file.
+func (m *remoteMember) startNbdServer(t *testing.T) {
+	t.Helper()
+	dir := t.TempDir()
+	host, port, _ := net.SplitHostPort(m.addr)
+	conf := filepath.Join(dir, "nbd-server.conf")
+	pidFile := filepath.Join(dir, "nbd-server.pid")
+	name := strings.TrimPrefix(m.uri[strings.LastIndex(m.uri, "/"):], "/")
+	text := fmt.Sprintf("[generic]\n\tlistenaddr = %s\n\tport = %s\n[%s]\n\texportname = %s\n\tflush = true\n\tfua = true\n",
+		host, port, name, m.file)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runTool(t, "nbd-server", "-C", conf, "-p", pidFile)
+	var pid int
+	waitFor(t, "nbd-server's pid file", startTimeout, nil, func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false
+		}
+		_, err = fmt.Sscan(string(b), &pid)
+		return err == nil && pid > 0
+	})
+	t.Cleanup(func() {
+		syscall.Kill(pid, syscall.SIGTERM)
+		deadline := time.Now().Add(stopGrace)
+		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	waitFor(t, "nbd-server to accept", startTimeout, nil, func() bool { return canDial("tcp", m.addr) })
+}
+
+func canDial(network, addr string) bool {
+	c, err := net.Dial(network, addr)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// newRemoteMembers makes memberCount member files of memberSize bytes and serves them: the
+// last with nbd-server over TCP on 127.0.0.1, the others with nbdkit over unix sockets.
+func newRemoteMembers(t *testing.T) []*remoteMember {
+	t.Helper()
+	dir := t.TempDir()
+	sockDir, err := os.MkdirTemp("", "r5n") // unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	var ms []*remoteMember
+	for i := range memberCount {
+		m := &remoteMember{file: filepath.Join(dir, fmt.Sprintf("m%d.img", i))}
+		if err := os.WriteFile(m.file, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(m.file, memberSize); err != nil {
+			t.Fatal(err)
+		}
+		if i < memberCount-1 {
+			m.sock = filepath.Join(sockDir, fmt.Sprintf("m%d.sock", i))
+			m.uri = fmt.Sprintf("nbd+unix:///m%d?socket=%s", i, m.sock)
+		} else {
+			m.addr = freePort(t)
+			m.uri = fmt.Sprintf("nbd://%s/m%d", m.addr, i)
+		}
+		m.start(t)
+		ms = append(ms, m)
+	}
+	return ms
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func uris(ms []*remoteMember) []string {
+	var u []string
+	for _, m := range ms {
+		u = append(u, m.uri)
+	}
+	return u
+}
+
+// TestRemoteMembers: an array over four NBD exports (three served by nbdkit on unix sockets,
+// one by nbd-server over TCP) holds every byte written through raid5d serve. Then, under a
+// write load and a reader checking every byte, one member's server is lost: SIGKILLed (its
+// connection breaks) or SIGSTOPped (it stops answering: only the requests' deadline gets the
+// member's calls to return). The clients see no error and no wait much past one member
+// timeout, the member is failed, the array goes on degraded with all data intact, and serve
+// restarted without that server (gone, or not answering the handshake) assembles degraded —
+// the export unreachable, a missing member — and reads everything back.
+func TestRemoteMembers(t *testing.T) {
+	for name, sig := range map[string]syscall.Signal{"SIGKILL": syscall.SIGKILL, "SIGSTOP": syscall.SIGSTOP} {
+		t.Run(name, func(t *testing.T) { remoteMemberLost(t, sig) })
+	}
+}
+
+func remoteMemberLost(t *testing.T, sig syscall.Signal) {
+	needRaid5d(t)
+	need(t, "nbdkit", "nbd-server")
+	ms := newRemoteMembers(t)
+	runTool(t, raid5dBin, append([]string{"create", "--chunk", "64K"}, uris(ms)...)...)
+	a := &array{dir: t.TempDir(), members: uris(ms)}
+	const timeout = 3 * time.Second
+	// No stripe cache: every read and write reaches the members.
+	s := a.serve(t, "--member-timeout", timeout.String(), "--stripe-cache", "off")
+	if st := s.status(); st.State != "clean" && st.State != "active" {
+		t.Fatalf("array over remote members: state %q", st.State)
+	}
+
+	const size = 16 << 20
+	model := make([]byte, size)
+	rand.NewChaCha8([32]byte{17}).Read(model)
+	c, err := wireConnect(s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const step = stripeData + 4096 // not stripe-aligned: partial stripes too
+	verify := func(c *wireClient, what string, size int) {
+		t.Helper()
+		for off := 0; off < size; off += 1 << 20 {
+			got, err := c.readAt(uint64(off), 1<<20)
+			if err != nil {
+				t.Fatalf("%s: read at %d: %v", what, off, err)
+			}
+			if !bytes.Equal(got, model[off:off+1<<20]) {
+				t.Fatalf("%s: wrong data at byte %d", what, off+firstDiff(got, model[off:off+1<<20]))
+			}
+		}
+	}
+	for off := 0; off < size/2; off += step {
+		if err := c.writeAt(model[off:min(off+step, size/2)], uint64(off), false); err != nil {
+			t.Fatalf("write at %d: %v", off, err)
+		}
+	}
+	if err := c.flush(); err != nil {
+		t.Fatal(err)
+	}
+	verify(c, "healthy", size/2)
+
+	// A write load on the second half, from another client, while member 1's server is
+	// SIGKILLed: no write fails, none waits much past one member timeout.
+	loadErr := make(chan error, 1)
+	stop := make(chan struct{})
+	passes := make(chan int, 100)
+	go func() {
+		lc, err := wireConnect(s.sock)
+		if err != nil {
+			loadErr <- err
+			return
+		}
+		defer lc.Close()
+		for pass := 0; ; pass++ {
+			for off := size / 2; off < size; off += step {
+				n := min(step, size-off)
+				t0 := time.Now()
+				if err := lc.writeAt(model[off:off+n], uint64(off), false); err != nil {
+					loadErr <- fmt.Errorf("pass %d: write at %d: %w", pass, off, err)
+					return
+				}
+				if d := time.Since(t0); d > timeout+30*time.Second {
+					loadErr <- fmt.Errorf("pass %d: write at %d took %v (member timeout %v)", pass, off, d, timeout)
+					return
+				}
+			}
+			if err := lc.flush(); err != nil {
+				loadErr <- fmt.Errorf("pass %d: FLUSH: %w", pass, err)
+				return
+			}
+			passes <- pass
+			select {
+			case <-stop:
+				loadErr <- lc.disconnect()
+				return
+			default:
+			}
+		}
+	}()
+	// And a reader of the first half, checking every byte.
+	readErr := make(chan error, 1)
+	go func() {
+		rc, err := wireConnect(s.sock)
+		if err != nil {
+			readErr <- err
+			return
+		}
+		defer rc.Close()
+		for {
+			for off := 0; off < size/2; off += 1 << 20 {
+				got, err := rc.readAt(uint64(off), 1<<20)
+				if err != nil {
+					readErr <- fmt.Errorf("read at %d: %w", off, err)
+					return
+				}
+				if !bytes.Equal(got, model[off:off+1<<20]) {
+					readErr <- fmt.Errorf("wrong data at byte %d", off+firstDiff(got, model[off:off+1<<20]))
+					return
+				}
+			}
+			select {
+			case <-stop:
+				readErr <- rc.disconnect()
+				return
+			default:
+			}
+		}
+	}()
+	waitPass := func(what string) int {
+		t.Helper()
+		select {
+		case p := <-passes:
+			return p
+		case err := <-loadErr:
+			t.Fatalf("load %s: %v", what, err)
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("load %s: no pass within 2 minutes", what)
+		}
+		return 0
+	}
+	waitPass("before the kill")
+	time.Sleep(50 * time.Millisecond) // into the next pass
+	if sig == syscall.SIGSTOP {
+		t.Cleanup(func() { ms[1].p.cmd.Process.Signal(syscall.SIGCONT) }) // before nbdkit's stop
+	}
+	if err := ms[1].p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "member 1 to be failed", 2*time.Minute, s.proc, func() bool {
+		state, _, _ := s.status().member(ms[1].uri)
+		return state == "faulty"
+	})
+	if st := s.status(); st.State != "degraded" {
+		t.Fatalf("array %q after member 1's server was lost, want degraded", st.State)
+	}
+	// Two more passes: at least one wholly after the member was failed.
+	waitPass("after the kill")
+	waitPass("degraded")
+	close(stop)
+	if err := <-loadErr; err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if err := <-readErr; err != nil {
+		t.Fatalf("reader: %v", err)
+	}
+	verify(c, "degraded", size)
+	c.disconnect()
+	s.stop()
+
+	// Restarted without member 1's server: the export is unreachable, a missing member.
+	s = a.serve(t, "--member-timeout", timeout.String())
+	if st := s.status(); st.State != "degraded" || len(st.Missing) != 1 || st.Missing[0] != 1 {
+		t.Fatalf("restarted with member 1's server lost: state %q, missing %v; want degraded, [1]", st.State, st.Missing)
+	}
+	c2, err := wireConnect(s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	verify(c2, "after the restart", size)
+	c2.disconnect()
+}
+
+// TestRemoteMemberWrongSize: an export of the wrong size is refused, naming its URI: by create
+// when it is too small for an array, by serve when it is smaller than the array recorded.
+func TestRemoteMemberWrongSize(t *testing.T) {
+	needRaid5d(t)
+	need(t, "nbdkit", "nbd-server")
+	ms := newRemoteMembers(t)
+	small := &remoteMember{file: filepath.Join(t.TempDir(), "small.img"), sock: filepath.Join(filepath.Dir(ms[0].sock), "small.sock")}
+	small.uri = "nbd+unix:///small?socket=" + small.sock
+	if err := os.WriteFile(small.file, make([]byte, 512<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	small.start(t)
+	out, err := runToolErr(raid5dBin, append([]string{"create", "--chunk", "64K", small.uri}, uris(ms[1:])...)...)
+	if err == nil || !strings.Contains(out, small.uri) {
+		t.Fatalf("create with a 512 KiB export: %v\n%s\nwant an error naming %s", err, out, small.uri)
+	}
+
+	runTool(t, raid5dBin, append([]string{"create", "--chunk", "64K"}, uris(ms)...)...)
+	// Member 2's server now says its export is half the size.
+	ms[2].p.stop(syscall.SIGTERM, stopGrace)
+	ms[2].start(t, "--filter=truncate", fmt.Sprintf("truncate=%d", memberSize/2))
+	sockDir, err := os.MkdirTemp("", "r5n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sockDir)
+	out, err = runToolErr(raid5dBin, append([]string{"serve", "--socket", filepath.Join(sockDir, "nbd.sock"),
+		"--control", filepath.Join(sockDir, "control.sock")}, uris(ms)...)...)
+	if err == nil || !strings.Contains(out, ms[2].uri) || !strings.Contains(out, "too small") {
+		t.Fatalf("serve with member 2's export shrunk: %v\n%s\nwant an error naming %s", err, out, ms[2].uri)
+	}
+}
