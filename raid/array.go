@@ -100,6 +100,11 @@ type Array struct {
 	events  uint64
 	uuid    UUID
 	unclean bool // assembled dirty: stays dirty on disk until the resync has finished
+	// eventsCleared is the superblocks' bitmap cleared mark (superblock.EventsCleared): the
+	// events of the last update written with every role active. wholeRecorded says that the
+	// last update was such a one: only then may the bitmap clear bits (bitmapMembers.Whole).
+	eventsCleared uint64
+	wholeRecorded atomic.Bool
 
 	// resync is the set of regions whose parity may be stale after an unclean shutdown (nil
 	// if the array was assembled clean); set before start, its flags cleared by the resync.
@@ -189,23 +194,27 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 		}
 	}
 	a := &Array{
-		layout:     layout,
-		coder:      coder,
-		dataOffset: ref.DataOffset,
-		memberData: ref.DataSize,
-		size:       ref.DataSize / layout.ChunkSize() * layout.StripeSize(),
-		readOnly:   readOnly,
-		log:        log,
-		spares:     spares,
-		events:     ref.Events,
-		uuid:       ref.ArrayUUID,
-		timeout:    opts.MemberTimeout,
-		speedMin:   opts.SyncSpeedMin,
-		speedMax:   opts.SyncSpeedMax,
+		layout:        layout,
+		coder:         coder,
+		dataOffset:    ref.DataOffset,
+		memberData:    ref.DataSize,
+		size:          ref.DataSize / layout.ChunkSize() * layout.StripeSize(),
+		readOnly:      readOnly,
+		log:           log,
+		spares:        spares,
+		events:        ref.Events,
+		eventsCleared: ref.EventsCleared,
+		uuid:          ref.ArrayUUID,
+		timeout:       opts.MemberTimeout,
+		speedMin:      opts.SyncSpeedMin,
+		speedMax:      opts.SyncSpeedMax,
 	}
 	if a.timeout == 0 {
 		a.timeout = DefaultMemberTimeout
 	}
+	// The superblocks were last written with every role active (their cleared mark is
+	// current); whether the roles still are is the role table's to say.
+	a.wholeRecorded.Store(ref.EventsCleared != 0 && ref.EventsCleared == ref.Events)
 	if ref.Features&featureBitmap != 0 && !readOnly {
 		a.bm = newBitmap(a, ref.BitmapRegion)
 	}

@@ -626,6 +626,16 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	}
 	if a.bm != nil {
 		a.bm.Hold(a.resync.isPending)
+		if a.roles.degraded() {
+			// The regions written while a role was missing stay set until the array is
+			// whole again: they are what a member that comes back missed (ReAdd).
+			bits, err := a.bm.Load()
+			if err != nil {
+				log.Warn("raid: write-intent bitmap unreadable; keeping every region for a re-add", "err", err)
+				bits = nil // every bit: a re-add then resyncs everything
+			}
+			a.bm.Keep(bits)
+		}
 	}
 	if len(missing) == 1 || rebuilt > 0 || len(forced) > 0 {
 		if len(missing) == 1 {

@@ -109,6 +109,12 @@ func (bm bitmapMembers) WritePages(pages []bitmap.Page) error {
 	return nil
 }
 
+// Whole reports whether every role has an active member and the last superblock update
+// recorded it (Array.wholeRecorded: the cleared mark the superblocks carry is current).
+func (bm bitmapMembers) Whole() bool {
+	return !bm.a.roles.degraded() && bm.a.wholeRecorded.Load()
+}
+
 // Sync syncs the working members (syncMembers).
 func (bm bitmapMembers) Sync() error { return bm.a.syncMembers() }
 

@@ -67,7 +67,9 @@
 //	  1228     4  reserved, zero
 //	  1232     8  resync resume point: bytes of the data area a full resync (no bitmap, no
 //	              journal) had done when Close stopped it; set only with state 1, else 0
-//	  1240  2852  reserved, zero
+//	  1240     8  bitmap cleared mark (md's events_cleared): the events counter of the last
+//	              superblock update written while every role was active, 0 unknown
+//	  1248  2844  reserved, zero
 //	  4092     4  CRC32C (Castagnoli) of bytes [0, 4092)
 //
 // A superblock is valid only if its magic, checksum and version match and every field is in
@@ -79,6 +81,11 @@
 // The journal fields live in what version 1 reserved as zero, and bit 1 is a feature flag, so
 // the version stays 1: a build from before the journal refuses such an array (unknown
 // feature), as it must — it would assemble it without replaying the journal.
+//
+// The bitmap cleared mark also lives in what version 1 reserved as zero, with no feature flag:
+// a build from before it writes 0 there, and 0 means "unknown", which only refuses a re-add
+// (ErrCannotReAdd: `add` rebuilds the member fully instead), never trusts a bitmap that such a
+// build may have cleared while the array was degraded.
 //
 // The write journal (consistency policy "journal") is a separate file or block device, all
 // integers little-endian:

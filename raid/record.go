@@ -55,6 +55,18 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 	if rebuilding {
 		recovery = a.roles.rebuildPos() * a.layout.ChunkSize()
 	}
+	// The bitmap's cleared mark moves only with an update written while every role is
+	// active; until one is durable the bitmap clears nothing (bitmapMembers.Whole).
+	whole := !a.roles.degraded()
+	a.wholeRecorded.Store(false)
+	if whole {
+		a.eventsCleared = a.events
+	}
+	defer func() {
+		if whole && len(bad) == 0 {
+			a.wholeRecorded.Store(true)
+		}
+	}()
 	var ms []*member
 	var bufs [][]byte
 	var roles []int
@@ -64,6 +76,7 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 		}
 		sb := m.sb
 		sb.Events, sb.Updated, sb.States, sb.Recovery = a.events, now, states, recovery
+		sb.EventsCleared = a.eventsCleared
 		sb.Role = a.roles.roleOf(m)
 		if set != nil {
 			set(sb)

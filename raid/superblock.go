@@ -96,6 +96,13 @@ type superblock struct {
 	// resume point. Assembly clears it, durably, before the array takes a write: see
 	// Array.resumePoint for why a crash must not resume.
 	Resync int64
+	// EventsCleared is the events counter of the last superblock update written while every
+	// role had an active member (md's bitmap events_cleared): the write-intent bitmap clears
+	// bits only then, so a member that left with an events counter at least this high missed
+	// only writes whose regions are still set in the bitmap, and can be re-added by resyncing
+	// those (Array.ReAdd). 0, as in every superblock from before it (an old build writes
+	// zeroes there and clears bits while degraded), means unknown: no re-add.
+	EventsCleared uint64
 }
 
 // Per-role states in the superblock's table, and the role of a spare.
@@ -136,7 +143,8 @@ const (
 	sbJournal    = 204                        // the journal path, MaxJournalPath bytes at most
 	sbJournalEnd = sbJournal + MaxJournalPath // [sbJournalEnd, sbResync) is written as zeroes
 	sbResync     = 1232                       // int64: Resync, the full resync's resume point
-	sbEnd        = sbResync + 8               // [sbEnd, crcOff) is reserved and written as zeroes
+	sbCleared    = sbResync + 8               // uint64: EventsCleared, the bitmap's cleared mark
+	sbEnd        = sbCleared + 8              // [sbEnd, crcOff) is reserved and written as zeroes
 
 	// featureBitmap: the member carries a write-intent bitmap (BitmapOff, BitmapSize,
 	// BitmapRegion are set).
@@ -190,6 +198,7 @@ func (sb *superblock) encode(b []byte) {
 	le.PutUint64(b[sbBitmapReg:], uint64(sb.BitmapRegion))
 	le.PutUint32(b[sbJournalLen:], uint32(copy(b[sbJournal:sbJournalEnd], sb.JournalPath)))
 	le.PutUint64(b[sbResync:], uint64(sb.Resync))
+	le.PutUint64(b[sbCleared:], sb.EventsCleared)
 	le.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32c))
 }
 
@@ -228,6 +237,7 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 	copy(sb.States[:], b[sbStates:sbBitmapReg])
 	sb.BitmapRegion = int64(le.Uint64(b[sbBitmapReg:]))
 	sb.Resync = int64(le.Uint64(b[sbResync:]))
+	sb.EventsCleared = le.Uint64(b[sbCleared:])
 	copy(sb.ArrayUUID[:], b[sbArrayUUID:])
 	copy(sb.DeviceUUID[:], b[sbDeviceUUID:])
 	// A valid checksum over nonsense is still nonsense: check every field.

@@ -61,6 +61,11 @@ type Members interface {
 	// ReadEach reads len(p) bytes at offset 0 of the bitmap of each working member into p
 	// and calls each after every read; it returns the first read error.
 	ReadEach(p []byte, each func()) error
+	// Whole reports whether every role has an active member and the superblocks say so
+	// (their cleared mark is current). Only then may a bit be cleared: while a role is
+	// missing or being rebuilt the set bits are what a member that comes back missed
+	// (md's --re-add), and they stay set.
+	Whole() bool
 }
 
 // Page is one page of a bitmap write: Data (PageSize bytes) at bitmap offset Off.
@@ -239,8 +244,13 @@ func (b *Bitmap) Stop() { b.stopOnce.Do(func() { close(b.stop) }) }
 
 // Clean clears the bits of regions with no write in flight, none begun for idle, and none
 // begun while the members were being synced: their writes are durable, so their stripes are
-// consistent on disk. Regions waiting for the resync keep their bits.
+// consistent on disk. Regions waiting for the resync keep their bits, and while the array is
+// not whole (Members.Whole, asked before and after the sync: a member that fails meanwhile
+// may have lost the writes) every bit stays set.
 func (b *Bitmap) Clean(idle time.Duration) {
+	if !b.m.Whole() {
+		return
+	}
 	cutoff := time.Now().Add(-idle).UnixNano()
 	type cand struct {
 		r      int64
@@ -257,7 +267,7 @@ func (b *Bitmap) Clean(idle time.Duration) {
 	if len(cands) == 0 {
 		return
 	}
-	if err := b.m.Sync(); err != nil {
+	if err := b.m.Sync(); err != nil || !b.m.Whole() {
 		return
 	}
 	b.mu.Lock()
@@ -344,12 +354,36 @@ func (b *Bitmap) Hold(pending func(stripe int64) bool) {
 	b.seq++
 }
 
+// Keep sets, in memory, the bits set in bits (the members' bitmap as Load read it; nil: every
+// bit), to be written at the next flush: an array assembled degraded keeps the regions
+// written while its missing member was away. Unlike Hold's, the cleaner clears them once the
+// array is whole again.
+func (b *Bitmap) Keep(bits Bits) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for r := range b.nbits {
+		if (bits == nil || bits.Has(r)) && !b.isSet(r) {
+			b.setLocked(r, true)
+			b.setSeq[r] = b.seq
+		}
+	}
+}
+
+// IsSet reports whether region r's bit is set in memory now.
+func (b *Bitmap) IsSet(r int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.isSet(r)
+}
+
 // ClearAll clears every bit not held and with no write in flight and writes the bitmap; the
-// array calls it at a clean shutdown, after the final sync.
+// array calls it at a clean shutdown, after the final sync. While the array is not whole
+// (Members.Whole) it clears nothing and only writes what changed.
 func (b *Bitmap) ClearAll() error {
+	whole := b.m.Whole()
 	b.mu.Lock()
 	for r := range b.nbits {
-		if b.isSet(r) && !b.held[r] && b.inflight[r] == 0 {
+		if whole && b.isSet(r) && !b.held[r] && b.inflight[r] == 0 {
 			b.setLocked(r, false)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -17,6 +18,9 @@ type fakeMembers struct {
 	pages   int   // pages written, per member
 	syncs   int   // Sync calls
 	err     error // returned by WritePages (nothing written) while set
+	// degraded makes Whole answer false; onWhole, if set, runs at the start of Whole.
+	degraded atomic.Bool
+	onWhole  func()
 	// onWrite and onSync, if set, run at the start of WritePages and Sync, without mu.
 	onWrite, onSync func()
 }
@@ -69,6 +73,13 @@ func (f *fakeMembers) ReadEach(p []byte, each func()) error {
 		each()
 	}
 	return nil
+}
+
+func (f *fakeMembers) Whole() bool {
+	if f.onWhole != nil {
+		f.onWhole()
+	}
+	return !f.degraded.Load()
 }
 
 func (f *fakeMembers) counts() (flushes, pages, syncs int) {
@@ -251,6 +262,64 @@ func TestClean(t *testing.T) {
 	}
 	if st := b.Status(); st.Set != 0 {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestKeptWhileDegraded: while the array is not whole no bit is cleared, by the cleaner or
+// by ClearAll — not even one whose write ended long ago — nor by a clean whose members
+// stopped being whole during its sync; Keep sets the bits an assembly read back; once whole
+// again they are all cleared as usual.
+func TestKeptWhileDegraded(t *testing.T) {
+	f := newFake(2, PageSize)
+	b := New(f, 10, 1, nil)
+	write := func(r int64) {
+		t.Helper()
+		if err := b.Begin(r, 1); err != nil {
+			t.Fatal(err)
+		}
+		b.End(r, 1)
+	}
+	write(0)
+	f.degraded.Store(true)
+	write(1)
+	b.Clean(0)
+	if err := b.ClearAll(); err != nil {
+		t.Fatal(err)
+	}
+	for r, want := range []bool{true, true, false} {
+		if got := f.onDisk(0, int64(r)); got != want {
+			t.Errorf("degraded: region %d bit %v, want %v", r, got, want)
+		}
+	}
+	// A member fails while the cleaner syncs: what was written may be lost on it.
+	f.degraded.Store(false)
+	f.onSync = func() { f.degraded.Store(true) }
+	b.Clean(0)
+	f.onSync = nil
+	if !f.onDisk(0, 0) || !f.onDisk(0, 1) {
+		t.Errorf("a clean that saw the array degrade during its sync cleared bits")
+	}
+	// Assembled degraded: the bits read back are kept (a fresh bitmap over the same disks).
+	b2 := New(f, 10, 1, nil)
+	bits, err := b2.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2.Keep(bits)
+	b2.Hold(nil)
+	b2.Clean(0)
+	if err := b2.ClearAll(); err != nil {
+		t.Fatal(err)
+	}
+	if !b2.IsSet(0) || !b2.IsSet(1) || b2.IsSet(2) || !f.onDisk(1, 0) || !f.onDisk(1, 1) {
+		t.Errorf("kept bits lost after assembly: %v %v %v", b2.IsSet(0), b2.IsSet(1), b2.IsSet(2))
+	}
+	f.degraded.Store(false)
+	b2.Clean(0)
+	for r := range int64(3) {
+		if f.onDisk(0, r) || f.onDisk(1, r) {
+			t.Errorf("whole again: region %d still set", r)
+		}
 	}
 }
 
