@@ -1,6 +1,6 @@
-// Package raid is raid5d's array: members (files and block devices), the on-disk superblock,
-// creating and assembling arrays, and RAID-5 I/O — reads, writes with parity, flush, trim —
-// including degraded operation with one member missing, member failure, spares, rebuild,
+// Package raid is raid5d's array: members (opened through package raid/member: files, block
+// devices and the kinds registered there), the on-disk superblock, creating and assembling
+// arrays, and RAID-5 I/O — reads, writes with parity, flush, trim — including degraded operation with one member missing, member failure, spares, rebuild,
 // scrub, and crash consistency (a write-intent bitmap and the resync after an unclean
 // shutdown, or a write journal replayed at assembly).
 //
@@ -8,9 +8,10 @@
 // reads the superblocks without assembling. Members that fail are marked faulty and the array
 // runs degraded; spares take over by themselves, rebuilt in the background; StartScrub checks
 // or repairs parity; Fail, Remove, AddSpare, Replace and SetSyncSpeed manage a live array.
-// *Array satisfies go-nbd's backend.Backend and the nbd package's Device, FUAWriter and
-// PinnedWriter; BlockStatus describes holes (for NBD's base:allocation) in raid's own Extent
-// type, since raid does not import nbd (cmd/raid5d translates).
+// *Array satisfies go-nbd's backend.Backend and the nbd package's Device, FUAWriter,
+// PinnedWriter and MappedReader (cmd/raid5d asserts it); BlockStatus describes holes (for
+// NBD's base:allocation) in raid's own Extent type, since raid does not import nbd (cmd/raid5d
+// translates).
 //
 // # Layout
 //
@@ -245,11 +246,12 @@
 //
 // # Failure and rebuild
 //
-// Member I/O goes through one function (memberIO) that decides per stripe which members are
-// usable. A read that fails is counted in the member's ReadErrors and served as the XOR of the
-// other members' bytes at the same offsets, under the stripe lock; a read that succeeds but
-// takes longer than IOOptions.MemberTimeout (default 30 s) is counted the same way (ErrTimeout
-// in the log) and its data is used. A member's read is full or an error: a short one — the end
+// Member I/O asks the role table per stripe which members are usable (memberIO for one op;
+// memberWritev for a batch's vectored writes, readRole for a read's). A read that fails is
+// counted in the member's ReadErrors and served as the XOR of the other members' bytes at the
+// same offsets, under the stripe lock; a read that succeeds but takes longer than
+// IOOptions.MemberTimeout (default 30 s) is counted the same way (ErrTimeout in the log) and
+// its data is used. A member's read is full or an error: a short one — the end
 // of a file truncated under the array, before the size it had at assembly — is ErrShortRead,
 // a read error like EIO, on every path (pread, preadv, copies from and replies sent from the
 // mappings, rebuild and scrub, which stop at it), never zeroes; a flush fails a member that

@@ -24,7 +24,9 @@
 // (heads, unit state, binding and eviction, the LRU and write-out lists), write.go (Write,
 // partial and whole-stripe writes), writeout.go (executing a head's plan: its member I/O),
 // read.go (ReadExtent, Heads, Dirty), writeback.go (the write-out queues and goroutines, Flush,
-// Discard) and pin.go (Pin, Unpin).
+// Discard), pin.go (Pin, Unpin), and invariants_on.go and invariants_off.go (under the
+// invariants build tag every write-out re-reads its stripe through the Backend and panics if
+// parity does not match the data; without it the checks compile to nothing).
 //
 // # Locking
 //
