@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/testpki"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/nbd/client"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
@@ -408,5 +409,56 @@ func TestOpenErrors(t *testing.T) {
 	}
 	if _, err := nbdmember.Open("nbds://127.0.0.1:1/x?tls-certificates="+t.TempDir(), member.Exclusive, nbdmember.Options{}); !errors.Is(err, nbdmember.ErrTLSFiles) {
 		t.Errorf("tls-certificates DIR without ca-cert.pem: %v, want ErrTLSFiles", err)
+	}
+}
+
+// TestTLS: an nbds member reaches a TLS-only server that wants a client certificate with the
+// files of Options or those of a tls-certificates=DIR query key (Name keeps the key); a
+// server whose certificate another CA signed, and a plaintext URI, are refused with errors
+// that say so and are not a missing member.
+func TestTLS(t *testing.T) {
+	p := testpki.New(t)
+	conf, err := nbd.LoadTLSConfig(p.Path(testpki.ServerCert), p.Path(testpki.ServerKey), p.Path(testpki.CACert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := nbdtest.NewMemDevice(1 << 20)
+	srv, err := nbd.NewServer(nbd.Options{TLSConfig: conf, TLSMode: nbd.TLSRequire,
+		Exports: []nbd.Export{{Name: "x", Device: dev}}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, addr := nbdtest.ServeUnix(t, srv), nbdtest.ServeTCP(t, srv)
+	files := nbdmember.Options{TLSCA: p.Path(testpki.CACert), TLSCert: p.Path(testpki.ClientCert), TLSKey: p.Path(testpki.ClientKey)}
+	data := random(64 << 10)
+	for _, tc := range []struct {
+		spec string
+		opts nbdmember.Options
+	}{
+		{"nbds+unix:///x?socket=" + sock, files},
+		{"nbds://" + addr + "/x", files},
+		{"nbds+unix:///x?socket=" + sock + "&tls-certificates=" + p.Dir, nbdmember.Options{}},
+	} {
+		m := open(t, tc.spec, member.Exclusive, tc.opts)
+		if m.Name() != tc.spec {
+			t.Errorf("Name %q, want %q", m.Name(), tc.spec)
+		}
+		got := make([]byte, len(data))
+		if _, err := m.WriteAt(data, 4096); err != nil {
+			t.Fatalf("%s: WriteAt: %v", tc.spec, err)
+		}
+		if _, err := m.ReadAt(got, 4096); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read back: %v, equal %v", tc.spec, err, bytes.Equal(got, data))
+		}
+	}
+	other := testpki.New(t)
+	_, err = nbdmember.Open("nbds+unix:///x?socket="+sock, member.Exclusive, nbdmember.Options{
+		TLSCA: other.Path(testpki.CACert), TLSCert: other.Path(testpki.ClientCert), TLSKey: other.Path(testpki.ClientKey)})
+	if !errors.Is(err, client.ErrTLSHandshake) || errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("server certificate from another CA: %v, want ErrTLSHandshake, not a missing member", err)
+	}
+	_, err = nbdmember.Open("nbd+unix:///x?socket="+sock, member.Exclusive, nbdmember.Options{})
+	if !errors.Is(err, client.ErrTLSRequired) || errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("plaintext URI to a TLS-only server: %v, want ErrTLSRequired, not a missing member", err)
 	}
 }
