@@ -7,13 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member"
 	"github.com/raid5d/raid5d/raid/raidtest"
 	"github.com/raid5d/raid5d/stripe"
 )
@@ -183,6 +186,29 @@ func TestAssembleFiles(t *testing.T) {
 		got := make([]byte, len(data))
 		if _, err := a.ReadAt(got, 777); err != nil || !bytes.Equal(got, data) {
 			t.Fatalf("degraded read: %v, equal %v", err, bytes.Equal(got, data))
+		}
+	})
+	t.Run("a spec of no registered kind: refused, not missing", func(t *testing.T) {
+		// A typo'd URI (nbd:// is not even registered here) is no path: assembling degraded
+		// without it, as for an absent file, would hide the typo until a second member fails.
+		for _, readOnly := range []bool{true, false} {
+			spec := "ndb://host/export"
+			a, err := raid.Assemble([]string{paths[0], paths[1], spec, paths[3]}, raid.AssembleOptions{ReadOnly: readOnly})
+			if err == nil {
+				a.Close()
+			}
+			var uk *member.UnknownKindError
+			if !errors.Is(err, raid.ErrUnknownMemberKind) || errors.Is(err, fs.ErrNotExist) || !errors.As(err, &uk) || uk.Spec != spec {
+				t.Fatalf("Assemble (read-only %v) with %q: %v; want ErrUnknownMemberKind naming it", readOnly, spec, err)
+			}
+			if !slices.Contains(uk.Kinds, "faulty:") {
+				t.Fatalf("the error lists the kinds %q, want the registered ones (faulty:)", uk.Kinds)
+			}
+		}
+		var uk *member.UnknownKindError
+		fresh := append(memberPaths(t.TempDir(), 3), "ndb://host/export")
+		if _, err := raid.Create(fresh, raid.CreateOptions{Chunk: testChunk, MemberSize: memberSize}); !errors.As(err, &uk) {
+			t.Fatalf("Create with a spec of no registered kind: %v, want an UnknownKindError", err)
 		}
 	})
 	t.Run("two paths absent", func(t *testing.T) {

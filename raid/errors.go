@@ -161,6 +161,12 @@ var (
 	// ErrInUse it is about a running user, not a superblock; Force does not override it.
 	// It is member.ErrBusy.
 	ErrMemberBusy = memberpkg.ErrBusy
+	// ErrUnknownMemberKind is returned, inside a *member.UnknownKindError naming the spec and
+	// the registered kinds, by OpenMember and so by Create, Assemble and AddSpare, and by
+	// MapSpecPath, for a spec of the form scheme://... of no registered kind (a typo'd nbd://
+	// URI). Assemble fails with it rather than counting the member as missing. It is
+	// member.ErrUnknownKind.
+	ErrUnknownMemberKind = memberpkg.ErrUnknownKind
 )
 
 type ioError struct {

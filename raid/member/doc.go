@@ -27,6 +27,11 @@
 // raid/member/nbdmember another (NBD exports: nbd://, nbds://, nbd+unix://); cmd/raid5d
 // registers both.
 //
+// A spec of the form scheme://... that no registered kind's prefix starts is never a path:
+// Open and MapSpecPath refuse it with an *UnknownKindError (ErrUnknownKind) naming it and the
+// registered kinds, so a typo'd URI fails the assembly instead of being counted as a missing
+// member (fs.ErrNotExist), and SpecPath is "" for it (no file is made).
+//
 // A new kind is one file, in its own package, registered from cmd/raid5d:
 //
 //	// Package nbdmember: members that are NBD exports (nbd://host[:port]/export, nbds://...,

@@ -29,6 +29,12 @@ var (
 	// or the kernel holds a block device for exclusive use (mounted, part of md or dm, or
 	// opened with O_EXCL by another program). raid.ErrMemberBusy is this error.
 	ErrBusy = errors.New("raid: member in use")
+	// ErrUnknownKind is returned, inside an *UnknownKindError naming the spec and the
+	// registered kinds, by Open and MapSpecPath for a spec of the form scheme://... whose
+	// prefix no registered kind has (a typo, or a kind the program did not register). It is
+	// never fs.ErrNotExist, so the array does not take such a member for a missing one.
+	// raid.ErrUnknownMemberKind is this error.
+	ErrUnknownKind = errors.New("raid: no registered kind of member for this spec")
 )
 
 type errnoError struct {

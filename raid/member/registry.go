@@ -2,6 +2,7 @@ package member
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -65,11 +66,60 @@ func kindOf(spec string) (k Kind, ok bool) {
 	return k, ok
 }
 
+// uriScheme returns the scheme of a spec of the form scheme://... (RFC 3986: a letter, then
+// letters, digits, '+', '-' or '.'), "" for any other spec.
+func uriScheme(spec string) string {
+	i := strings.Index(spec, "://")
+	if i <= 0 {
+		return ""
+	}
+	for j, c := range spec[:i] {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case j > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return ""
+		}
+	}
+	return spec[:i]
+}
+
+// UnknownKindError is Open's and MapSpecPath's error for a spec of the form scheme://... of
+// no registered kind: errors.Is(err, ErrUnknownKind). Such a spec is never taken for a path,
+// so it never reaches OpenFile, whose fs.ErrNotExist the array would count as a missing
+// member.
+type UnknownKindError struct {
+	Spec  string
+	Kinds []string // the registered prefixes, sorted
+}
+
+func (e *UnknownKindError) Error() string {
+	return fmt.Sprintf("%v: %q (registered kinds: %s)", ErrUnknownKind, e.Spec, strings.Join(e.Kinds, " "))
+}
+
+func (e *UnknownKindError) Unwrap() error { return ErrUnknownKind }
+
+// unknownKind returns the *UnknownKindError of spec, which no kind has.
+func unknownKind(spec string) error {
+	kinds.mu.RLock()
+	known := make([]string, 0, len(kinds.m))
+	for p := range kinds.m {
+		known = append(known, p)
+	}
+	kinds.mu.RUnlock()
+	slices.Sort(known)
+	return &UnknownKindError{Spec: spec, Kinds: known}
+}
+
 // Open opens the member spec names for use: a registered kind's (Register) if spec starts
-// with its prefix, else the file or block device at the path spec (OpenFile).
+// with its prefix, else the file or block device at the path spec (OpenFile). A spec of the
+// form scheme://... of no registered kind is an *UnknownKindError.
 func Open(spec string, use Use) (Member, error) {
 	if k, ok := kindOf(spec); ok {
 		return k.Open(spec, use)
+	}
+	if uriScheme(spec) != "" {
+		return nil, unknownKind(spec)
 	}
 	m, err := OpenFile(spec, use)
 	if err != nil {
@@ -79,10 +129,13 @@ func Open(spec string, use Use) (Member, error) {
 }
 
 // SpecPath returns the local file or device a member spec opens: the spec itself for a plain
-// path, what its kind's Path says for another ("" for a remote member).
+// path, what its kind's Path says for another ("" for a remote member, and for a spec of the
+// form scheme://... of no registered kind: no file is made for it, Open refuses it).
 func SpecPath(spec string) string {
 	k, ok := kindOf(spec)
 	switch {
+	case !ok && uriScheme(spec) != "":
+		return ""
 	case !ok:
 		return spec
 	case k.Path == nil:
@@ -92,10 +145,13 @@ func SpecPath(spec string) string {
 }
 
 // MapSpecPath returns spec with the local path it opens replaced by f(path) (Kind.MapPath;
-// for a plain path, f(spec)).
+// for a plain path, f(spec)). A spec of the form scheme://... of no registered kind is
+// returned unchanged, with an *UnknownKindError.
 func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
 	k, ok := kindOf(spec)
 	switch {
+	case !ok && uriScheme(spec) != "":
+		return spec, unknownKind(spec)
 	case !ok:
 		return f(spec)
 	case k.MapPath == nil:

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -123,5 +124,37 @@ func TestRegistry(t *testing.T) {
 			}()
 			member.Register(bad.prefix, bad.k)
 		}()
+	}
+}
+
+// TestUnknownKind: a spec of the form scheme://... of no registered kind (a typo of one) is
+// refused by Open and MapSpecPath with an UnknownKindError naming it and the registered kinds,
+// never fs.ErrNotExist (which the array would count as a missing member) and never opened as a
+// path; SpecPath says it has no local file. A path with "://" past its first component is a path.
+func TestUnknownKind(t *testing.T) {
+	registerOnce.Do(registerTestKinds)
+	for _, spec := range []string{"regtets://host/export", "nbd+unx:///export?socket=/s", "x.y-z+1://a"} {
+		m, err := member.Open(spec, member.Exclusive)
+		var uk *member.UnknownKindError
+		if m != nil || !errors.Is(err, member.ErrUnknownKind) || errors.Is(err, fs.ErrNotExist) || !errors.As(err, &uk) {
+			t.Fatalf("Open(%q) = %v, %v; want an UnknownKindError", spec, m, err)
+		}
+		if uk.Spec != spec || !slices.Contains(uk.Kinds, "regtest://") || !slices.IsSorted(uk.Kinds) {
+			t.Errorf("Open(%q): the error names %q and the kinds %q; want the spec and the registered kinds, sorted", spec, uk.Spec, uk.Kinds)
+		}
+		if p := member.SpecPath(spec); p != "" {
+			t.Errorf("SpecPath(%q) = %q, want \"\" (no local file)", spec, p)
+		}
+		called := false
+		got, err := member.MapSpecPath(spec, func(p string) (string, error) { called = true; return "/abs/" + p, nil })
+		if got != spec || called || !errors.As(err, &uk) {
+			t.Errorf("MapSpecPath(%q) = %q, %v (f called: %v); want the spec unchanged and an UnknownKindError", spec, got, err, called)
+		}
+	}
+	dir := t.TempDir()
+	for _, path := range []string{filepath.Join(dir, "a://b"), "1x://absent", "://absent"} {
+		if _, err := member.Open(path, member.Exclusive); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Open(%q) = %v, want fs.ErrNotExist (a path)", path, err)
+		}
 	}
 }
