@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/raid5d/raid5d/raid/internal/bitmap"
+	memberpkg "github.com/raid5d/raid5d/raid/member"
 )
 
 // Write-intent bitmap defaults and limits (doc.go # Layout, # Crash consistency).
@@ -134,16 +135,10 @@ func (bm bitmapMembers) ReadEach(p []byte, each func()) error {
 	return nil
 }
 
-// dsyncWriter is a Member that can write one range durably by itself (member.DSyncWriter:
-// pwritev2 RWF_DSYNC), cheaper than a write and an fdatasync of the whole member.
-type dsyncWriter interface {
-	WriteAtDSync(p []byte, off int64) (int, error)
-}
-
 // writeDurable writes p at off of m durably: with RWF_DSYNC if m can, else WriteAt, and Sync
 // if last (the caller writes several pages and syncs once).
 func writeDurable(m *member, p []byte, off int64, last bool) error {
-	if w, ok := m.Member.(dsyncWriter); ok {
+	if w, ok := m.Member.(memberpkg.DSyncWriter); ok {
 		_, err := w.WriteAtDSync(p, off)
 		return err
 	}
