@@ -320,8 +320,9 @@ func (a *Array) Flush() error {
 }
 
 // syncMembers fdatasyncs every working member, concurrently. A member whose sync fails is
-// marked faulty; the error is returned only if that leaves the array failed. A failed array
-// returns ErrArrayFailed even if every sync it tried succeeded.
+// marked faulty; an error is returned only if that leaves the array failed: ErrArrayFailed,
+// with the syncs' *MemberErrors. A failed array returns ErrArrayFailed even if every sync it
+// tried succeeded.
 func (a *Array) syncMembers() error {
 	if err := a.syncWorking(); err != nil {
 		return err
@@ -355,11 +356,14 @@ func (a *Array) syncWorking() error {
 		}
 		merr := memberErr(ms[i], roles[i], "sync", -1, err)
 		a.fail(ms[i], merr)
-		if a.roles.failed() {
+		if a.roles.failed() { // decided by fail's recount
 			errs[i] = merr
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: syncing the members: %w", ErrArrayFailed, err) // TestFlushSyncFailsArray
+	}
+	return nil
 }
 
 // Sync is Flush, under the name go-nbd's backend.Backend uses.
