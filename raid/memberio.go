@@ -45,20 +45,7 @@ func (m cacheBackend) Do(ops []stripe.MemberOp) error {
 			if a.journaled() {
 				jp := intentOps.Get().(*[]journal.Op)
 				defer func() { clear(*jp); *jp = (*jp)[:0]; intentOps.Put(jp) }()
-				for _, op := range ops {
-					if !op.Write {
-						continue
-					}
-					if op.Vec == nil {
-						*jp = append(*jp, journal.Op{Role: op.Role, Off: a.dataOffset + op.Off, Buf: op.Buf})
-						continue
-					}
-					off := a.dataOffset + op.Off // a vectored write: one intent op per buffer
-					for _, b := range op.Vec {
-						*jp = append(*jp, journal.Op{Role: op.Role, Off: off, Buf: b})
-						off += int64(len(b))
-					}
-				}
+				*jp = a.appendJournalOps(*jp, ops)
 				jops = *jp
 			}
 			return a.writeIntent(s0, n, jops, func() error { return m.do(ops) })

@@ -24,37 +24,42 @@
 // of a registered kind. Open, SpecPath and MapSpecPath dispatch on it, and the raid package
 // opens every member, spare and journal through Open, so it knows no kind but plain paths
 // and imports none. raid/member/faulty is one kind (faulty:PATH?..., volatile:PATH) and
-// raid/member/nbdmember another (NBD exports: nbd://, nbds://, nbd+unix://); cmd/raid5d
-// registers both.
+// raid/member/nbdmember another (NBD exports: nbd://, nbds://, nbd+unix://, nbds+unix://);
+// cmd/raid5d registers both.
 //
 // A spec of the form scheme://... that no registered kind's prefix starts is never a path:
 // Open and MapSpecPath refuse it with an *UnknownKindError (ErrUnknownKind) naming it and the
 // registered kinds, so a typo'd URI fails the assembly instead of being counted as a missing
 // member (fs.ErrNotExist), and SpecPath is "" for it (no file is made).
 //
-// A new kind is one file, in its own package, registered from cmd/raid5d:
+// A new kind is one package, registered from cmd/raid5d; raid/member/nbdmember is the model:
 //
-//	// Package nbdmember: members that are NBD exports (nbd://host[:port]/export, nbds://...,
-//	// nbd+unix:///export?socket=PATH), served by nbd/client.
-//	func Register(opts Options) { // TLS files, timeout, connections: from the flags
+//	// Register registers the kind for Prefixes (nbd://, nbds://, nbd+unix://, nbds+unix://).
+//	// opts is called at every Open, so that a command sets the options from its flags after
+//	// it has parsed them.
+//	func Register(opts func() Options) {
 //		k := member.Kind{Open: func(spec string, use member.Use) (member.Member, error) {
-//			return open(spec, use, opts) // parses the URI and its query keys
+//			m, err := Open(spec, use, opts()) // parses the URI and its query keys
+//			if err != nil {
+//				return nil, err // not a nil *Member in a Member
+//			}
+//			return m, nil
 //		}}
-//		for _, p := range []string{"nbd://", "nbds://", "nbd+unix://"} {
+//		for _, p := range Prefixes {
 //			member.Register(p, k)
 //		}
 //	}
 //
-// and in cmd/raid5d, once the flags are parsed and before anything is opened,
-// nbdmember.Register(nbdmember.Options{...}). Options the kind takes are bound into its
-// Open that way; per-member ones come from the spec (URI query keys). Its members' Name is
-// the spec (the URI: what status shows and the configuration records), Size what the
-// export says, and it keeps the Member contract: a short answer is an error, Trim leaves
-// zeroes (WRITE_ZEROES where TRIM is not advertised), Sync is FLUSH, and a member that
+// and cmd/raid5d (kinds.go) calls nbdmember.Register once, from init, with a function that
+// returns the options its flags set. Options the kind takes are bound into its Open that
+// way; per-member ones come from the spec (URI query keys). Its members' Name is the spec
+// (the URI: what status shows and the configuration records), Size what the export says,
+// and it keeps the Member contract: a short answer is an error, Trim leaves zeroes
+// (WRITE_ZEROES where offered, else written zeroes), Sync is FLUSH, and a member that
 // disappears mid-call returns an error within its deadline rather than hanging. It may add
-// capabilities (Vectored, DSyncWriter as FUA, SizeChecker as a re-read of the export size);
-// it has no local file, so Kind.Path and Kind.MapPath stay nil (SpecPath "": no lock, no
-// file to make or compare), and Use only says read-write or read-only.
+// capabilities (nbdmember has DSyncWriter, as FUA or WRITE+FLUSH); it has no local file, so
+// Kind.Path and Kind.MapPath stay nil (SpecPath "": no lock, no file to make or compare),
+// and Use only says read-write or read-only.
 //
 // # Exclusive use
 //
