@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -43,7 +44,8 @@ func TestDegraded(t *testing.T) {
 }
 
 // TestHostServer runs raid5d on the host, on member files, and guest/host.sh attaches the
-// guest's kernel client to it over qemu's user network: ext4, checksums, fstrim, e2fsck -fn.
+// guest's kernel client to it with -C 2 through the restricted user network's one forward (a
+// command per connection, so both connections reach raid5d): ext4, checksums, fstrim, e2fsck -fn.
 // The host checks that the trims arrived (metrics) and that raid5d stops cleanly.
 func TestHostServer(t *testing.T) {
 	needGuest(t, "nbd-client", "mkfs.ext4", "e2fsck", "fstrim")
@@ -92,8 +94,8 @@ func TestHostServer(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	mustPass(t, runVM(t, vmRun{script: guestScript(t, "host.sh"), net: true, timeout: 5 * time.Minute,
-		modules: []string{"nbd", "e1000", "ext4", "crc32c_generic"}, env: map[string]string{"HOST_PORT": port}}))
+	mustPass(t, runVM(t, vmRun{script: guestScript(t, "host.sh"), net: true, forward: port,
+		timeout: 5 * time.Minute, modules: []string{"nbd", "e1000", "ext4", "crc32c_generic"}}))
 
 	m := regexp.MustCompile(`(?m)^raid5d_requests_total\{cmd="trim"\} (\S+)$`).FindStringSubmatch(metrics())
 	if m == nil || m[1] == "0" {
@@ -108,6 +110,58 @@ func TestHostServer(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("raid5d serve did not exit within a minute of SIGTERM")
+	}
+}
+
+// TestGuestNetRestricted checks that the guest's network reaches the host only through the
+// forward: the host listens on two loopback ports, the forwarded one answers a greeting, and the
+// guest must read it through $FWD_ADDR:$FWD_PORT but fail, within a minute each, to reach the
+// other one through 10.0.2.2 (qemu's user network without restrict=on turns that into the host's
+// 127.0.0.1) or through the forward's address; the other listener must have accepted nothing.
+func TestGuestNetRestricted(t *testing.T) {
+	needVM(t)
+	listen := func() (net.Listener, *atomic.Int32) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		var accepted atomic.Int32
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				accepted.Add(1)
+				c.SetWriteDeadline(time.Now().Add(time.Minute))
+				io.WriteString(c, "forwarded\n")
+				c.Close()
+			}
+		}()
+		return l, &accepted
+	}
+	fwd, fwdAccepted := listen()
+	other, otherAccepted := listen()
+	otherPort := strconv.Itoa(other.Addr().(*net.TCPAddr).Port)
+	mustPass(t, runVM(t, vmRun{net: true, forward: strconv.Itoa(fwd.Addr().(*net.TCPAddr).Port),
+		modules: []string{"e1000"}, env: map[string]string{"OTHER_PORT": otherPort}, script: `
+net_up
+got=$(timeout 60 nc "$FWD_ADDR" "$FWD_PORT" </dev/null) || die "nc $FWD_ADDR $FWD_PORT (the forward) exited $?"
+[ "$got" = forwarded ] || die "the forward answered '$got', want 'forwarded'"
+log "the forward reaches the host"
+for dst in 10.0.2.2 "$FWD_ADDR"; do
+	got=$(timeout 60 nc "$dst" "$OTHER_PORT" </dev/null) &&
+		die "the guest reached the host's unforwarded 127.0.0.1:$OTHER_PORT through $dst:$OTHER_PORT ('$got')"
+	log "$dst:$OTHER_PORT unreachable (nc exited $?)"
+done
+log "passed"
+`}))
+	if n := otherAccepted.Load(); n != 0 {
+		t.Errorf("the unforwarded listener on 127.0.0.1:%s accepted %d connections from the guest", otherPort, n)
+	}
+	if n := fwdAccepted.Load(); n != 1 {
+		t.Errorf("the forwarded listener accepted %d connections, want 1", n)
 	}
 }
 

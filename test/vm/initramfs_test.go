@@ -78,6 +78,7 @@ const exitMarker = "RAID5D-VM-EXIT="
 // tools and their libraries, raid5d, the init. It is built once per test binary.
 type baseImage struct {
 	path    string          // the cpio archive
+	busybox string          // the host's static busybox (copied in; also the forward's nc, see boot)
 	tools   map[string]bool // guestTools found on the host and copied
 	missing []string        // guestTools the host does not have
 	libDirs []string        // directories holding the copied libraries, for LD_LIBRARY_PATH
@@ -95,6 +96,7 @@ func buildBase(dst, raid5d string) (*baseImage, error) {
 	}
 	files := map[string]string{} // guest path -> host file
 	files["/bin/busybox"] = busybox
+	img.busybox = busybox
 	// the scripts' shell: busybox's sh runs its own applets before any program on PATH, so
 	// blkdiscard would be busybox's and not util-linux's
 	dash, err := lookTool("dash")

@@ -196,8 +196,20 @@ type vmRun struct {
 	memMiB  int               // guest memory; default 1024
 	cpus    int               // default 2
 	timeout time.Duration     // the whole boot, qemu killed after it; default 4 minutes
-	net     bool              // an e1000 NIC on qemu's user network (load the e1000 module)
+	net     bool              // an e1000 NIC on qemu's user network, restricted (load the e1000 module)
+	forward string            // with net: the host's 127.0.0.1 port guestFwdAddr:guestFwdPort reaches
 }
+
+// The guest's network (vmRun.net) is qemu's user network with restrict=on: the guest reaches
+// nothing outside the VM, not even the host's loopback through 10.0.2.2, except through the one
+// forward vmRun.forward asks for. A guestfwd to a chardev is a single connection made at start-up
+// and nbd-client -C 2 opens two, so the forward is a command run per connection: the host's
+// busybox nc to 127.0.0.1:forward, its stdin and stdout the guest's connection. The script gets
+// the forward's address in $FWD_ADDR and $FWD_PORT.
+const (
+	guestFwdAddr = "10.0.2.100"
+	guestFwdPort = "10809"
+)
 
 // vmResult is how a boot ended.
 type vmResult struct {
@@ -232,6 +244,9 @@ func boot(r vmRun, accel []string) (vmResult, error) {
 	defer os.RemoveAll(dir)
 	runCPIO := filepath.Join(dir, "run.cpio")
 	guestEnv := map[string]string{"VM_WATCHDOG": strconv.Itoa(int(r.timeout.Seconds() * 0.85))}
+	if r.forward != "" {
+		guestEnv["FWD_ADDR"], guestEnv["FWD_PORT"] = guestFwdAddr, guestFwdPort
+	}
 	for k, v := range r.env {
 		guestEnv[k] = v
 	}
@@ -251,7 +266,14 @@ func boot(r vmRun, accel []string) (vmResult, error) {
 		"-kernel", env.image, "-initrd", initrd, "-append", strings.Join(cmdline, " "),
 	}, accel...)
 	if r.net {
-		args = append(args, "-nic", "user,model=e1000")
+		nic := "user,model=e1000,restrict=on"
+		if r.forward != "" {
+			if strings.ContainsAny(env.base.busybox, ", ") { // qemu's option syntax, the command's argv
+				return vmResult{}, fmt.Errorf("vm: busybox's path %q has a comma or space: no guestfwd command", env.base.busybox)
+			}
+			nic += ",guestfwd=tcp:" + guestFwdAddr + ":" + guestFwdPort + "-cmd:" + env.base.busybox + " nc 127.0.0.1 " + r.forward
+		}
+		args = append(args, "-nic", nic)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()

@@ -1,10 +1,11 @@
-# raid5d running on the host, the guest's kernel client attached over qemu's user network:
+# raid5d running on the host, the guest's kernel client attached with -C 2 (two connections)
+# through the harness' one forward on qemu's restricted user network:
 # ext4, files, checksums across drop_caches and a remount, fstrim, e2fsck -fn, nbd-client -d,
 # a clean kernel log. The host side checks that the TRIMs arrived.
 
 net_up
-NBD_HOST=10.0.2.2 PORT=$HOST_PORT
-attach
+NBD_HOST=$FWD_ADDR PORT=$FWD_PORT
+attach -C 2
 mkfs.ext4 -q -F "$NBD" || die "mkfs.ext4"
 mkdir -p "$MNT"
 mount -t ext4 "$NBD" "$MNT" || die "mount"

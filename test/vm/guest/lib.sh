@@ -93,7 +93,8 @@ attach() {
 	log "attached $NBD ($*): $(blockdev --getsize64 "$NBD") bytes, max_sectors_kb $(cat /sys/block/${NBD#/dev/}/queue/max_sectors_kb)"
 }
 
-# net_up: the e1000 NIC on qemu's user network (the host is 10.0.2.2 there).
+# net_up: the e1000 NIC on qemu's user network, restricted: the harness' forward, if the run
+# asked for one, is $FWD_ADDR:$FWD_PORT; nothing else outside the guest answers.
 net_up() {
 	ip link set eth0 up || die "no eth0 (did the run ask for net and the e1000 module?)"
 	ip addr add 10.0.2.15/24 dev eth0
