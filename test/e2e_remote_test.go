@@ -149,7 +149,8 @@ func uris(ms []*remoteMember) []string {
 // member's calls to return). The clients see no error and no wait much past one member
 // timeout, the member is failed, the array goes on degraded with all data intact, and serve
 // restarted without that server (gone, or not answering the handshake) assembles degraded —
-// the export unreachable, a missing member — and reads everything back.
+// the export unreachable, a missing member — and reads everything back; a spare on another
+// export is added and rebuilt, and every byte read back again.
 func TestRemoteMembers(t *testing.T) {
 	for name, sig := range map[string]syscall.Signal{"SIGKILL": syscall.SIGKILL, "SIGSTOP": syscall.SIGSTOP} {
 		t.Run(name, func(t *testing.T) { remoteMemberLost(t, sig) })
@@ -319,7 +320,26 @@ func remoteMemberLost(t *testing.T, sig syscall.Signal) {
 	}
 	defer c2.Close()
 	verify(c2, "after the restart", size)
+
+	// A spare on another export takes the lost member's role: rebuilt over NBD, every byte
+	// then read from it where it holds the data.
+	spare := &remoteMember{file: ms[1].file + ".spare", sock: ms[1].sock + ".spare"}
+	spare.uri = "nbd+unix:///spare?socket=" + spare.sock
+	if err := os.WriteFile(spare.file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(spare.file, memberSize); err != nil {
+		t.Fatal(err)
+	}
+	spare.start(t)
+	s.mustManage("add", spare.uri)
+	st := s.waitStatus("the rebuild onto the remote spare", 2*time.Minute, (*r5Status).healthy)
+	if state, role, _ := st.member(spare.uri); state != "active" || role != 1 {
+		t.Fatalf("the remote spare after the rebuild: %q in role %d, want active in role 1", state, role)
+	}
+	verify(c2, "after the rebuild", size)
 	c2.disconnect()
+	s.stop() // before the spare's server, whose cleanup comes first
 }
 
 // TestRemoteMemberWrongSize: an export of the wrong size is refused, naming its URI: by create

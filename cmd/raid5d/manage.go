@@ -177,7 +177,7 @@ unless --force is given (as raid5d create refuses it). A member removed earlier 
 	if len(args) != 1 {
 		return fmt.Errorf("%w: want one PATH, got %d arguments", errUsage, len(args))
 	}
-	p, err := filepath.Abs(args[0])
+	p, err := absMember(args[0]) // a path made absolute; a remote member's URI as is
 	if err != nil {
 		return err
 	}
@@ -210,7 +210,7 @@ when PATH carries another array's raid5d superblock or journal.`, stdout)
 	if err != nil {
 		return err
 	}
-	p, err := filepath.Abs(args[1])
+	p, err := absMember(args[1])
 	if err != nil {
 		return err
 	}
