@@ -8,16 +8,18 @@ func (c *Cache) readIn(h *head, s int64, d, u int) error {
 	dst := c.unit(h, d, u)
 	off := s*c.chunk + int64(u)*stripe.UnitSize
 	role := c.layout.DataMember(s, d)
+	ws := c.getWork() // its ops: a slice literal handed to Backend.Do would escape
+	defer c.putWork(ws)
+	ops := ws.ops[:0]
 	if role != c.backend.Missing(s) {
-		if err := c.backend.Do([]stripe.MemberOp{{Role: role, Buf: dst, Off: off, Stripe: s}}); err != nil {
+		ops = append(ops, stripe.MemberOp{Role: role, Buf: dst, Off: off, Stripe: s})
+		ws.ops = ops[:0]
+		if err := c.backend.Do(ops); err != nil {
 			return err
 		}
 		h.setUp(d*c.upc + u)
 		return nil
 	}
-	ws := c.getWork()
-	defer c.putWork(ws)
-	ops := ws.ops[:0]
 	for i := 0; i <= c.nd; i++ {
 		if i == d {
 			ws.shards[i] = dst
