@@ -478,6 +478,8 @@ func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) er
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	// Not the cache's whole-stripe parity: role's chunk, data or parity, is the XOR of every
+	// other member's, so k stripes are rebuilt in one Encode without mapping their data.
 	target := bufs[len(shards)][:L]
 	if err := a.coder.Encode(append(shards, target)); err != nil {
 		return err
@@ -622,6 +624,8 @@ func (a *Array) scrubSpan(s0, k int64, bufs [][]byte, repair bool) ([]int64, err
 			shards[d] = bufs[r][i*C : (i+1)*C]
 		}
 		shards[D] = P[:C]
+		// The cache's whole-stripe parity too is one Coder.Encode of the data chunks; only
+		// where they lie differs (here each member's buffer, there the request's bytes in order).
 		if err := a.coder.Encode(shards); err != nil {
 			return nil, err
 		}
