@@ -73,6 +73,13 @@ var (
 	ErrWouldFail error = &ioError{"raid: that would leave the array failed", uint32(unix.EBUSY)}
 	// ErrNotRunning is returned by StopScrub when no scrub runs.
 	ErrNotRunning error = &ioError{"raid: no scrub is running", uint32(unix.EINVAL)}
+	// ErrCannotReAdd is returned by ReAdd and ReAddMember for a member the write-intent bitmap
+	// cannot bring up to date: not this array's (or no superblock), a spare, its role held by
+	// a working member (the array not degraded in that role), being rebuilt when it left, or
+	// an events counter older than the bitmap's last clear (EventsCleared: writes it missed
+	// may no longer be marked), or an array without a bitmap. AddSpare (`raid5d add`) rebuilds
+	// it fully instead.
+	ErrCannotReAdd error = &ioError{"raid: member cannot be re-added (add it: a full rebuild)", uint32(unix.EINVAL)}
 	// ErrBadSpeed is returned by SetSyncSpeed for a negative speed or min > max.
 	ErrBadSpeed error = &ioError{"raid: invalid sync speed", uint32(unix.EINVAL)}
 )

@@ -19,7 +19,10 @@ type member struct {
 	sb *superblock // guarded by Array.sbMu
 	// faulty: failed; never read or written again. rebuilding: a spare being rebuilt into its
 	// role, usable only for stripes below the rebuild position (roleTable.rebuilt).
-	faulty, rebuilding  atomic.Bool
+	faulty, rebuilding atomic.Bool
+	// readd: the rebuilding member is a re-added one (ReAdd): the rebuild resyncs only the
+	// regions whose write-intent bits are set.
+	readd               atomic.Bool
 	readErrs, writeErrs atomic.Uint64
 	// The watchdog's clock (hung.go): blocking operations under way, and when the member last
 	// completed one or became busy.

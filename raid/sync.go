@@ -28,7 +28,12 @@ type Progress struct {
 	Mismatches  int64         // check/repair/resync: stripes whose parity did not match (so far); repair and resync rewrote it
 	MismatchAt  []int64       // the first (at most maxMismatchAt) such stripe numbers
 	Resumed     int64         // rebuild, full resync: the checkpoint it resumed from (bytes), 0 if none
-	Err         string        // why it stopped early, if it did
+	// ReAdd: the rebuild is a re-add's (ReAdd): only the regions the write-intent bitmap
+	// marks are resynced. Resynced: rebuild: bytes of the data area written onto the member
+	// so far (a full rebuild: Done-Resumed; a re-add: the marked regions only).
+	ReAdd    bool
+	Resynced int64
+	Err      string // why it stopped early, if it did
 }
 
 const maxMismatchAt = 100
@@ -351,12 +356,19 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	C := a.layout.ChunkSize()
 	total := a.memberData / C
 	pos := a.roles.rebuildPos()
+	// A re-added member (ReAdd) gets only the regions whose bits are set. The bits are read
+	// under each batch's stripe locks, after its dirty heads are written out: every write to
+	// those stripes has then set its region's bit, and no bit is cleared while the role is
+	// being rebuilt (bitmap.Members.Whole), so a clear bit is a region unchanged since the
+	// member left. A later write to a skipped stripe finds it below the position and writes
+	// the member too.
+	readd := sp.readd.Load() && a.bm != nil
 	a.sbMu.Unlock()
 
 	a.syncMu.Lock()
-	j.p.Role, j.p.Done, j.p.Resumed, j.base = role, pos*C, pos*C, pos*C
+	j.p.Role, j.p.Done, j.p.Resumed, j.base, j.p.ReAdd = role, pos*C, pos*C, pos*C, readd
 	a.syncMu.Unlock()
-	a.log.Info("raid: rebuild started", "member", sp.Name(), "role", role, "from", pos*C, "total", a.memberData)
+	a.log.Info("raid: rebuild started", "member", sp.Name(), "role", role, "from", pos*C, "total", a.memberData, "re-add", readd)
 
 	batch := a.syncBatch()
 	n := a.layout.Members()
@@ -372,8 +384,19 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 			break
 		}
 		s0, k := pos, min(batch, total-pos)
+		moved := k
 		a.locks.LockSpan(s0, k)
-		err = a.rebuildSpan(sp, role, s0, k, bufs)
+		if readd {
+			moved = 0
+			if err = a.writeOutSpan(s0, k); err == nil {
+				err = a.readdRuns(s0, k, func(s, n int64) error {
+					moved += n
+					return a.rebuildSpan(sp, role, s, n, bufs)
+				})
+			}
+		} else {
+			err = a.rebuildSpan(sp, role, s0, k, bufs)
+		}
 		if err == nil {
 			pos = s0 + k
 			a.roles.setRebuilt(pos)
@@ -382,12 +405,15 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		if err != nil {
 			break
 		}
+		a.syncMu.Lock()
+		j.p.Resynced += moved * C
+		a.syncMu.Unlock()
 		a.setDone(j, t, pos*C)
 		if time.Since(lastCk) >= checkpointEvery && pos < total {
 			a.checkpoint(sp)
 			lastCk = time.Now()
 		}
-		if err = t.wait(ctx, k*C); err != nil {
+		if err = t.wait(ctx, moved*C); err != nil {
 			break
 		}
 	}
@@ -404,6 +430,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	}
 	a.sbMu.Lock()
 	sp.rebuilding.Store(false)
+	sp.readd.Store(false)
 	kept := a.faulty[:0]
 	for _, m := range a.faulty {
 		if m.sb.Role == role {
@@ -442,12 +469,8 @@ func (a *Array) checkpoint(sp *member) {
 // members' chunks. The caller holds the stripes' locks; the cache's dirty heads for them are
 // written out first, so the members hold the stripes' latest data.
 func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) error {
-	if a.cache != nil {
-		for s := s0; s < s0+k; s++ {
-			if err := a.cache.WriteOutLocked(s); err != nil {
-				return err
-			}
-		}
+	if err := a.writeOutSpan(s0, k); err != nil {
+		return err
 	}
 	C := a.layout.ChunkSize()
 	off := a.dataOffset + s0*C
@@ -494,6 +517,19 @@ func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) er
 		merr := memberErr(sp, role, "write", off, err)
 		a.fail(sp, merr) // cancels this job (without waiting for it)
 		return merr
+	}
+	return nil
+}
+
+// writeOutSpan writes out the cache's dirty heads of stripes [s0, s0+k), whose locks the
+// caller holds, so that the members hold the stripes' latest data.
+func (a *Array) writeOutSpan(s0, k int64) error {
+	if a.cache != nil {
+		for s := s0; s < s0+k; s++ {
+			if err := a.cache.WriteOutLocked(s); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -46,6 +46,7 @@ var commands = []command{
 	{"remove", "remove a faulty member or a spare from the running array", runRemove},
 	{"add", "add a spare to the running array (a rebuild starts if it is degraded)", runAdd},
 	{"replace", "rebuild a member's role onto a new member, then retire the old one", runReplace},
+	{"re-add", "bring a failed member back, resyncing only what changed while it was away", runReAdd},
 	{"scrub", "check or repair the running array's parity in the background, or stop that", runScrub},
 	{"rebuild", "set the running array's rebuild and scrub speed limits", runRebuild},
 	{"bench", "drive any NBD export with a verifying load: throughput, latency, crash checks", runBench},

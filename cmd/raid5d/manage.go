@@ -156,6 +156,16 @@ loss would fail the array is refused (exit 1) unless --force is given: a second 
 working member, counting a role still being rebuilt onto a spare (its member does not yet hold the
 stripes the rebuild has not reached).`, "marked faulty:", true)
 
+var runReAdd = runMemberOp(control.OpReAdd, "MEMBER",
+	`Brings MEMBER back into the running array, a member that failed, was removed or was missing at
+assembly and whose superblock is intact (mdadm --re-add): instead of a full rebuild, only the
+regions the write-intent bitmap marks as written while it was away are resynced onto it; it
+serves the stripes below the resync position meanwhile and becomes active when the resync ends
+(watch it with raid5d status). MEMBER is its path (or URI), or the role number of a failed member
+the daemon still holds. Refused (exit 1) for another array's member, a spare, a role that has a
+working member, a member whose events counter is older than the bitmap's last clear (its role was
+rebuilt meanwhile), and an array without a bitmap: raid5d add rebuilds it fully instead.`, "re-adding:", false)
+
 var runRemove = runMemberOp(control.OpRemove, "[flags] MEMBER",
 	`Removes MEMBER, a faulty member or a spare, from the running array: the daemon closes it and
 no longer lists it, and it may be added again (raid5d add). Active and rebuilding members are

@@ -50,6 +50,7 @@ func classify(err error) error {
 	for _, m := range []struct{ raid, control error }{
 		{raid.ErrWouldFail, control.ErrWouldFail},
 		{raid.ErrInUse, control.ErrInUse},
+		{raid.ErrCannotReAdd, control.ErrCannotReAdd},
 		{raid.ErrBusy, control.ErrBusy},
 		{raid.ErrNoSuchMember, control.ErrNoSuchMember},
 		{raid.ErrNotFaulty, control.ErrNotFaulty},
@@ -106,7 +107,7 @@ func progressOf(p *raid.Progress) *control.Progress {
 	return &control.Progress{
 		Kind: p.Kind, Role: p.Role, Done: p.Done, Total: p.Total, BytesPerSec: p.BytesPerSec,
 		ETASeconds: p.ETA.Seconds(), Mismatches: p.Mismatches, MismatchAt: p.MismatchAt,
-		Resumed: p.Resumed, Err: p.Err,
+		Resumed: p.Resumed, ReAdd: p.ReAdd, Resynced: p.Resynced, Err: p.Err,
 	}
 }
 

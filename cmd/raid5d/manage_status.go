@@ -58,6 +58,9 @@ func progressLine(p *control.Progress) string {
 	if p.Resumed > 0 {
 		s += fmt.Sprintf(", resumed from %s", formatRate(p.Resumed))
 	}
+	if p.ReAdd {
+		s += fmt.Sprintf(", re-add: %s resynced", formatRate(p.Resynced))
+	}
 	return s
 }
 

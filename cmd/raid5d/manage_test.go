@@ -48,6 +48,11 @@ func (f *fakeArray) Replace(m, p string, force bool) error {
 	return nil
 }
 
+func (f *fakeArray) ReAdd(m string) error {
+	f.record("re-add " + m)
+	return nil
+}
+
 func forceWord(force bool) string {
 	if force {
 		return " --force"

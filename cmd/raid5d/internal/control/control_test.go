@@ -42,6 +42,7 @@ func (f *fakeArray) AddSpare(p string, force bool) error {
 func (f *fakeArray) Replace(m, p string, force bool) error {
 	return f.call("replace " + m + " " + p + forceWord(force))
 }
+func (f *fakeArray) ReAdd(m string) error         { return f.call("re-add " + m) }
 func (f *fakeArray) StartScrub(repair bool) error { return f.call(fmt.Sprint("scrub repair=", repair)) }
 func (f *fakeArray) StopScrub() error             { return f.call("scrub stop") }
 func (f *fakeArray) SetSyncSpeed(lo, hi int64) error {
@@ -118,6 +119,7 @@ func TestRoundTrips(t *testing.T) {
 		{Request{Op: OpRemove, Member: "/m1"}, "remove /m1"},
 		{Request{Op: OpAdd, Path: "/spare"}, "add /spare"},
 		{Request{Op: OpReplace, Member: "1", Path: "/new"}, "replace 1 /new"},
+		{Request{Op: OpReAdd, Member: "/old"}, "re-add /old"},
 		{Request{Op: OpScrub, Action: ScrubCheck}, "scrub repair=false"},
 		{Request{Op: OpScrub, Action: ScrubRepair}, "scrub repair=true"},
 		{Request{Op: OpScrub, Action: ScrubStop}, "scrub stop"},

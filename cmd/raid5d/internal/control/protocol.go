@@ -1,5 +1,5 @@
 // Package control is the management endpoint of a running raid5d daemon: a unix socket
-// (permission 0600) on which `raid5d status`, `fail`, `remove`, `add`, `replace`, `scrub` and
+// (permission 0600) on which `raid5d status`, `fail`, `remove`, `add`, `replace`, `re-add`, `scrub` and
 // `rebuild` talk to the daemon.
 //
 // # Protocol
@@ -12,6 +12,7 @@
 //	{"op":"remove","member":"/dev/sdc"}
 //	{"op":"add","path":"/dev/sde"}
 //	{"op":"replace","member":"1","path":"/dev/sde"}
+//	{"op":"re-add","member":"/dev/sdc"}      a failed member back, resyncing the bitmap's regions
 //	{"op":"fail","member":"3","force":true} fail, add, replace: do it although it fails the
 //	                                      array or overwrites another array's member
 //	{"op":"scrub","action":"check"}       action: check, repair or stop
@@ -38,6 +39,7 @@ type Array interface {
 	Remove(member string) error
 	AddSpare(path string, force bool) error
 	Replace(member, path string, force bool) error
+	ReAdd(member string) error
 	StartScrub(repair bool) error
 	StopScrub() error
 	SetSyncSpeed(min, max int64) error
@@ -50,6 +52,7 @@ const (
 	OpRemove  = "remove"
 	OpAdd     = "add"
 	OpReplace = "replace"
+	OpReAdd   = "re-add"
 	OpScrub   = "scrub"
 	OpSpeed   = "speed"
 )
@@ -64,7 +67,7 @@ const (
 // Request is one management request.
 type Request struct {
 	Op     string `json:"op"`
-	Member string `json:"member,omitempty"` // fail, remove, replace: a path or a role number
+	Member string `json:"member,omitempty"` // fail, remove, replace, re-add: a path or a role number
 	Path   string `json:"path,omitempty"`   // add, replace: the new member
 	Action string `json:"action,omitempty"` // scrub: check, repair or stop
 	Min    int64  `json:"min,omitempty"`    // speed: bytes/s, 0 = unchanged
@@ -106,6 +109,10 @@ var (
 	// ErrInUse: add or replace named a path that carries another array's superblock or
 	// journal; Force overwrites it.
 	ErrInUse = errors.New("control: path belongs to another array")
+	// ErrCannotReAdd: re-add named a member the write-intent bitmap cannot bring up to date
+	// (another array's, a spare, its role held, its events older than the bitmap's last
+	// clear, no bitmap); add rebuilds it fully.
+	ErrCannotReAdd = errors.New("control: member cannot be re-added (add it: a full rebuild)")
 	// ErrNotRunning: scrub stop with no scrub running.
 	ErrNotRunning = errors.New("control: no scrub is running")
 	// ErrBadRequest: the request was malformed (unknown op, missing field, bad value).
@@ -128,6 +135,7 @@ var codes = []struct {
 	{"degraded", ErrDegraded},
 	{"would-fail", ErrWouldFail},
 	{"in-use", ErrInUse},
+	{"cannot-re-add", ErrCannotReAdd},
 	{"not-running", ErrNotRunning},
 	{"bad-request", ErrBadRequest},
 	{"unsupported", ErrUnsupported},
@@ -181,7 +189,7 @@ var (
 func (r *Request) validate() error {
 	switch r.Op {
 	case OpStatus:
-	case OpFail, OpRemove:
+	case OpFail, OpRemove, OpReAdd:
 		if r.Member == "" {
 			return fmt.Errorf("%w: %s needs a member", ErrBadRequest, r.Op)
 		}

@@ -94,7 +94,7 @@ func removeStale(path string) error {
 
 // Server answers management requests on a control socket.
 type Server struct {
-	// Array carries out fail, remove, add, replace, scrub and speed requests.
+	// Array carries out fail, remove, add, replace, re-add, scrub and speed requests.
 	Array Array
 	// Status returns the array's status; every response carries it.
 	Status func() Status
@@ -199,6 +199,8 @@ func (s *Server) do(req Request) error {
 		return a.AddSpare(req.Path, req.Force)
 	case OpReplace:
 		return a.Replace(req.Member, req.Path, req.Force)
+	case OpReAdd:
+		return a.ReAdd(req.Member)
 	case OpScrub:
 		if req.Action == ScrubStop {
 			return a.StopScrub()

@@ -106,6 +106,8 @@ type Progress struct {
 	Mismatches  int64   `json:"mismatches"`            // check/repair: stripes whose parity did not match
 	MismatchAt  []int64 `json:"mismatch_at,omitempty"` // the first (at most 100) such stripes
 	Resumed     int64   `json:"resumed"`               // rebuild: the checkpoint it resumed from (bytes), 0 if none
+	ReAdd       bool    `json:"re_add,omitempty"`      // rebuild: a re-add's (only the bitmap's regions are resynced)
+	Resynced    int64   `json:"resynced"`              // rebuild: bytes written onto the member so far
 	Err         string  `json:"error,omitempty"`       // why it stopped early, if it did
 }
 

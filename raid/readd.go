@@ -1,0 +1,200 @@
+package raid
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+)
+
+// ReAdd brings back a member that failed, was removed, or was missing at assembly, with its
+// superblock intact (mdadm --re-add): instead of a full rebuild, only the regions whose
+// write-intent bits are set — those written while it was away, which the bitmap keeps while
+// a role is missing — are resynced onto it. name is the member's path (or a spec, a remote
+// member's URI) or, for a failed member the array still knows, its role number. It opens the
+// member (or reuses the one the array still holds), matches its superblock and starts the
+// resync; the member serves the stripes below the resync position, as a rebuilding spare
+// does, and becomes active when it ends (Status().Sync, then LastRebuild: ReAdd, Resynced).
+//
+// Refused with ErrCannotReAdd (see there) when the bitmap cannot bridge the member's
+// absence (with ErrForeignMember too for another array's member, ErrStaleMember for one whose
+// events are older than the bitmap's last clear), ErrMemberBusy for a member failed hung whose writes are still under way, and
+// the AddSpare errors for a path that is another member.
+func (a *Array) ReAdd(name string) error {
+	return a.reAddLocked(func() error { return a.reAddName(name) })
+}
+
+// ReAddMember is ReAdd on a member already open (any kind). On success the array owns m.
+func (a *Array) ReAddMember(m Member) error {
+	return a.reAddLocked(func() error {
+		if err := a.checkNewMember(m.Name()); err != nil {
+			return err
+		}
+		return a.reAdd(m, nil)
+	})
+}
+
+// reAddLocked runs fn with opMu and mgmtMu held, if the array takes writes.
+func (a *Array) reAddLocked(fn func() error) error {
+	a.opMu.RLock()
+	defer a.opMu.RUnlock()
+	if err := a.writable(); err != nil {
+		return err
+	}
+	a.mgmtMu.Lock()
+	defer a.mgmtMu.Unlock()
+	return fn()
+}
+
+// reAddName is ReAdd with opMu and mgmtMu held.
+func (a *Array) reAddName(name string) error {
+	a.sbMu.Lock()
+	old, err := a.awayMember(name)
+	a.sbMu.Unlock()
+	if err != nil {
+		return err
+	}
+	if old != nil {
+		if n := old.abandoned.Load(); n > 0 {
+			return fmt.Errorf("%w: %s still has %d writes under way from before it failed; re-add it when they have finished", ErrMemberBusy, name, n)
+		}
+		return a.reAdd(old.Member, old)
+	}
+	if err := a.checkNewMember(name); err != nil {
+		return err
+	}
+	m, err := OpenMember(name, false)
+	if err != nil {
+		return &MemberError{Member: name, Role: -1, Op: "open", Off: -1, Err: err}
+	}
+	if err := a.reAdd(m, nil); err != nil {
+		m.Close()
+		return err
+	}
+	return nil
+}
+
+// awayMember returns the member name names if the array still holds it while it is away
+// (faulty, in its role or not, or removed), nil if the array does not know it. A working
+// member or spare is refused (ErrCannotReAdd). The caller holds sbMu.
+func (a *Array) awayMember(name string) (*member, error) {
+	name = specName(name)
+	if r, err := strconv.Atoi(name); err == nil {
+		if r >= 0 && r < a.roles.n() {
+			if m := a.roles.member(r); m != nil && m.faulty.Load() {
+				return m, nil
+			}
+		}
+		return nil, fmt.Errorf("%w: role %s has no faulty member to re-add (name it by its path)", ErrNoSuchMember, name)
+	}
+	for _, m := range a.all() {
+		if m.Name() == name {
+			if !m.faulty.Load() {
+				return nil, &MemberError{Member: name, Role: a.roles.roleOf(m), Op: "re-add", Off: -1,
+					Err: fmt.Errorf("%w: it is a working member or a spare of the array", ErrCannotReAdd)}
+			}
+			return m, nil
+		}
+	}
+	for _, m := range slices.Backward(a.retired) {
+		if m.Name() == name {
+			return m, nil
+		}
+	}
+	return nil, nil
+}
+
+// reAdd matches m's superblock against the array and, if the bitmap can bridge its absence,
+// puts it in its role as a rebuilding member that resyncs only the bitmap's regions. old is
+// the array's earlier member for m, if it still holds one: it is dropped, unclosed (m is
+// its Member). opMu and mgmtMu are held.
+func (a *Array) reAdd(m Member, old *member) error {
+	sb, err := readSuperblock(m)
+	refuse := func(role int, format string, args ...any) error {
+		return &MemberError{Member: m.Name(), Role: role, Op: "re-add", Off: SuperblockOffset,
+			Err: fmt.Errorf("%w: "+format, append([]any{ErrCannotReAdd}, args...)...)}
+	}
+	if err != nil {
+		return refuse(-1, "no superblock to match: %w", err)
+	}
+	if m.Size() < a.dataOffset+a.memberData {
+		return refuse(sb.Role, "%d bytes, the array needs %d on each member", m.Size(), a.dataOffset+a.memberData)
+	}
+	a.sbMu.Lock()
+	r := sb.Role
+	switch {
+	case sb.ArrayUUID != a.uuid:
+		err = refuse(r, "%w: array %s, not %s", ErrForeignMember, sb.ArrayUUID, a.uuid)
+	case a.bm == nil:
+		err = refuse(r, "the array has no write-intent bitmap")
+	case r < 0 || r >= a.roles.n():
+		err = refuse(r, "it was a spare, with no role to come back to")
+	case a.roles.working(r) != nil:
+		err = refuse(r, "role %d is held by %s", r, a.roles.working(r).Name())
+	case sb.States[r] == roleRebuilding:
+		err = refuse(r, "it was being rebuilt into role %d when it left (its data is whole only below %d)", r, sb.Recovery)
+	case a.eventsCleared == 0:
+		err = refuse(r, "the superblocks do not record when the bitmap was last cleared (an array last run by an older raid5d)")
+	case sb.Events < a.eventsCleared:
+		err = refuse(r, "%w: its events counter %d is older than the bitmap's last clear at %d, so regions it missed may no longer be marked", ErrStaleMember, sb.Events, a.eventsCleared)
+	case sb.Events > a.events:
+		err = refuse(r, "its events counter %d is ahead of the array's %d", sb.Events, a.events)
+	}
+	if err != nil {
+		a.sbMu.Unlock()
+		return err
+	}
+	var ref *superblock
+	for _, x := range a.all() {
+		if !x.faulty.Load() {
+			ref = x.sb
+			break
+		}
+	}
+	nsb := *ref
+	nsb.DeviceUUID, nsb.Role = sb.DeviceUUID, r
+	nm := &member{Member: m, sb: &nsb}
+	nm.rebuilding.Store(true)
+	nm.readd.Store(true)
+	if old != nil {
+		a.roles.remove(old)
+		drop := func(x *member) bool { return x == old }
+		a.faulty, a.retired = slices.DeleteFunc(a.faulty, drop), slices.DeleteFunc(a.retired, drop)
+	}
+	if x := a.roles.member(r); x != nil { // a faulty member of the role, not m: kept listed
+		a.faulty = append(a.faulty, x)
+	}
+	a.roles.setRebuilt(0)
+	a.roles.set(r, nm)
+	a.bm.Hold(nil) // its bitmap is written whole at the next flush
+	a.roles.recount()
+	err = a.writeSuperblocks(nil)
+	cleared := a.eventsCleared
+	a.sbMu.Unlock()
+	a.log.Info("raid: member re-added; resyncing the regions written while it was away", "member", m.Name(),
+		"role", r, "events", sb.Events, "bitmap_cleared_at", cleared, "regions", a.bm.Status().Set)
+	if err != nil {
+		return err
+	}
+	a.maybeRebuild()
+	return nil
+}
+
+// readdRuns calls fn for each run of stripes in [s0, s0+k) whose write-intent regions are
+// set, in order, and returns the first error.
+func (a *Array) readdRuns(s0, k int64, fn func(s, n int64) error) error {
+	rs := a.bm.RegionStripes()
+	for s := s0; s < s0+k; {
+		end := min((s/rs+1)*rs, s0+k)
+		if !a.bm.IsSet(s / rs) {
+			s = end
+			continue
+		}
+		run := s
+		for s = end; s < s0+k && a.bm.IsSet(s/rs); s = min((s/rs+1)*rs, s0+k) {
+		}
+		if err := fn(run, s-run); err != nil {
+			return err
+		}
+	}
+	return nil
+}
