@@ -26,6 +26,9 @@
 //     never below its preferred size); shorter requests are sent whole. An export whose
 //     minimum block size is above 4 KiB, the array's smallest I/O, is refused at Open
 //     (ErrBlockSize).
+//   - ReadvAt and WritevAt (member.Vectored: the array's merged reads and writes of a
+//     member's consecutive chunks) send one request per buffer, all in flight at once, so a
+//     member's chunks cost one round trip rather than one each.
 //   - Sync is FLUSH. A server that does not advertise FLUSH says it has no cache to flush:
 //     Sync then returns nil (its writes are as durable as it makes them).
 //   - WriteAtDSync (member.DSyncWriter, the bitmap's durable writes) is WRITE with FUA where

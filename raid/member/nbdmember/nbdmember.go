@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,7 +104,10 @@ type Member struct {
 	expired atomic.Bool // a request passed its deadline and closed the connection
 }
 
-var _ member.DSyncWriter = (*Member)(nil)
+var (
+	_ member.DSyncWriter = (*Member)(nil)
+	_ member.Vectored    = (*Member)(nil)
+)
 
 // Open connects to the export spec names (an NBD URI, with libnbd's tls-certificates query
 // key allowed on nbds URIs) and returns it as a member for use.
@@ -267,6 +271,46 @@ func (m *Member) data(op string, p []byte, off int64, f func([]byte, int64) (int
 			return n, err
 		}
 		n += int(k)
+	}
+	return n, nil
+}
+
+// ReadvAt (member.Vectored) reads bufs from consecutive offsets from off with all their
+// requests in flight at once (one per buffer, split as ReadAt splits), so that a member's
+// chunks cost one round trip, not one each. The full length or an error.
+func (m *Member) ReadvAt(bufs [][]byte, off int64, _ []unix.Iovec) (int, error) {
+	return m.vectored("read", bufs, off, m.c.ReadAt)
+}
+
+// WritevAt (member.Vectored) writes bufs to consecutive offsets from off, as ReadvAt reads.
+func (m *Member) WritevAt(bufs [][]byte, off int64, _ []unix.Iovec) (int, error) {
+	return m.vectored("write", bufs, off, m.c.WriteAt)
+}
+
+// vectored runs data for each buffer of bufs at once and returns the bytes of the buffers
+// before the first that failed, with its error.
+func (m *Member) vectored(op string, bufs [][]byte, off int64, f func([]byte, int64) (int, error)) (int, error) {
+	if len(bufs) == 1 {
+		return m.data(op, bufs[0], off, f)
+	}
+	errs := make([]error, len(bufs))
+	var wg sync.WaitGroup
+	at := off
+	for i, b := range bufs {
+		wg.Add(1)
+		go func(at int64) {
+			defer wg.Done()
+			_, errs[i] = m.data(op, b, at, f)
+		}(at)
+		at += int64(len(b))
+	}
+	wg.Wait() // the buffers are the caller's again only once every request has returned
+	n := 0
+	for i, b := range bufs {
+		if errs[i] != nil {
+			return n, errs[i]
+		}
+		n += len(b)
 	}
 	return n, nil
 }

@@ -462,3 +462,66 @@ func TestTLS(t *testing.T) {
 		t.Errorf("plaintext URI to a TLS-only server: %v, want ErrTLSRequired, not a missing member", err)
 	}
 }
+
+// TestVectored: ReadvAt and WritevAt have every buffer's request in flight at once (the
+// server sees them all before it answers any) and put every byte where it belongs; a failed
+// buffer gives the bytes of the buffers before it and the error.
+func TestVectored(t *testing.T) {
+	const nbuf = 8
+	dev := nbdtest.NewMemDevice(4 << 20)
+	var arrived atomic.Int64
+	all := make(chan struct{})
+	var once sync.Once
+	var barrier atomic.Bool
+	dev.Delay = func(op nbdtest.Op, off, n int64) {
+		if !barrier.Load() {
+			return
+		}
+		if arrived.Add(1) == nbuf {
+			once.Do(func() { close(all) })
+		}
+		select {
+		case <-all:
+		case <-time.After(5 * time.Second): // not all in flight: MaxConcurrent says so
+		}
+	}
+	dev.Fail = func(op nbdtest.Op, off, n int64) error {
+		if off >= 3<<20 {
+			return syscall.EIO
+		}
+		return nil
+	}
+	sock := serve(t, nbd.Export{Name: "m", Device: dev})
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{})
+	data := random(nbuf * 64 << 10)
+	var bufs [][]byte
+	for i := range nbuf {
+		bufs = append(bufs, data[i*64<<10:(i+1)*64<<10])
+	}
+	const off = 1 << 20
+	barrier.Store(true)
+	if n, err := m.WritevAt(bufs, off, nil); n != len(data) || err != nil {
+		t.Fatalf("WritevAt = %d, %v", n, err)
+	}
+	barrier.Store(false)
+	if c := dev.Stats().MaxConcurrent; c != nbuf {
+		t.Errorf("WritevAt: at most %d writes in flight at once, want %d", c, nbuf)
+	}
+	if !bytes.Equal(dev.Bytes()[off:off+len(data)], data) {
+		t.Fatal("device does not hold what WritevAt wrote")
+	}
+	got := make([]byte, len(data))
+	var rbufs [][]byte
+	for i := range nbuf {
+		rbufs = append(rbufs, got[i*64<<10:(i+1)*64<<10])
+	}
+	if n, err := m.ReadvAt(rbufs, off, nil); n != len(got) || err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("ReadvAt = %d, %v; equal %v", n, err, bytes.Equal(got, data))
+	}
+	// Buffers 5.. fall at 3 MiB and beyond, where the device fails.
+	n, err := m.ReadvAt(rbufs, 3<<20-5*64<<10, nil)
+	var e *nbdmember.Error
+	if n != 5*64<<10 || !errors.As(err, &e) {
+		t.Errorf("ReadvAt over a failing range = %d, %v; want %d and an *Error", n, err, 5*64<<10)
+	}
+}
