@@ -75,7 +75,8 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 		Events: s.Events, Size: s.Size, Level: 5, Disks: s.Layout.Members(), Chunk: s.Layout.ChunkSize(),
 		Layout: s.Layout.Algorithm().String(), Missing: s.Missing, Members: []control.MemberStatus{},
 		Sync: progressOf(s.Sync), LastScrub: progressOf(s.LastScrub), LastResync: progressOf(s.LastResync),
-		WriteHole: s.WriteHole, SuperblocksBusy: s.SuperblocksBusy, Consistency: s.Consistency,
+		LastRebuild: progressOf(s.LastRebuild),
+		WriteHole:   s.WriteHole, SuperblocksBusy: s.SuperblocksBusy, Consistency: s.Consistency,
 		SyncSpeedMin: s.SyncSpeedMin, SyncSpeedMax: s.SyncSpeedMax,
 		Counters: control.Counters{
 			FullStripeWrites: c.FullStripeWrites, RMWWrites: c.RMWWrites, RCWWrites: c.RCWWrites,

@@ -35,6 +35,8 @@ type Status struct {
 	Sync       *Progress `json:"sync,omitempty"`        // the rebuild, resync or scrub running now
 	LastScrub  *Progress `json:"last_scrub,omitempty"`  // the last finished or stopped scrub
 	LastResync *Progress `json:"last_resync,omitempty"` // the resync after an unclean shutdown, when it ended
+	// LastRebuild: the last finished or stopped rebuild or re-add (ReAdd, Resynced).
+	LastRebuild *Progress `json:"last_rebuild,omitempty"`
 
 	// WriteHole: the array was assembled dirty and degraded, so parity of stripes being written
 	// at the crash cannot be made consistent and the missing member's chunks there may be wrong.
