@@ -22,6 +22,10 @@ func TestCloseBitmapWriteFails(t *testing.T) {
 			if a.Status().Bitmap == nil {
 				t.Fatal("the array has no write-intent bitmap")
 			}
+			// The bit set below must still be set at Close: on a loaded machine the region
+			// can be idle for BitmapClearDelay before Close, and the cleaner would clear it
+			// (and Close then write no bitmap at all).
+			raid.StopBitmapCleaner(a)
 			p := bytes.Repeat([]byte{0xCD}, 4096)
 			if _, err := a.WriteAt(p, 4096); err != nil { // sets a region's bit
 				t.Fatal(err)
@@ -31,6 +35,9 @@ func TestCloseBitmapWriteFails(t *testing.T) {
 				t.Fatal(err)
 			}
 			fs[1].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.BitmapOffset, Len: raid.DataOffset - raid.BitmapOffset})
+			if st := a.Status(); st.Bitmap.Set == 0 {
+				t.Fatal("no bit is set before Close: Close would write no bitmap")
+			}
 			done := make(chan error, 1)
 			go func() { done <- a.Close() }()
 			select {

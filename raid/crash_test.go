@@ -85,6 +85,7 @@ func TestResync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			raid.StopBitmapCleaner(a) // the bits of the regions written must be on the members at the crash
 			l := a.Layout()
 			ss := l.StripeSize()
 			want := make([]byte, chunks*ss)
@@ -269,6 +270,7 @@ func TestBitmapBeforeWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
+	raid.StopBitmapCleaner(a) // the test clears the bits itself (CleanBitmap), when it says
 	const regionStripes = 2
 	if st := a.Status(); st.Bitmap == nil || st.Bitmap.Regions != chunks/regionStripes {
 		t.Fatalf("bitmap %+v, want %d regions", st.Bitmap, chunks/regionStripes)

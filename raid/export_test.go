@@ -40,7 +40,10 @@ func CleanBitmap(a *Array, idle time.Duration) bool {
 }
 
 // StopBitmapCleaner stops the write-intent bitmap's background cleaner (if the array has a
-// bitmap), so that no bit is cleared until Close: tests that count bitmap writes call it.
+// bitmap), so that no bit is cleared until Close: tests that count bitmap writes or member
+// syncs, or need a bit still set later, call it before their first write. Without it a
+// region idle for BitmapClearDelay (a slow, loaded machine) has its bit cleared, its members
+// synced and the bitmap written by the cleaner, whenever its next tick comes.
 func StopBitmapCleaner(a *Array) {
 	if a.bm != nil {
 		a.bm.Stop()
