@@ -306,6 +306,24 @@
 // (Progress.Resumed); the member being rebuilt says so in its superblock (role, table state 2).
 // At the end the spare becomes active and the faulty member it replaced is dropped.
 //
+// ReAdd (mdadm --re-add, readd.go) brings back a member that failed, was removed or was
+// missing at assembly, with its superblock intact, without a full rebuild. While a role has no
+// active member (missing, faulty or being rebuilt) the write-intent bitmap clears no bit: its
+// cleaner and Close's ClearAll ask bitmapMembers.Whole, before and after the sync that precedes
+// a clear, and an array assembled degraded keeps the bits it reads back (Bitmap.Keep). Every
+// superblock update written with every role active sets the cleared mark (EventsCleared, md's
+// events_cleared) to its events counter. A member whose events counter is at least the mark
+// left after the last update that could precede a clear, so every region written since it
+// stopped receiving writes still has its bit. ReAdd checks the array UUID, that the member's
+// role has no working member, that the member was not itself being rebuilt, and its events
+// against the mark (ErrCannotReAdd otherwise; AddSpare rebuilds fully), puts it in its role as
+// a rebuilding member and starts the rebuild with a region filter (member.readd): under each
+// batch's locks, after its dirty heads are written out — so every write to those stripes has
+// set its bit — only the runs of stripes whose bits are set are rebuilt; the others are
+// skipped and the position moves past them. Progress.ReAdd and Resynced report it. The filter
+// is not recorded on disk: a re-add stopped by Close or a crash resumes at the next assembly
+// as a full rebuild from its checkpoint (slower, never wrong).
+//
 // Speed is bounded like md's sync_speed_min/max (IOOptions.SyncSpeedMin/Max, SetSyncSpeed;
 // defaults 1 MiB/s and 200 MiB/s): after each batch the sync sleeps as long as it takes to stay
 // under max, or under min if any client request arrived since the previous batch — so between
@@ -496,7 +514,7 @@
 //     or its data rebuilt, and the request succeeds), and ErrTimeout, which is only logged.
 //
 // The management methods return ErrBusy, ErrNoSuchMember, ErrNotFaulty, ErrDegraded,
-// ErrWouldFail, ErrNotRunning and ErrBadSpeed, with errnos too. Create, Assemble and Examine
+// ErrWouldFail, ErrCannotReAdd, ErrNotRunning and ErrBadSpeed, with errnos too. Create, Assemble and Examine
 // return the superblock errors (ErrBadSuperblock, matched by ErrBadMagic, ErrChecksum and
 // ErrVersion), the membership errors (ErrForeignMember, ErrDuplicateRole, ErrDuplicateMember,
 // ErrStaleMember, ErrTooManyMissing, ErrNeedsForce, ErrGeometry, ErrMemberTooSmall, ErrInUse,
