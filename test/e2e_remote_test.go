@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -149,8 +150,9 @@ func uris(ms []*remoteMember) []string {
 // member's calls to return). The clients see no error and no wait much past one member
 // timeout, the member is failed, the array goes on degraded with all data intact, and serve
 // restarted without that server (gone, or not answering the handshake) assembles degraded —
-// the export unreachable, a missing member — and reads everything back; a spare on another
-// export is added and rebuilt, and every byte read back again.
+// the export unreachable, a missing member — and reads everything back. Then the killed
+// server comes back and `re-add` resyncs only what the bitmap marked, or (stopped) a spare on
+// another export is added and rebuilt; every byte is read back again.
 func TestRemoteMembers(t *testing.T) {
 	for name, sig := range map[string]syscall.Signal{"SIGKILL": syscall.SIGKILL, "SIGSTOP": syscall.SIGSTOP} {
 		t.Run(name, func(t *testing.T) { remoteMemberLost(t, sig) })
@@ -321,25 +323,51 @@ func remoteMemberLost(t *testing.T, sig syscall.Signal) {
 	defer c2.Close()
 	verify(c2, "after the restart", size)
 
-	// A spare on another export takes the lost member's role: rebuilt over NBD, every byte
-	// then read from it where it holds the data.
-	spare := &remoteMember{file: ms[1].file + ".spare", sock: ms[1].sock + ".spare"}
-	spare.uri = "nbd+unix:///spare?socket=" + spare.sock
-	if err := os.WriteFile(spare.file, nil, 0o644); err != nil {
-		t.Fatal(err)
+	if sig == syscall.SIGKILL {
+		// The host comes back: member 1's server again, on the same file. re-add resyncs only
+		// the regions the bitmap marked while it was away; then with member 0 failed every
+		// byte reads back, role 0's through the re-added member's.
+		ms[1].start(t)
+		s.mustManage("re-add", ms[1].uri)
+		s.waitStatus("the re-add to finish", 2*time.Minute, (*r5Status).healthy)
+		out, _, _ := s.manageSplit("status", "--json")
+		var st struct {
+			LastRebuild *struct {
+				ReAdd    bool  `json:"re_add"`
+				Resynced int64 `json:"resynced"`
+				Total    int64 `json:"total"`
+			} `json:"last_rebuild"`
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatal(err)
+		}
+		if lr := st.LastRebuild; lr == nil || !lr.ReAdd || lr.Resynced <= 0 || lr.Resynced >= lr.Total/2 {
+			t.Fatalf("last rebuild %+v, want a re-add of the regions written while away (some, and under half)\n%s", lr, out)
+		}
+		t.Logf("re-add resynced %d of the member's %d bytes", st.LastRebuild.Resynced, st.LastRebuild.Total)
+		s.mustManage("fail", ms[0].uri)
+		verify(c2, "after the re-add, member 0 failed", size)
+	} else {
+		// A spare on another export takes the lost member's role: rebuilt over NBD, every
+		// byte then read from it where it holds the data.
+		spare := &remoteMember{file: ms[1].file + ".spare", sock: ms[1].sock + ".spare"}
+		spare.uri = "nbd+unix:///spare?socket=" + spare.sock
+		if err := os.WriteFile(spare.file, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(spare.file, memberSize); err != nil {
+			t.Fatal(err)
+		}
+		spare.start(t)
+		s.mustManage("add", spare.uri)
+		st := s.waitStatus("the rebuild onto the remote spare", 2*time.Minute, (*r5Status).healthy)
+		if state, role, _ := st.member(spare.uri); state != "active" || role != 1 {
+			t.Fatalf("the remote spare after the rebuild: %q in role %d, want active in role 1", state, role)
+		}
+		verify(c2, "after the rebuild", size)
 	}
-	if err := os.Truncate(spare.file, memberSize); err != nil {
-		t.Fatal(err)
-	}
-	spare.start(t)
-	s.mustManage("add", spare.uri)
-	st := s.waitStatus("the rebuild onto the remote spare", 2*time.Minute, (*r5Status).healthy)
-	if state, role, _ := st.member(spare.uri); state != "active" || role != 1 {
-		t.Fatalf("the remote spare after the rebuild: %q in role %d, want active in role 1", state, role)
-	}
-	verify(c2, "after the rebuild", size)
 	c2.disconnect()
-	s.stop() // before the spare's server, whose cleanup comes first
+	s.stop() // before the member servers started since, whose cleanups come first
 }
 
 // TestRemoteMemberWrongSize: an export of the wrong size is refused, naming its URI: by create
