@@ -47,9 +47,9 @@ type Options struct {
 // wraps ErrDeadline for a request that passed its deadline.
 var (
 	// ErrUnreachable: the export could not be reached (nothing listening, no such socket or
-	// export, no answer within the timeout). It wraps fs.ErrNotExist, so that Assemble counts
-	// the member as missing.
-	ErrUnreachable = fmt.Errorf("nbdmember: export unreachable: %w", fs.ErrNotExist)
+	// export, no answer within the timeout). It matches fs.ErrNotExist (errors.Is), so that
+	// Assemble counts the member as missing.
+	ErrUnreachable error = unreachableError{}
 	// ErrReadOnlyExport: a read-only export opened read-write.
 	ErrReadOnlyExport = errors.New("nbdmember: export is read-only")
 	// ErrBlockSize: the export's minimum block size is above 4 KiB.
@@ -59,6 +59,11 @@ var (
 	// ErrDeadline: a request had no reply within Options.Timeout; the connection was closed.
 	ErrDeadline = errors.New("nbdmember: request deadline passed, connection closed")
 )
+
+type unreachableError struct{}
+
+func (unreachableError) Error() string        { return "nbdmember: export unreachable" }
+func (unreachableError) Is(target error) bool { return target == fs.ErrNotExist }
 
 // Error is a failed request of a member: errno EIO to the array, with the cause inside.
 type Error struct {
