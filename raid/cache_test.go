@@ -298,17 +298,18 @@ func TestPlan(t *testing.T) {
 }
 
 // TestBatching: 4 KiB writes in sequence, issued by several goroutines at once (the way a
-// client with a deep queue sends them), reach the members as full-stripe writes: member reads
-// stay under 1% of the bytes written.
+// client with a deep queue sends them), reach the members as full-stripe writes: each stripe is
+// written out once full, whole, with no member read.
 func TestBatching(t *testing.T) {
 	for _, mode := range ioModes[:3] {
 		t.Run(mode.name, func(t *testing.T) {
 			const chunk, stripes = 64 << 10, 40
-			// A stripe is written out when no write reached it for WriteBackDelay: longer than
-			// the default here, so that a stall of the writers under the race detector on a busy
-			// machine does not count as the stream having stopped.
+			// A full stripe is written out at once, a partial one when no write reached it for
+			// WriteBackDelay: never here, as a stall of the writers of any length (the race
+			// detector on a busy machine stalled them past 50 ms, then past 250 ms) would
+			// otherwise count as the stream having stopped, and write its stripe out in part.
 			io := mode.io
-			io.WriteBackDelay = 250 * time.Millisecond
+			io.WriteBackDelay = never
 			a, ms := newCached(t, 4, chunk, stripes, raid.AssembleOptions{IOOptions: io})
 			l := a.Layout()
 			total := stripes * l.StripeSize()
@@ -340,16 +341,19 @@ func TestBatching(t *testing.T) {
 				})
 			}
 			wg.Wait()
+			// Each stripe goes out once full, without waiting for the delay or a Flush.
+			for deadline := time.Now().Add(30 * time.Second); a.Counters().FullStripeWrites < stripes; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d full stripes written out 30 s after the last write", a.Counters().FullStripeWrites, stripes)
+				}
+			}
 			if err := a.Flush(); err != nil {
 				t.Fatal(err)
 			}
 			c := a.Counters()
 			t.Logf("%+v", c)
-			if c.MemberBytesRead*100 >= uint64(total) {
-				t.Errorf("member reads %d bytes for %d written: want under 1%%", c.MemberBytesRead, total)
-			}
-			if c.FullStripeWrites < stripes*9/10 {
-				t.Errorf("%d full-stripe write-outs for %d stripes written", c.FullStripeWrites, stripes)
+			if c.MemberBytesRead != 0 || c.FullStripeWrites != stripes {
+				t.Errorf("member reads %d bytes and %d full-stripe write-outs for %d stripes written whole: want none and one each", c.MemberBytesRead, c.FullStripeWrites, stripes)
 			}
 			got := make([]byte, unit)
 			for off := int64(0); off < total; off += unit {
