@@ -65,6 +65,15 @@ func clone(m *raidtest.Mem, name string) *raidtest.Mem {
 	return c
 }
 
+// cloneAll clones every member, as a crash leaves them, naming the copies prefix0, prefix1...
+func cloneAll(ms []*raidtest.Mem, prefix string) []*raidtest.Mem {
+	c := make([]*raidtest.Mem, len(ms))
+	for i, m := range ms {
+		c[i] = clone(m, fmt.Sprintf("%s%d", prefix, i))
+	}
+	return c
+}
+
 // editSuperblock changes a member's superblock in place and reseals its checksum.
 func editSuperblock(m *raidtest.Mem, edit func(sb []byte)) {
 	sb := m.Bytes()[raid.SuperblockOffset : raid.SuperblockOffset+raid.SuperblockSize]

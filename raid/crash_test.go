@@ -106,10 +106,7 @@ func TestResync(t *testing.T) {
 				t.Fatalf("bitmap %+v, want 2 bits set, %d bytes per bit", st.Bitmap, regionStripes*ss)
 			}
 			// Crash: copy the members as they are, never closed.
-			crashed := make([]*raidtest.Mem, len(mems))
-			for i, m := range mems {
-				crashed[i] = clone(m, fmt.Sprintf("x%d", i))
-			}
+			crashed := cloneAll(mems, "x")
 			a.Close()
 			cms := asMembers(crashed)
 			corruptParity(t, cms, l, 6, 100)  // region 1: marked
@@ -205,10 +202,7 @@ func TestResyncReconstructs(t *testing.T) {
 			if err := a.Flush(); err != nil {
 				t.Fatal(err)
 			}
-			crashed := make([]*raidtest.Mem, len(mems))
-			for i, m := range mems {
-				crashed[i] = clone(m, fmt.Sprintf("y%d", i))
-			}
+			crashed := cloneAll(mems, "y")
 			a.Close()
 			cms := asMembers(crashed)
 			const s = chunks - 2 // the resync gets there last
@@ -810,10 +804,7 @@ func TestScrubDuringResync(t *testing.T) {
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	crashed := make([]*raidtest.Mem, len(mems))
-	for i, m := range mems {
-		crashed[i] = clone(m, fmt.Sprintf("s%d", i))
-	}
+	crashed := cloneAll(mems, "s")
 	a.Close()
 	// 256 KiB per member at 64 KiB/s: about four seconds of resync.
 	slow := raid.IOOptions{SyncSpeedMin: 64 << 10, SyncSpeedMax: 64 << 10}

@@ -249,10 +249,7 @@ func TestJournalRefusals(t *testing.T) {
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	crashed := make([]*raidtest.Mem, len(ms))
-	for i, m := range ms {
-		crashed[i] = clone(m, fmt.Sprintf("rx%d", i))
-	}
+	crashed := cloneAll(ms, "rx")
 	cj := clone(jm, jm.Name())
 	a.Close()
 	_, other, b := mk("o")
