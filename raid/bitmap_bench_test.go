@@ -48,33 +48,38 @@ func BenchmarkRandWrite4K(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer a.Close()
-				blocks := mustSize(a) / 4096
-				var seed atomic.Uint64
-				b.SetBytes(4096)
 				b.ReportAllocs()
-				b.SetParallelism(2) // 4 goroutines on 2 cores
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					rng := rand.New(rand.NewPCG(seed.Add(1), 1))
-					buf := make([]byte, 4096)
-					fill(rng, buf)
-					for pb.Next() {
-						if _, err := a.WriteAt(buf, rng.Int64N(blocks)*4096); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-				if err := a.Flush(); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
+				randWrite4K(b, a)
 				if st := a.Status(); st.Bitmap != nil {
 					b.ReportMetric(float64(st.Bitmap.Flushes)/float64(b.N), "bmflush/op")
 				}
 			})
 		}
 	}
+}
+
+// randWrite4K times b.N random 4 KiB writes over a from 4 goroutines, and the Flush after them.
+func randWrite4K(b *testing.B, a *raid.Array) {
+	blocks := mustSize(a) / 4096
+	var seed atomic.Uint64
+	b.SetBytes(4096)
+	b.SetParallelism(2) // 4 goroutines on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewPCG(seed.Add(1), 1))
+		buf := make([]byte, 4096)
+		fill(rng, buf)
+		for pb.Next() {
+			if _, err := a.WriteAt(buf, rng.Int64N(blocks)*4096); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	if err := a.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
 }
 
 // BenchmarkResync: assembly after a crash in which random 4 KiB writes touched 1% of the

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -414,26 +413,7 @@ func BenchmarkConsistency(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer a.Close()
-			blocks := mustSize(a) / 4096
-			var seed atomic.Uint64
-			b.SetBytes(4096)
-			b.SetParallelism(2) // 4 goroutines on 2 cores
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				rng := rand.New(rand.NewPCG(seed.Add(1), 1))
-				buf := make([]byte, 4096)
-				fill(rng, buf)
-				for pb.Next() {
-					if _, err := a.WriteAt(buf, rng.Int64N(blocks)*4096); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			if err := a.Flush(); err != nil {
-				b.Fatal(err)
-			}
-			b.StopTimer()
+			randWrite4K(b, a)
 			if j := a.Status().Journal; j != nil {
 				head, _, _, _, _ := raid.JournalPosition(a) // bytes logged since Create
 				b.ReportMetric(float64(head)/float64(b.N), "jbytes/op")
