@@ -248,11 +248,7 @@ func TestPlan(t *testing.T) {
 			t.Run(fmt.Sprintf("n%d-c%dk", n, chunk>>10), func(t *testing.T) {
 				a, ms := newCached(t, n, chunk, 8, raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: never}})
 				l := a.Layout()
-				model := make([]byte, mustSize(a))
-				fill(newRand(uint64(n)), model)
-				if _, err := a.WriteAt(model, 0); err != nil {
-					t.Fatal(err)
-				}
+				model := writeModel(t, a, uint64(n))
 				if err := a.Flush(); err != nil {
 					t.Fatal(err)
 				}

@@ -26,11 +26,7 @@ func faultyArray(t *testing.T, n int, chunks int64, opts raid.AssembleOptions) (
 	if err != nil {
 		t.Fatal(err)
 	}
-	model := make([]byte, mustSize(a))
-	fill(newRand(uint64(n)), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, uint64(n))
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -407,11 +403,7 @@ func TestRebuildResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	model := make([]byte, mustSize(a))
-	fill(newRand(9), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, 9)
 	if st := a.Status(); len(st.Members) != 4 || st.Members[3].State != raid.MemberSpare || st.Members[3].Role != -1 {
 		t.Fatalf("members %+v", st.Members)
 	}
@@ -539,11 +531,7 @@ func TestScrub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	model := make([]byte, mustSize(a))
-	fill(newRand(11), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, 11)
 	l := a.Layout()
 	if err := a.Close(); err != nil {
 		t.Fatal(err)

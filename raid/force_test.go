@@ -348,11 +348,7 @@ func TestForceAssembleJournal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	model := make([]byte, mustSize(a))
-	fill(newRand(5), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, 5)
 	a.Close()
 	fs := make([]*raidtest.Faulty, len(ms))
 	for i, m := range ms {

@@ -79,11 +79,7 @@ func newFileArray(t *testing.T, dir string, n int, chunks int64, spares ...strin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	model := make([]byte, mustSize(a))
-	fill(newRand(uint64(n)*uint64(chunks)), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, uint64(n)*uint64(chunks))
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}

@@ -144,11 +144,7 @@ func TestReadMappedClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	model := make([]byte, mustSize(a))
-	fill(newRand(9), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, 9)
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}

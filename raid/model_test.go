@@ -368,3 +368,14 @@ func copyFile(t *testing.T, from, to string) {
 }
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x5eed)) }
+
+// writeModel fills a model of the whole array from seed, writes it at offset 0 and returns it.
+func writeModel(t testing.TB, a *raid.Array, seed uint64) []byte {
+	t.Helper()
+	model := make([]byte, mustSize(a))
+	fill(newRand(seed), model)
+	if _, err := a.WriteAt(model, 0); err != nil {
+		t.Fatal(err)
+	}
+	return model
+}

@@ -86,11 +86,7 @@ func readdArray(t *testing.T, dir string, chunks int64, opts raid.IOOptions) (*r
 	}
 	t.Cleanup(func() { a.Close() })
 	raid.StopBitmapCleaner(a)
-	model := make([]byte, mustSize(a))
-	fill(newRand(uint64(chunks)), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, uint64(chunks))
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}

@@ -24,11 +24,7 @@ func shrinkArray(t *testing.T, stripes int64, io raid.IOOptions) (*raid.Array, [
 	if err != nil {
 		t.Fatal(err)
 	}
-	model := make([]byte, mustSize(a))
-	fill(newRand(13), model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
+	model := writeModel(t, a, 13)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -172,11 +168,7 @@ func TestShortReadContract(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			model := make([]byte, mustSize(a))
-			fill(newRand(3), model)
-			if _, err := a.WriteAt(model, 0); err != nil {
-				t.Fatal(err)
-			}
+			model := writeModel(t, a, 3)
 			if err := a.Close(); err != nil {
 				t.Fatal(err)
 			}
