@@ -33,6 +33,7 @@ type r5Status struct {
 	Missing      []int       `json:"missing"`
 	Sync         *r5Progress `json:"sync"`
 	LastScrub    *r5Progress `json:"last_scrub"`
+	LastRebuild  *r5Rebuild  `json:"last_rebuild"`
 	SyncSpeedMin int64       `json:"sync_speed_min"`
 	SyncSpeedMax int64       `json:"sync_speed_max"`
 }
@@ -44,6 +45,13 @@ type r5Progress struct {
 	Total      int64   `json:"total"`
 	Mismatches int64   `json:"mismatches"`
 	MismatchAt []int64 `json:"mismatch_at"`
+}
+
+// r5Rebuild is status's last_rebuild: the last rebuild or re-add that ended.
+type r5Rebuild struct {
+	ReAdd    bool  `json:"re_add"`
+	Resynced int64 `json:"resynced"`
+	Total    int64 `json:"total"`
 }
 
 // member returns the state and role of the member at path, or "" if the array does not list it.

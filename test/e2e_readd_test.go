@@ -12,12 +12,7 @@ import (
 // re_add, resynced), every byte reads back with another member failed, and every stripe's
 // parity matches its data on the member files (a skipped stripe would not).
 func TestReAdd(t *testing.T) {
-	needRaid5d(t)
-	need(t, "qemu-io")
-	a := newArray(t)
-	s := a.serve(t)
-	const fill = 16 << 20
-	qemuIO(t, s.uri, []qemuOp{{kind: "write", off: 0, n: fill, pattern: 0x11}})
+	a, s := servePrefilled(t)
 	waitFor(t, "the bitmap's cleaner to clear the fill's bits", 60*time.Second, s.proc, func() bool {
 		return bitsSet(t, s) == 0
 	})
@@ -36,25 +31,25 @@ func TestReAdd(t *testing.T) {
 	}
 	s.mustManage("re-add", a.members[2])
 	s.waitStatus("the re-add to finish", 60*time.Second, (*r5Status).healthy)
-	out, _, _ := s.manageSplit("status", "--json")
-	var st struct {
-		LastRebuild *struct {
-			ReAdd    bool  `json:"re_add"`
-			Resynced int64 `json:"resynced"`
-			Total    int64 `json:"total"`
-		} `json:"last_rebuild"`
-	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatal(err)
-	}
-	if lr := st.LastRebuild; lr == nil || !lr.ReAdd || lr.Resynced != int64(len(stripes))*chunkSize {
-		t.Fatalf("last rebuild %+v, want a re-add of the %d written stripes' chunks (%d bytes)\n%s",
-			lr, len(stripes), int64(len(stripes))*chunkSize, out)
+	if lr := s.status().LastRebuild; lr == nil || !lr.ReAdd || lr.Resynced != int64(len(stripes))*chunkSize {
+		t.Fatalf("last rebuild %+v, want a re-add of the %d written stripes' chunks (%d bytes)",
+			lr, len(stripes), int64(len(stripes))*chunkSize)
 	}
 	s.mustManage("fail", a.members[0]) // reads of role 0 now use the re-added member
 	qemuIO(t, s.uri, append(r, qemuOp{kind: "read", off: 4 * stripeData, n: 30 * stripeData / 2, pattern: 0x11}))
 	s.stop()
 	checkParity(t, a)
+}
+
+// servePrefilled serves a new array and writes its first 16 MiB with qemu-io, pattern 0x11.
+func servePrefilled(t *testing.T) (*array, *server) {
+	t.Helper()
+	needRaid5d(t)
+	need(t, "qemu-io")
+	a := newArray(t)
+	s := a.serve(t)
+	qemuIO(t, s.uri, []qemuOp{{kind: "write", off: 0, n: 16 << 20, pattern: 0x11}})
+	return a, s
 }
 
 // bitsSet is the number of write-intent bits the daemon has set now (status --json).
@@ -77,12 +72,7 @@ func bitsSet(t *testing.T, s *server) int {
 // before, while degraded and after reads back with another member failed, and every stripe's
 // parity matches on the member files.
 func TestReAddKilled(t *testing.T) {
-	needRaid5d(t)
-	need(t, "qemu-io")
-	a := newArray(t)
-	s := a.serve(t)
-	const fill = 16 << 20
-	qemuIO(t, s.uri, []qemuOp{{kind: "write", off: 0, n: fill, pattern: 0x11}})
+	a, s := servePrefilled(t)
 	s.mustManage("fail", a.members[2])
 	var w, r []qemuOp
 	for st := int64(100); st < 1008; st += 2 { // 454 whole stripes: 28 MiB to resync
