@@ -164,9 +164,14 @@ func TestStalledPayloads(t *testing.T) {
 		}
 		waitUncharged(t, s)
 
+		// The server still serves. The write fits in the socket's buffer, so all of its
+		// payload is there when the server first waits for it: a 4 MiB one must also be
+		// carried across within the 300 ms, which a loaded machine's scheduling pauses do
+		// not promise (written in up to 406 ms, 1 of 200 at load 29: 'client write: broken
+		// pipe'). That the budget came back in full is waitUncharged's check.
 		good := dial(t, path)
 		good.handshakeGo("")
-		good.roundTrip(1, 0, 4<<20)
+		good.roundTrip(1, 0, 64<<10)
 	})
 }
 
