@@ -46,7 +46,15 @@ func asMembers[M raid.Member](ms []M) []raid.Member {
 func createMem(t *testing.T, prefix string, n int) []*raidtest.Mem {
 	t.Helper()
 	ms := newMems(prefix, n, memberSize)
-	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: testChunk})
+	createClosed(t, ms, raid.CreateOptions{Chunk: testChunk})
+	return ms
+}
+
+// createClosed creates an array on the in-memory members ms with opts, closes it cleanly and
+// reopens the members.
+func createClosed(t *testing.T, ms []*raidtest.Mem, opts raid.CreateOptions) {
+	t.Helper()
+	a, err := raid.CreateMembers(asMembers(ms), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +64,6 @@ func createMem(t *testing.T, prefix string, n int) []*raidtest.Mem {
 	for _, m := range ms {
 		m.Reopen()
 	}
-	return ms
 }
 
 func clone(m *raidtest.Mem, name string) *raidtest.Mem {

@@ -63,17 +63,8 @@ func (p *pauser) WriteAt(b []byte, off int64) (int, error) {
 func newCached(t *testing.T, n int, chunk, chunks int64, opts raid.AssembleOptions) (*raid.Array, []*raidtest.Mem) {
 	t.Helper()
 	ms := newMems("c", n, raid.DataOffset+chunks*chunk)
-	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		m.Reopen()
-	}
-	a, err = raid.AssembleMembers(asMembers(ms), opts)
+	createClosed(t, ms, raid.CreateOptions{Chunk: chunk})
+	a, err := raid.AssembleMembers(asMembers(ms), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
