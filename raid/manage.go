@@ -165,14 +165,27 @@ func (a *Array) Remove(name string) error {
 // member removed earlier (Remove) may be added again. A path that carries another array's
 // superblock or journal is refused with ErrInUse (as Create refuses it), unless opts has Force.
 func (a *Array) AddSpare(path string, opts ...ManageOption) error {
-	a.opMu.RLock()
-	defer a.opMu.RUnlock()
-	if err := a.manageable(); err != nil {
+	end, err := a.beginManage()
+	if err != nil {
 		return err
 	}
-	a.mgmtMu.Lock()
-	defer a.mgmtMu.Unlock()
+	defer end()
 	return a.addSpare(path, forced(opts), false)
+}
+
+// beginManage takes opMu (read), checks manageable and takes mgmtMu, for a call that adds a
+// member. It returns the function that releases both, or manageable's error with neither held.
+func (a *Array) beginManage() (end func(), err error) {
+	a.opMu.RLock()
+	if err := a.manageable(); err != nil {
+		a.opMu.RUnlock()
+		return nil, err
+	}
+	a.mgmtMu.Lock()
+	return func() {
+		a.mgmtMu.Unlock()
+		a.opMu.RUnlock()
+	}, nil
 }
 
 // manageable returns why the array cannot take a new member now (closed, read-only), or nil.
@@ -269,13 +282,11 @@ func (a *Array) checkNewMember(path string) error {
 
 // AddSpareMember is AddSpare on a member already open. On success the array owns m.
 func (a *Array) AddSpareMember(m Member, opts ...ManageOption) error {
-	a.opMu.RLock()
-	defer a.opMu.RUnlock()
-	if err := a.manageable(); err != nil {
+	end, err := a.beginManage()
+	if err != nil {
 		return err
 	}
-	a.mgmtMu.Lock()
-	defer a.mgmtMu.Unlock()
+	defer end()
 	return a.addSpareMember(m, forced(opts), false)
 }
 
@@ -347,13 +358,11 @@ func (a *Array) checkForeign(m Member) error {
 // ErrBusy while a rebuild runs; ErrWouldFail if failing member would fail the array (it is
 // degraded), and ErrInUse for a path with another array's superblock, unless opts has Force.
 func (a *Array) Replace(member, path string, opts ...ManageOption) error {
-	a.opMu.RLock()
-	defer a.opMu.RUnlock()
-	if err := a.manageable(); err != nil {
+	end, err := a.beginManage()
+	if err != nil {
 		return err
 	}
-	a.mgmtMu.Lock()
-	defer a.mgmtMu.Unlock()
+	defer end()
 	force := forced(opts)
 	a.sbMu.Lock()
 	m, err := a.findMember(member)
