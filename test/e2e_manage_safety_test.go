@@ -164,19 +164,7 @@ func TestReplaceWithSpare(t *testing.T) {
 	if state, role, _ := st.member(spareA); state != "spare" || role != -1 {
 		t.Errorf("spare A %s: %q in role %d, want still a spare", spareA, state, role)
 	}
-	if state, _, _ := st.member(a.members[0]); state == "active" {
-		t.Errorf("replaced member %s still active", a.members[0])
-	}
-	got, err := c.readAt(0, uint32(len(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if i := firstDiff(got, data); i >= 0 {
-		t.Errorf("after the replacement the data differs at byte %d", i)
-	}
-	c.disconnect()
-	s.stop()
-	checkParity(t, a.withRole(0, repl))
+	checkReplaced(t, s, c, a, st, repl, data)
 }
 
 // TestAddRemovedAndForeign: `raid5d add` takes back a member just failed and removed (before,

@@ -484,6 +484,26 @@ func TestScrub(t *testing.T) {
 	checkParity(t, a)
 }
 
+// checkReplaced checks, once the rebuild of role 0 onto repl has finished (st), that the
+// replaced member is no longer active and that data reads back whole through c; then it stops
+// the daemon and checks every stripe's parity on the members, repl in role 0.
+func checkReplaced(t *testing.T, s *server, c *wireClient, a *array, st *r5Status, repl string, data []byte) {
+	t.Helper()
+	if state, _, _ := st.member(a.members[0]); state == "active" {
+		t.Errorf("replaced member %s still active", a.members[0])
+	}
+	got, err := c.readAt(0, uint32(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, data); i >= 0 {
+		t.Errorf("after the replacement the data differs at byte %d", i)
+	}
+	c.disconnect()
+	s.stop()
+	checkParity(t, a.withRole(0, repl))
+}
+
 // TestReplaceAndSpeed: raid5d rebuild sets the speed limits the status reports; a scrub of a
 // degraded array is refused; raid5d replace moves a role onto a new file and the data survives.
 func TestReplaceAndSpeed(t *testing.T) {
@@ -521,17 +541,5 @@ func TestReplaceAndSpeed(t *testing.T) {
 	if state, role, _ := st.member(repl); state != "active" || role != 0 {
 		t.Errorf("replacement %s: %q in role %d, want active in role 0", repl, state, role)
 	}
-	if state, _, _ := st.member(a.members[0]); state == "active" {
-		t.Errorf("replaced member %s still active", a.members[0])
-	}
-	got, err := c.readAt(0, uint32(len(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if i := firstDiff(got, data); i >= 0 {
-		t.Errorf("after the replacement the data differs at byte %d", i)
-	}
-	c.disconnect()
-	s.stop()
-	checkParity(t, a.withRole(0, repl))
+	checkReplaced(t, s, c, a, st, repl, data)
 }
