@@ -241,14 +241,7 @@ func (a *Array) runResync(ctx context.Context, j *syncJob) error {
 			if err != nil {
 				return a.resyncStopped(err)
 			}
-			a.syncMu.Lock()
-			for _, s := range bad {
-				j.p.Mismatches++
-				if len(j.p.MismatchAt) < maxMismatchAt {
-					j.p.MismatchAt = append(j.p.MismatchAt, s)
-				}
-			}
-			a.syncMu.Unlock()
+			a.addMismatches(j, bad)
 			pos += k
 			done += k * C
 			a.setDone(j, t, done)

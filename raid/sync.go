@@ -294,6 +294,19 @@ func (t *throttle) wait(ctx context.Context, n int64) error {
 	}
 }
 
+// addMismatches counts the stripes bad (whose parity did not match) in j's progress, keeping
+// the first maxMismatchAt stripe numbers. It takes syncMu.
+func (a *Array) addMismatches(j *syncJob, bad []int64) {
+	a.syncMu.Lock()
+	for _, s := range bad {
+		j.p.Mismatches++
+		if len(j.p.MismatchAt) < maxMismatchAt {
+			j.p.MismatchAt = append(j.p.MismatchAt, s)
+		}
+	}
+	a.syncMu.Unlock()
+}
+
 // setDone publishes a job's position and logs progress every logEvery.
 func (a *Array) setDone(j *syncJob, t *throttle, done int64) {
 	a.syncMu.Lock()
@@ -598,14 +611,7 @@ func (a *Array) scrub(ctx context.Context, j *syncJob, repair bool) error {
 		if err != nil {
 			return err
 		}
-		a.syncMu.Lock()
-		for _, s := range bad {
-			j.p.Mismatches++
-			if len(j.p.MismatchAt) < maxMismatchAt {
-				j.p.MismatchAt = append(j.p.MismatchAt, s)
-			}
-		}
-		a.syncMu.Unlock()
+		a.addMismatches(j, bad)
 		pos += k
 		a.setDone(j, t, pos*C)
 		if err := t.wait(ctx, k*C); err != nil {
