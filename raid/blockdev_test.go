@@ -26,12 +26,7 @@ func loopDevices(t *testing.T, n int, size int) []string {
 		if err := os.WriteFile(img, bytes.Repeat([]byte{0xa5}, size), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command("losetup", "-f", "--show", img).Output()
-		if err != nil {
-			t.Fatalf("losetup: %v", err)
-		}
-		devs[i] = strings.TrimSpace(string(out))
-		t.Cleanup(func() { exec.Command("losetup", "-d", devs[i]).Run() })
+		devs[i] = attachLoop(t, img)
 	}
 	return devs
 }
@@ -113,12 +108,7 @@ func TestBlockDevices(t *testing.T) {
 		if err := os.WriteFile(img, junk, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command("losetup", "-f", "--show", img).Output()
-		if err != nil {
-			t.Fatalf("losetup: %v", err)
-		}
-		devs[i] = strings.TrimSpace(string(out))
-		t.Cleanup(func() { exec.Command("losetup", "-d", devs[i]).Run() })
+		devs[i] = attachLoop(t, img)
 	}
 	a, err := raid.Create(devs, raid.CreateOptions{Chunk: testChunk})
 	if err != nil {
@@ -152,4 +142,16 @@ func TestBlockDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMembers(t, devs, b.Layout(), model, -1)
+}
+
+// attachLoop attaches img to a free loop device, detached when the test ends, and returns it.
+func attachLoop(t *testing.T, img string) string {
+	t.Helper()
+	out, err := exec.Command("losetup", "-f", "--show", img).Output()
+	if err != nil {
+		t.Fatalf("losetup: %v", err)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	return dev
 }
