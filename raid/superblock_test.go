@@ -32,6 +32,18 @@ func reseal(b []byte) {
 	binary.LittleEndian.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32.MakeTable(crc32.Castagnoli)))
 }
 
+// checkRefused checks that sb, encoded, changed by edit and resealed, does not decode:
+// ErrBadSuperblock.
+func checkRefused(t *testing.T, sb *superblock, edit func(b []byte)) {
+	t.Helper()
+	c := encoded(sb)
+	edit(c)
+	reseal(c)
+	if _, err := decodeSuperblock(c); !errors.Is(err, ErrBadSuperblock) {
+		t.Fatalf("decode: %v, want ErrBadSuperblock", err)
+	}
+}
+
 func TestSuperblockRoundTrip(t *testing.T) {
 	for _, dirty := range []bool{false, true} {
 		want := testSuperblock()
@@ -206,14 +218,7 @@ func TestSuperblockJournal(t *testing.T) {
 		{"path without the feature", func(b []byte) { le.PutUint32(b[sbFeatures:], 0) }},
 		{"path too long", func(b []byte) { le.PutUint32(b[sbJournalLen:], MaxJournalPath+1) }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := encoded(want)
-			tc.edit(c)
-			reseal(c)
-			if _, err := decodeSuperblock(c); !errors.Is(err, ErrBadSuperblock) {
-				t.Fatalf("decode: %v, want ErrBadSuperblock", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkRefused(t, want, tc.edit) })
 	}
 }
 
@@ -259,14 +264,7 @@ func TestSuperblockResync(t *testing.T) {
 		{"clean", func(b []byte) { le.PutUint32(b[sbState:], stateClean) }},
 		{"journal", func(b []byte) { le.PutUint32(b[sbFeatures:], featureJournal) }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := encoded(want)
-			tc.edit(c)
-			reseal(c)
-			if _, err := decodeSuperblock(c); !errors.Is(err, ErrBadSuperblock) {
-				t.Fatalf("decode: %v, want ErrBadSuperblock", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkRefused(t, want, tc.edit) })
 	}
 	bm := testSuperblock()
 	bm.Features, bm.BitmapOff, bm.BitmapRegion = featureBitmap, BitmapOffset, 1
