@@ -143,15 +143,7 @@ func TestReplaceWithSpare(t *testing.T) {
 	if state, role, _ := s.status().member(spareA); state != "spare" || role != -1 {
 		t.Fatalf("spare A at the start: %q in role %d", state, role)
 	}
-	c, err := wireConnect(s.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	data := bytes.Repeat([]byte("replace me "), 32*stripeData/11+1)[:32*stripeData]
-	if err := c.writeAt(data, 0, true); err != nil {
-		t.Fatal(err)
-	}
+	c, data := writeReplaceData(t, s)
 	repl := a.newSpare(t, "new0.img")
 	out := s.mustManage("replace", "0", repl)
 	if !strings.Contains(out, "replacing 0 with "+repl) {

@@ -484,6 +484,22 @@ func TestScrub(t *testing.T) {
 	checkParity(t, a)
 }
 
+// writeReplaceData connects to s (closed when the test ends) and writes 32 stripes of a
+// pattern at offset 0 (FUA), for a replace to carry over; it returns the client and the data.
+func writeReplaceData(t *testing.T, s *server) (*wireClient, []byte) {
+	t.Helper()
+	c, err := wireConnect(s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	data := bytes.Repeat([]byte("replace me "), 32*stripeData/11+1)[:32*stripeData]
+	if err := c.writeAt(data, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	return c, data
+}
+
 // checkReplaced checks, once the rebuild of role 0 onto repl has finished (st), that the
 // replaced member is no longer active and that data reads back whole through c; then it stops
 // the daemon and checks every stripe's parity on the members, repl in role 0.
@@ -519,15 +535,7 @@ func TestReplaceAndSpeed(t *testing.T) {
 		t.Errorf("min above max: exit %d, want 2\n%s", code, out)
 	}
 
-	c, err := wireConnect(s.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	data := bytes.Repeat([]byte("replace me "), 32*stripeData/11+1)[:32*stripeData]
-	if err := c.writeAt(data, 0, true); err != nil {
-		t.Fatal(err)
-	}
+	c, data := writeReplaceData(t, s)
 	repl := a.newSpare(t, "new0.img")
 	s.mustManage("replace", "0", repl)
 	if out, code := s.manage("scrub", "check"); code != 1 || !strings.Contains(out, "degraded") && !strings.Contains(out, "rebuild") {
