@@ -338,17 +338,24 @@ func TestBitmapBeforeWrite(t *testing.T) {
 
 func rng2(g, i int) *rand.Rand { return rand.New(rand.NewPCG(uint64(g), uint64(i))) }
 
-// TestBitmapFiles: the bitmap on real member files — the superblock says so, bits are set in
-// the files before a write returns and cleared on a clean Close; an array created without a
-// bitmap (as before it existed) assembles and has none.
-func TestBitmapFiles(t *testing.T) {
-	dir := t.TempDir()
-	paths := memberPaths(dir, 3)
+// createBitmapFiles creates an array of 3 member files with one bitmap bit per stripe
+// (BitmapRegion 1) and no stripe cache, and returns it with the members' paths.
+func createBitmapFiles(t *testing.T) (*raid.Array, []string) {
+	t.Helper()
+	paths := memberPaths(t.TempDir(), 3)
 	a, err := raid.Create(paths, raid.CreateOptions{Chunk: testChunk, MemberSize: memberSize, BitmapRegion: 1,
 		IOOptions: raid.IOOptions{StripeCache: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a, paths
+}
+
+// TestBitmapFiles: the bitmap on real member files — the superblock says so, bits are set in
+// the files before a write returns and cleared on a clean Close; an array created without a
+// bitmap (as before it existed) assembles and has none.
+func TestBitmapFiles(t *testing.T) {
+	a, paths := createBitmapFiles(t)
 	ss := a.Layout().StripeSize()
 	if _, err := a.WriteAt([]byte("hello"), 3*ss+10); err != nil { // stripe 3: bit 3
 		t.Fatal(err)

@@ -23,13 +23,7 @@ func bitmapBits(t *testing.T, path string, n int) []byte {
 // the members, through the cleaner, a clean Close and a degraded reassembly (md keeps them
 // for --re-add); a region written while the array was whole is cleared as usual.
 func TestBitmapKeptWhileDegraded(t *testing.T) {
-	dir := t.TempDir()
-	paths := memberPaths(dir, 3)
-	a, err := raid.Create(paths, raid.CreateOptions{Chunk: testChunk, MemberSize: memberSize, BitmapRegion: 1,
-		IOOptions: raid.IOOptions{StripeCache: -1}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, paths := createBitmapFiles(t)
 	raid.StopBitmapCleaner(a)
 	ss := a.Layout().StripeSize()
 	if _, err := a.WriteAt([]byte("whole"), 1*ss); err != nil { // stripe 1: bit 1
