@@ -11,9 +11,9 @@ type Kind uint8
 
 const (
 	KindNone Kind = iota // no unit is dirty: nothing to write
-	KindFull             // every unit is up to date: no member reads
+	KindFull             // every unit is dirty (the stripe written whole): parity from the new data alone, no reads
 	KindRMW              // some column is read-modify-written
-	KindRCW              // every written column is reconstruct-written (or has no parity member)
+	KindRCW              // every written column is reconstruct-written (or has no parity member): with every unit up to date, no reads
 )
 
 var kindNames = [...]string{KindNone: "none", KindFull: "full", KindRMW: "rmw", KindRCW: "rcw"}
@@ -96,7 +96,8 @@ func ParityChunk(l Layout) int { return l.members - 1 }
 // most Members()·UnitsPerChunk() runs each).
 //
 // The choice, per stripe:
-//   - every unit up to date: parity encoded from the data, no reads (KindFull);
+//   - every unit up to date: parity encoded from the data, no reads (KindFull when every unit
+//     is dirty, else KindRCW: the rest of the stripe comes from the caller's up-to-date units);
 //   - the parity member missing: the dirty data is written alone;
 //   - otherwise, with no data member missing and parity trusted: read-modify-write (old data
 //     of each dirty unit and old parity) when it reads fewer units than reconstruct-write
@@ -161,7 +162,7 @@ func PlanWrite(p *Plan, l Layout, w WriteState) {
 			p.Kind = KindRMW
 		}
 	}
-	if nUp == D*upc {
+	if nDirty == D*upc {
 		p.Kind = KindFull
 	}
 

@@ -414,7 +414,7 @@ func execCheck(rng *rand.Rand, l Layout, w WriteState, p *Plan) error {
 	// The reads: none for a full stripe or a missing parity member; otherwise each column's
 	// method reads the dirty units and parity (update) or the units not up to date (encode),
 	// and with the choice free the stripe takes the cheaper method, a tie reconstructing.
-	rmwCost, rcwCost, wantReads, nUp := 0, 0, 0, 0
+	rmwCost, rcwCost, wantReads, nUp, nDirty := 0, 0, 0, 0, 0
 	for u, col := range p.Cols {
 		nd, nAll, presentUp := 0, 0, 0 // dirty units present, dirty units, up-to-date units present
 		for d := range D {
@@ -426,6 +426,7 @@ func execCheck(rng *rand.Rand, l Layout, w WriteState, p *Plan) error {
 			}
 			if dirty(d, u) {
 				nAll++
+				nDirty++
 				if d != dm {
 					nd++
 				}
@@ -473,7 +474,7 @@ func execCheck(rng *rand.Rand, l Layout, w WriteState, p *Plan) error {
 	wantKind := KindNone
 	switch {
 	case dirtyCols == 0:
-	case nUp == D*upc:
+	case nDirty == D*upc:
 		wantKind = KindFull
 	case bytes.IndexByte(colBytes(p.Cols), byte(ColUpdate)) >= 0:
 		wantKind = KindRMW

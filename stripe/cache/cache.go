@@ -55,9 +55,9 @@ type Options struct {
 
 // Counters are a Cache's cumulative counters.
 type Counters struct {
-	FullStripeWrites uint64 // stripes written with parity from new data alone: no reads
+	FullStripeWrites uint64 // stripes written whole, parity from new data alone: no reads
 	RMWWrites        uint64 // partial write-outs by read-modify-write
-	RCWWrites        uint64 // partial write-outs by reconstruct-write
+	RCWWrites        uint64 // partial write-outs by reconstruct-write (none read when every unit was up to date)
 	CopiedBytes      uint64 // bytes of writes copied into heads
 	Hits             uint64 // read extents served from the cache alone (none without heads)
 	Misses           uint64 // read extents that needed member reads (none counted without heads)

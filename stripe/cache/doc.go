@@ -8,7 +8,8 @@
 // A write covering whole stripes goes out at once, parity from the new data alone, with no
 // member reads. A partial write lands in its head and returns; background write-outs send a
 // head to the members when it has been quiet for WriteBackDelay, at once when it has become full
-// (then, too, with no reads), and oldest first when more than half the heads are dirty. Every
+// (then, too, with no reads: a full-stripe write if every unit is dirty, else a reconstruct-write
+// from the head's units), and oldest first when more than half the heads are dirty. Every
 // write-out executes the plan stripe.PlanWrite makes of its head: a head still partial takes
 // read-modify-write or reconstruct-write, whichever reads fewer units. A partial write that finds no free head is written through: into a spare head
 // and out to the members before Write returns. Reads are served from up-to-date units and go to
