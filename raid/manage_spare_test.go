@@ -287,15 +287,7 @@ func TestAddAfterRemove(t *testing.T) {
 				}
 				t.Cleanup(func() { a.Close() })
 			}
-			if err := a.Fail("1"); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.Remove("1"); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.AddSpare(paths[1]); err != nil {
-				t.Fatalf("AddSpare of the removed member: %v", err)
-			}
+			failRemoveAddBack(t, a, paths[1])
 			st := waitStatus(t, a, "the rebuild to finish", func(st raid.Status) bool {
 				return st.LastRebuild != nil && st.Sync == nil && len(st.Missing) == 0
 			})
@@ -391,15 +383,7 @@ func TestAddBackHungMember(t *testing.T) {
 	// A full stripe (no reads): its member 1 write sleeps, holding stripe 5's lock.
 	go func() { _, err := a.WriteAt(model[off:off+S], off); done <- err }()
 	time.Sleep(hang / 5)
-	if err := a.Fail("1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Remove("1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.AddSpare(paths[1]); err != nil {
-		t.Fatalf("AddSpare of the removed member: %v", err)
-	}
+	failRemoveAddBack(t, a, paths[1])
 	if len(done) > 0 {
 		t.Fatalf("the hung write returned before the member was added back (%v): nothing was tested", <-done)
 	}
@@ -424,4 +408,18 @@ func TestAddBackHungMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMembers(t, paths, l, model, -1)
+}
+
+// failRemoveAddBack fails member "1", removes it and adds its file, path, back as a spare.
+func failRemoveAddBack(t *testing.T, a *raid.Array, path string) {
+	t.Helper()
+	if err := a.Fail("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Remove("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSpare(path); err != nil {
+		t.Fatalf("AddSpare of the removed member: %v", err)
+	}
 }
