@@ -21,7 +21,7 @@ STRESS_COUNT            ?= 30
 STRESS_RACE_COUNT       ?= 5
 STRESS_SHORT_COUNT      ?= 5
 STRESS_SHORT_RACE_COUNT ?= 1
-STRESS_PKGS  := ./raid ./raid/internal/bitmap ./raid/internal/journal ./stripe ./nbd
+STRESS_PKGS  := ./raid ./raid/internal/bitmap ./raid/internal/journal ./stripe/cache ./nbd
 STRESS_TESTS := \
   TestDoubleFailure TestWriteFailure TestUnrecordedFailure TestFailureDrainsWrites TestFailedArrayReleasesPins \
   TestRebuild TestRebuildResume TestFailDuringRebuild TestForceDuringRebuild TestScrubDuringResync \
