@@ -528,12 +528,7 @@ func TestPowerCut(t *testing.T) {
 		{"journal/write-through/reorder", 0, 0.5, -1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			vs := make([]*raidtest.Volatile, members)
-			ms := make([]raid.Member, members)
-			for i := range vs {
-				vs[i] = raidtest.NewVolatile(fmt.Sprintf("p%d", i), raid.DataOffset+chunks*C)
-				ms[i] = vs[i]
-			}
+			vs, ms := newVolatiles("p", members, raid.DataOffset+chunks*C)
 			opts := raid.CreateOptions{Chunk: C, BitmapRegion: tc.region,
 				IOOptions: raid.IOOptions{StripeCache: tc.cache, WriteBackDelay: time.Millisecond}}
 			all := vs // what the power cut cuts
@@ -635,6 +630,30 @@ func TestPowerCut(t *testing.T) {
 	}
 }
 
+// newVolatiles returns n volatile members of size bytes named prefix0, prefix1..., also as
+// raid.Members.
+func newVolatiles(prefix string, n int, size int64) ([]*raidtest.Volatile, []raid.Member) {
+	vs := make([]*raidtest.Volatile, n)
+	ms := make([]raid.Member, n)
+	for i := range vs {
+		vs[i] = raidtest.NewVolatile(fmt.Sprintf("%s%d", prefix, i), size)
+		ms[i] = vs[i]
+	}
+	return vs, ms
+}
+
+// writeD0D1 writes stripe s's first data chunk with 0xd0 bytes and its second with d1.
+func writeD0D1(t *testing.T, a *raid.Array, s int64, d1 []byte) {
+	t.Helper()
+	l := a.Layout()
+	if _, err := a.WriteAt(bytes.Repeat([]byte{0xd0}, len(d1)), s*l.StripeSize()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteAt(d1, s*l.StripeSize()+int64(len(d1))); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestWriteHole shows what the bitmap does not cover. A degraded array (one member gone) is
 // cut off in the middle of a read-modify-write: the new data chunk reached its disk, the new
 // parity did not. Reassembled, the stripe cannot be resynced (its parity is needed to
@@ -643,12 +662,7 @@ func TestPowerCut(t *testing.T) {
 // writes closes this hole; the bitmap alone cannot.
 func TestWriteHole(t *testing.T) {
 	const C, chunks = 4 << 10, 16
-	vs := make([]*raidtest.Volatile, 3)
-	ms := make([]raid.Member, 3)
-	for i := range vs {
-		vs[i] = raidtest.NewVolatile(fmt.Sprintf("h%d", i), raid.DataOffset+chunks*C)
-		ms[i] = vs[i]
-	}
+	vs, ms := newVolatiles("h", 3, raid.DataOffset+chunks*C)
 	a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, IOOptions: raid.IOOptions{StripeCache: -1}})
 	if err != nil {
 		t.Fatal(err)
@@ -657,12 +671,7 @@ func TestWriteHole(t *testing.T) {
 	const s = 1
 	d0, pm := l.DataMember(s, 0), l.ParityMember(s)
 	orig := bytes.Repeat([]byte{0xd1}, C)
-	if _, err := a.WriteAt(bytes.Repeat([]byte{0xd0}, C), s*l.StripeSize()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.WriteAt(orig, s*l.StripeSize()+C); err != nil { // chunk D1: never written again
-		t.Fatal(err)
-	}
+	writeD0D1(t, a, s, orig) // D1: never written again
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -723,12 +732,7 @@ func TestWriteHole(t *testing.T) {
 // reported and no resync runs.
 func TestWriteHoleJournal(t *testing.T) {
 	const C, chunks = 4 << 10, 16
-	vs := make([]*raidtest.Volatile, 3)
-	ms := make([]raid.Member, 3)
-	for i := range vs {
-		vs[i] = raidtest.NewVolatile(fmt.Sprintf("hj%d", i), raid.DataOffset+chunks*C)
-		ms[i] = vs[i]
-	}
+	vs, ms := newVolatiles("hj", 3, raid.DataOffset+chunks*C)
 	jv := raidtest.NewVolatile("/nonexistent/hj-journal", raid.MinJournalSize)
 	io := raid.IOOptions{StripeCache: -1}
 	a, err := raid.CreateMembers(ms, raid.CreateOptions{Chunk: C, Consistency: raid.ConsistencyJournal, Journal: jv, IOOptions: io})
@@ -739,12 +743,7 @@ func TestWriteHoleJournal(t *testing.T) {
 	const s = 1
 	d0, pm := l.DataMember(s, 0), l.ParityMember(s)
 	orig := bytes.Repeat([]byte{0xd1}, C)
-	if _, err := a.WriteAt(bytes.Repeat([]byte{0xd0}, C), s*l.StripeSize()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.WriteAt(orig, s*l.StripeSize()+C); err != nil {
-		t.Fatal(err)
-	}
+	writeD0D1(t, a, s, orig)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
