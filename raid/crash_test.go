@@ -195,15 +195,7 @@ func TestResyncReconstructs(t *testing.T) {
 			}
 			l := a.Layout()
 			ss := l.StripeSize()
-			// Mark every region: a whole-array write.
-			if err := a.WriteZeroes(0, mustSize(a), true); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.Flush(); err != nil {
-				t.Fatal(err)
-			}
-			crashed := cloneAll(mems, "y")
-			a.Close()
+			crashed := crashDirty(t, a, mems, "y") // every region marked
 			cms := asMembers(crashed)
 			const s = chunks - 2 // the resync gets there last
 			corruptParity(t, cms, l, s, 10)
@@ -654,6 +646,21 @@ func writeD0D1(t *testing.T, a *raid.Array, s int64, d1 []byte) {
 	}
 }
 
+// crashDirty writes zeroes over all of a (marking every bitmap region), flushes, and returns
+// copies of its members mems as a crash would leave them (named prefix0...); then closes a.
+func crashDirty(t *testing.T, a *raid.Array, mems []*raidtest.Mem, prefix string) []*raidtest.Mem {
+	t.Helper()
+	if err := a.WriteZeroes(0, mustSize(a), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	crashed := cloneAll(mems, prefix)
+	a.Close()
+	return crashed
+}
+
 // TestWriteHole shows what the bitmap does not cover. A degraded array (one member gone) is
 // cut off in the middle of a read-modify-write: the new data chunk reached its disk, the new
 // parity did not. Reassembled, the stripe cannot be resynced (its parity is needed to
@@ -804,14 +811,7 @@ func TestScrubDuringResync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.WriteZeroes(0, mustSize(a), true); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	crashed := cloneAll(mems, "s")
-	a.Close()
+	crashed := crashDirty(t, a, mems, "s")
 	// 256 KiB per member at 64 KiB/s: about four seconds of resync.
 	slow := raid.IOOptions{SyncSpeedMin: 64 << 10, SyncSpeedMax: 64 << 10}
 	b, err := raid.AssembleMembers(asMembers(crashed), raid.AssembleOptions{IOOptions: slow})
