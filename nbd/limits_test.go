@@ -36,7 +36,13 @@ func (l *logStore) loggedLimit(name string) bool {
 // roundTrip writes a pattern at off and reads it back, comparing every byte.
 func (c *rawClient) roundTrip(seed, off uint64, n uint32) {
 	c.t.Helper()
-	p := pattern(seed, int(n))
+	c.roundTripData(off, pattern(seed, int(n)))
+}
+
+// roundTripData writes p at off and reads it back, failing the test unless every byte matches.
+func (c *rawClient) roundTripData(off uint64, p []byte) {
+	c.t.Helper()
+	n := uint32(len(p))
 	if errno, _ := c.do(wire.CmdWrite, 0, off, n, p); errno != 0 {
 		c.t.Fatalf("WRITE at %d: errno %d", off, errno)
 	}

@@ -101,11 +101,18 @@ func TestStalledPayloads(t *testing.T) {
 		})
 		stallAttack(t, path, attackers, length, sent)
 		waitCharged(t, s, attackers*min(payloadPiece, sent))
+		// The payloads are made before the clock starts: under -race on a loaded machine
+		// making 16 MiB of pattern took most of the deadline. A good client starved by the
+		// attackers would wait for the hour-long PayloadTimeout, far past the deadline.
+		data := make([][]byte, 16)
+		for i := range data {
+			data[i] = pattern(uint64(100+i), 1<<20)
+		}
 		good := dial(t, path)
-		good.nc.SetDeadline(time.Now().Add(10 * time.Second))
+		good.nc.SetDeadline(time.Now().Add(60 * time.Second))
 		good.handshakeGo("")
-		for i := range 16 {
-			good.roundTrip(uint64(100+i), uint64(i)*(1<<20), 1<<20)
+		for i, p := range data {
+			good.roundTripData(uint64(i)*(1<<20), p)
 		}
 		if logs.loggedErr(ErrPayloadTimeout) {
 			t.Error("an attacker was closed for a stalled payload within the hour")
