@@ -68,23 +68,26 @@ var cacheModes = []struct {
 func TestReadErrors(t *testing.T) {
 	for _, mode := range cacheModes {
 		for _, tc := range []struct {
-			name   string
-			limit  int
-			delay  time.Duration // instead of a fault: a slow member and a short timeout
-			faulty bool
+			name    string
+			limit   int
+			delay   time.Duration // instead of a fault: a slow member and a short timeout
+			timeout time.Duration
+			faulty  bool
 		}{
-			{"counted", 1000, 0, false},
-			{"limit", 3, 0, true},
-			{"slow", 1000, 60 * time.Millisecond, false},
-			{"slow-limit", 3, 50 * time.Millisecond, true},
+			{"counted", 1000, 0, 0, false},
+			{"limit", 3, 0, 0, true},
+			{"slow", 1000, 60 * time.Millisecond, 20 * time.Millisecond, false},
+			// With a limit of 3, a machine stall longer than the timeout on three reads of a
+			// healthy member would fail it too, and with it the array (1 of 30 full runs at
+			// load 20 with a 20 ms timeout): the margins here are ten times wider. The slow
+			// member is failed after about three reads, so the test stays short.
+			{"slow-limit", 3, 600 * time.Millisecond, 250 * time.Millisecond, true},
 		} {
 			t.Run(mode.name+"-"+tc.name, func(t *testing.T) {
 				t.Parallel()
 				opts := raid.AssembleOptions{IOOptions: mode.io}
 				opts.ReadErrorLimit = tc.limit
-				if tc.delay > 0 {
-					opts.MemberTimeout = 20 * time.Millisecond
-				}
+				opts.MemberTimeout = tc.timeout
 				a, fs, _, model := faultyArray(t, 4, 16, opts)
 				if tc.delay > 0 {
 					fs[1].SetDelay(tc.delay)
