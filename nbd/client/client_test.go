@@ -302,8 +302,8 @@ func TestExportNameFallback(t *testing.T) {
 }
 
 // TestBrokenConnection: a server that drops the connection fails the requests in flight and
-// every later one with ErrDisconnected; one that replies with a cookie it was never sent breaks
-// the connection too.
+// every later one with ErrDisconnected, the later ones with ErrNotSent too, and Done and Err
+// say so; one that replies with a cookie it was never sent breaks the connection too.
 func TestBrokenConnection(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -348,11 +348,22 @@ func TestBrokenConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			if err := c.Flush(); !errors.Is(err, client.ErrDisconnected) {
-				t.Errorf("Flush in flight: %v, want ErrDisconnected", err)
+			if c.Err() != nil {
+				t.Errorf("Err before the break: %v", c.Err())
 			}
-			if _, err := c.ReadAt(make([]byte, 512), 0); !errors.Is(err, client.ErrDisconnected) {
-				t.Errorf("ReadAt after the break: %v, want ErrDisconnected", err)
+			if err := c.Flush(); !errors.Is(err, client.ErrDisconnected) || errors.Is(err, client.ErrNotSent) {
+				t.Errorf("Flush in flight: %v, want ErrDisconnected, not ErrNotSent", err)
+			}
+			select {
+			case <-c.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("Done not closed after the break")
+			}
+			if err := c.Err(); !errors.Is(err, client.ErrDisconnected) {
+				t.Errorf("Err after the break: %v, want ErrDisconnected", err)
+			}
+			if _, err := c.ReadAt(make([]byte, 512), 0); !errors.Is(err, client.ErrDisconnected) || !errors.Is(err, client.ErrNotSent) {
+				t.Errorf("ReadAt after the break: %v, want ErrDisconnected and ErrNotSent", err)
 			}
 		})
 	}

@@ -156,6 +156,21 @@ func NewConn(ctx context.Context, nc net.Conn, export string, opts Options) (*Co
 	return c, nil
 }
 
+// Done returns a channel that is closed once the connection is broken or closed: every request
+// from then on fails (Err says why).
+func (c *Conn) Done() <-chan struct{} { return c.dead }
+
+// Err returns nil while the connection works, and once Done is closed the error, wrapping
+// ErrDisconnected, that every request now fails with.
+func (c *Conn) Err() error {
+	select {
+	case <-c.dead:
+		return c.deadErr
+	default:
+		return nil
+	}
+}
+
 // Size returns the export size in bytes (it never changes during a connection). The error is
 // always nil; the signature matches nbd.Device.
 func (c *Conn) Size() (int64, error) { return c.info.size, nil }
@@ -266,13 +281,13 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 	select {
 	case idx = <-c.free:
 	case <-c.dead:
-		return c.deadErr
+		return c.notSent()
 	}
 	c.smu.Lock()
 	if c.readerGone {
 		c.smu.Unlock()
 		c.free <- idx
-		return c.deadErr
+		return c.notSent()
 	}
 	s := &c.slots[idx]
 	s.seq++
@@ -288,7 +303,7 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 	if cmd == wire.CmdWrite {
 		r.payload = buf
 	}
-	c.send(&r)
+	sent := c.send(&r)
 
 	errno := <-s.done // the reader answers every active slot exactly once, if only at its end
 	c.smu.Lock()
@@ -302,19 +317,31 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 		// The writer may still hold buf in a batch that is failing; the caller may reuse
 		// buf only once it has let go.
 		c.waitWriterIdle()
+		if !sent {
+			return c.notSent()
+		}
 		return c.deadErr
 	}
 	return &Error{Cmd: wire.CmdName(cmd), Offset: off, Length: int64(length), Errno: errno}
 }
 
+// notSent is the error of a request refused before any of it was written: the connection
+// was already broken.
+func (c *Conn) notSent() error { return fmt.Errorf("%w: %w", ErrNotSent, c.deadErr) }
+
 // send queues r and, unless another caller is writing, writes the queue until it is empty.
-// A write error breaks the connection (the reader then fails every request in flight).
-func (c *Conn) send(r *wreq) {
+// A write error breaks the connection (the reader then fails every request in flight). It
+// returns false, queueing nothing, if an earlier write error has broken the connection already.
+func (c *Conn) send(r *wreq) bool {
 	c.wmu.Lock()
+	if c.werr != nil {
+		c.wmu.Unlock()
+		return false
+	}
 	c.wq = append(c.wq, *r)
 	if c.writing {
 		c.wmu.Unlock()
-		return
+		return true
 	}
 	c.writing = true
 	for len(c.wq) > 0 && c.werr == nil {
@@ -349,6 +376,7 @@ func (c *Conn) send(r *wreq) {
 	if err != nil {
 		c.fail(fmt.Errorf("%w: writing requests: %v", ErrDisconnected, err))
 	}
+	return true
 }
 
 // waitWriterIdle returns when no batch is being written.

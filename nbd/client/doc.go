@@ -34,7 +34,8 @@
 // A failed request (the server replied with an error) returns an *Error carrying the NBD
 // errno; the connection goes on. A broken connection (I/O error, a reply that breaks the
 // protocol) fails every request in flight and every later one with an error wrapping
-// ErrDisconnected.
+// ErrDisconnected; a request refused before any of it was written wraps ErrNotSent too (it
+// may be sent again elsewhere). Done and Err tell whether the connection is broken.
 //
 // # Buffers
 //

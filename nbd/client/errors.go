@@ -17,6 +17,11 @@ var (
 	ErrHandshake = errors.New("client: handshake protocol error")
 	// ErrDisconnected is wrapped by every request error once the connection is broken or closed.
 	ErrDisconnected = errors.New("client: connection is closed")
+	// ErrNotSent is wrapped, with ErrDisconnected, by the error of a request that failed
+	// before any of it was written to the connection (it was already broken): the server
+	// cannot have acted on it, so it may be sent again on another connection. A request that
+	// fails with ErrDisconnected alone may or may not have reached the server.
+	ErrNotSent = errors.New("client: request not sent")
 	// ErrUnsupported is returned by a request the server did not advertise (FLUSH, FUA, TRIM,
 	// WRITE_ZEROES).
 	ErrUnsupported = errors.New("client: server does not support this request")
