@@ -29,15 +29,16 @@
 //   - ReadvAt and WritevAt (member.Vectored: the array's merged reads and writes of a
 //     member's consecutive chunks) send one request per buffer, all in flight at once, so a
 //     member's chunks cost one round trip rather than one each.
-//   - Sync is FLUSH. A server that does not advertise FLUSH says it has no cache to flush:
-//     Sync then returns nil (its writes are as durable as it makes them).
+//   - Sync is FLUSH, on every connection (below), and succeeds only if every one does. A
+//     server that does not advertise FLUSH says it has no cache to flush: Sync then returns
+//     nil (its writes are as durable as it makes them).
 //   - WriteAtDSync (member.DSyncWriter, the bitmap's durable writes) is WRITE with FUA where
 //     the server advertises FUA, else WRITE and FLUSH.
 //   - Trim is WRITE_ZEROES (without NO_HOLE: the server may deallocate) where advertised,
 //     else zeroes written with WRITE (member.WriteZeroes), as a file that cannot punch holes
 //     does. TRIM alone is never sent: the protocol leaves a trimmed range's contents
 //     undefined, and the array's parity needs zeroes there.
-//   - Close sends DISC and closes the connection.
+//   - Close sends DISC and closes the connections.
 //
 // A read-only export (NBD_FLAG_READ_ONLY) opened for member.Exclusive (read-write) is refused
 // at Open (ErrReadOnlyExport); Shared and Inspect open read-only.
@@ -46,16 +47,60 @@
 //
 // Every failed request is an *Error: errno EIO to the array (Errno), whatever the server
 // replied, with the cause inside (errors.Is finds client.ErrDisconnected, a syscall.Errno the
-// server sent, ErrDeadline). Each request has a deadline, Options.Timeout (the array's member
-// timeout): a request that has no reply by then closes the connection, so it and every other
-// request in flight return at once with ErrDeadline or client.ErrDisconnected, and every later
-// one fails too (a connection is not re-established yet). A server that stops answering, or
-// a host that is gone, thus costs the caller one deadline; the array counts the errors, fails
-// the member (a failed write fails it at once) and goes on degraded. The dial and the
-// handshake share the same bound. An export that cannot be reached at Open (no server
-// listening, no such socket, no such export, no answer in time) is ErrUnreachable, which
-// wraps fs.ErrNotExist: Assemble counts the member as missing, as it does a file that is not
-// there; a TLS or protocol failure is an error that stops it.
+// server sent, ErrDeadline, ErrLostWrites, ErrExportChanged). Each request has a deadline,
+// Options.Timeout (the array's member timeout), which covers the time it waits for a
+// reconnect too: a request that has no reply by then closes its connection (a break, below)
+// and returns ErrDeadline. A server that stops answering, or a host that is gone, thus costs
+// the caller one deadline; the array counts the errors, fails the member (a failed write
+// fails it at once) and goes on degraded. Open's dial and handshake share the same bound. An
+// export that cannot be reached at Open (no server listening, no such socket, no such
+// export, no answer in time) is ErrUnreachable, which wraps fs.ErrNotExist: Assemble counts
+// the member as missing, as it does a file that is not there; a TLS or protocol failure is an
+// error that stops it.
+//
+// # Reconnecting
+//
+// A connection that breaks (the server restarted, a reset, EOF, a request past its deadline)
+// is dialed again, with the same URI and TLS settings, by the requests that need it: the
+// first dial at once, then with a backoff doubling from 50 ms to 1.6 s while dials fail, each
+// request waiting at most until its own deadline. Reads cut off by the break are sent again
+// on the new connection, and so is any request the break kept from being sent. The new
+// handshake must announce the export as Open's did (the same size, the flags the member uses,
+// block sizes its requests fit); a server that comes back different is refused and the member
+// failed (ErrExportChanged). Reconnects are counted (Member.reconnects).
+//
+// A server acknowledges a WRITE once it holds the data, in its cache perhaps; only FLUSH (or
+// FUA) makes it durable. A server that restarted has lost its cache, and nothing on the wire
+// says whether it restarted or the network dropped a connection. So the member reconnects
+// only when a break cannot have lost anything the array was told was written: none of the
+// connections had a WRITE (or WRITE_ZEROES) acknowledged since the last FLUSH that covered it
+// (a FLUSH counts for the writes whose replies came before it was sent, once it succeeded on
+// every connection), or the server advertised no FLUSH (it has no cache: its
+// acknowledgements are durable); and no write's reply was cut off by the break (it may have
+// been applied or not — or, if the server's old session still runs, be applied late, over a
+// newer write sent again on the new connection). Otherwise the member has failed
+// (ErrLostWrites): the requests in flight and every later one return the error, with the
+// break's cause, so the array fails the member and a bitmap re-add resyncs it later. Letting
+// the next FLUSH succeed on a new connection would instead have the array believe data was
+// durable that the server had dropped.
+//
+// A break retires every connection of the member at once, even those that still work: a
+// server restart breaks them all, and a read on a new connection must not return what the
+// restart lost before a write acknowledged on an old one has been accounted for. The verdict
+// is given once every request on the retired connections has returned, so none is missed.
+//
+// # Several connections
+//
+// With Options.Conns above one and a server that advertises
+// NBD_FLAG_CAN_MULTI_CONN — it promises that what one connection wrote is what the others
+// read, and that a FLUSH on one covers the writes the others completed — the member opens that
+// many connections (the handshakes after the first must announce the export the same way),
+// and sends each request on the one with the fewest in flight. A server that does not
+// advertise it gets one connection, which is logged at Info once; one that refuses the extra
+// connections (a limit on its clients) gets as many as it admitted, logged at Warn. Sync
+// sends FLUSH on every connection all the same, and succeeds only if all of them do. A
+// break of one connection retires them all, and the reconnect makes as many again (see
+// Reconnecting).
 //
 // # Exclusive use
 //

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,14 +39,27 @@ type Options struct {
 	// tls-certificates key: the CAs that sign the servers' certificates (empty: the system's)
 	// and a client certificate and key (both or neither).
 	TLSCA, TLSCert, TLSKey string
-	// Timeout is the deadline of every request and of the dial and handshake (the array's
-	// member timeout). 0 means DefaultTimeout; < 0 none.
+	// Timeout is the deadline of every request, reconnecting included, and of Open's dial and
+	// handshake (the array's member timeout). 0 means DefaultTimeout; < 0 none.
 	Timeout time.Duration
+	// Conns is how many connections to open to a server that advertises CAN_MULTI_CONN (one
+	// otherwise): 0 means DefaultConns; at most MaxConns.
+	Conns int
+	// Logger receives reconnects, failures and the multi-connection fallback; nil means
+	// slog.Default().
+	Logger *slog.Logger
 }
+
+// DefaultConns is Options.Conns when zero, and MaxConns its largest value.
+const (
+	DefaultConns = 1
+	MaxConns     = 16
+)
 
 // The errors of the kind. Open returns ErrUnreachable, ErrReadOnlyExport, ErrBlockSize and
 // ErrTLSFiles (and client.ErrBadURI for a malformed URI); the I/O methods return *Error, which
-// wraps ErrDeadline for a request that passed its deadline.
+// wraps ErrDeadline for a request that passed its deadline, and ErrLostWrites or
+// ErrExportChanged once a break has failed the member.
 var (
 	// ErrUnreachable: the export could not be reached (nothing listening, no such socket or
 	// export, no answer within the timeout). It matches fs.ErrNotExist (errors.Is), so that
@@ -56,8 +71,17 @@ var (
 	ErrBlockSize = errors.New("nbdmember: export's minimum block size is above 4 KiB")
 	// ErrTLSFiles: the TLS files named by tls-certificates or the options cannot be used.
 	ErrTLSFiles = errors.New("nbdmember: TLS files")
-	// ErrDeadline: a request had no reply within Options.Timeout; the connection was closed.
-	ErrDeadline = errors.New("nbdmember: request deadline passed, connection closed")
+	// ErrDeadline: a request had no reply within Options.Timeout (the connection was closed),
+	// or could not be sent in that time because the connection could not be re-established.
+	ErrDeadline = errors.New("nbdmember: request deadline passed")
+	// ErrLostWrites: a connection broke when the server might have lost writes it had
+	// acknowledged (none flushed since), or a write's reply was cut off; the member is failed
+	// and every request from then on returns it (package doc, "Reconnecting").
+	ErrLostWrites = errors.New("nbdmember: connection broke with writes not known to be durable; member failed")
+	// ErrExportChanged: after a break the server announced the export differently (another
+	// size, a flag the member uses gone, read-only, other block sizes); the member is failed
+	// and every request from then on returns it.
+	ErrExportChanged = errors.New("nbdmember: export changed across a reconnect; member failed")
 )
 
 type unreachableError struct{}
@@ -100,19 +124,78 @@ func Register(opts func() Options) {
 // Member is an NBD export as an array member (package doc). It is safe for concurrent use.
 type Member struct {
 	name    string
-	c       *client.Conn
-	nc      net.Conn // the socket under c (under TLS too): closed when a request passes its deadline
+	uri     client.URI
+	copts   client.Options // TLS settings: the same for every connection, reconnects too
+	use     member.Use
 	size    int64
-	flags   uint16
-	maxReq  int64 // the longest READ or WRITE sent: the server's maximum block size
+	flags   uint16 // the first handshake's; a reconnect must offer what is used of them (check)
+	maxReq  int64  // the longest READ or WRITE sent: the server's maximum block size
 	timeout time.Duration
-	expired atomic.Bool // a request passed its deadline and closed the connection
+	nconns  int // connections per generation, from Open: Options.Conns if the server allows it
+	log     *slog.Logger
+
+	// cur is the generation of connections in use; once retired (a connection broke, or
+	// Close), requests wait in await until another replaces it or the member has failed.
+	cur atomic.Pointer[generation]
+
+	// Counters for status and metrics (atomics, read with Load; the generation's connections
+	// count their own requests in flight, conn.inflight).
+	reconnects atomic.Int64 // generations installed after Open's: successful reconnects
+
+	mu       sync.Mutex    // guards the fields below, and generation.retiring
+	failed   error         // set once: every request fails with it (ErrLostWrites, ErrExportChanged)
+	closed   bool          // Close was called
+	dialing  bool          // a request is dialing the next generation (await)
+	wake     chan struct{} // closed and replaced (signal) when any of these fields or cur changes
+	backoff  time.Duration // the wait after the last failed dial before the next one
+	nextDial time.Time     // no dial before then
+	lastErr  error         // the last failed dial's error
+	since    time.Time     // when cur was installed
+	ctx      context.Context
+	cancel   context.CancelFunc // ends the dials under way: Close
+}
+
+// generation is the set of connections the member uses between two breaks. A break of any
+// of them (or a request past its deadline, which closes its connection) retires them all: see
+// "Reconnecting" in the package doc for why.
+type generation struct {
+	conns []*conn
+
+	active    atomic.Int64  // requests holding the generation (acquire to release)
+	retired   atomic.Bool   // no new request may hold it
+	drained   chan struct{} // closed once retired with active at 0
+	drainOnce sync.Once
+
+	// Writes for the break's verdict. acked counts WRITEs without FUA and WRITE_ZEROES the
+	// server acknowledged; flushed is acked's value when the last FLUSH sent on every
+	// connection began, once all of them succeeded; lost counts writes of any kind whose
+	// reply the break cut off (the server may or may not apply them, and may do so late).
+	acked, flushed, lost atomic.Int64
+
+	retiring  bool          // guarded by Member.mu: a break (or Close) has retired it
+	evaluated chan struct{} // closed once the break's verdict is in (Member.failed set, or not)
+}
+
+// conn is one connection of a generation.
+type conn struct {
+	c        *client.Conn
+	nc       net.Conn     // the socket under c (under TLS too): closed at a deadline and at a break
+	inflight atomic.Int64 // requests sent or about to be sent on it
+	expired  atomic.Bool  // a request's deadline closed nc
+}
+
+func newGeneration(conns []*conn) *generation {
+	return &generation{conns: conns, drained: make(chan struct{}), evaluated: make(chan struct{})}
 }
 
 var (
 	_ member.DSyncWriter = (*Member)(nil)
 	_ member.Vectored    = (*Member)(nil)
 )
+
+// testHookMaskFlags clears transmission flags from every handshake, as a server that lacks
+// them would (the tests of the multi-connection fallback use it).
+var testHookMaskFlags uint16
 
 // Open connects to the export spec names (an NBD URI, with libnbd's tls-certificates query
 // key allowed on nbds URIs) and returns it as a member for use.
@@ -137,29 +220,25 @@ func Open(spec string, use member.Use, opts Options) (*Member, error) {
 	} else if tlsDir != "" {
 		return nil, fmt.Errorf("%w: %q: tls-certificates on a plaintext URI (use nbds:// or nbds+unix://)", client.ErrBadURI, spec)
 	}
-	ctx := context.Background()
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
+	m := &Member{name: spec, uri: u, copts: copts, use: use, timeout: timeout, log: opts.Logger, wake: make(chan struct{})}
+	if m.log == nil {
+		m.log = slog.Default()
 	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, u.Network, u.Address)
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	ctx, cancel := m.dialContext(m.deadline())
+	defer cancel()
+	c, err := m.dialConn(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, spec, err)
-	}
-	c, err := client.NewConn(ctx, nc, u.Export, copts)
-	if err != nil {
-		nc.Close()
+		m.cancel()
 		var oe *client.OptionError
-		if errors.As(err, &oe) && oe.Reply == repErrUnknown || errors.Is(err, context.DeadlineExceeded) {
+		if errors.As(err, &oe) && oe.Reply == repErrUnknown || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errDial) {
 			return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, spec, err)
 		}
 		return nil, fmt.Errorf("nbdmember: %s: %w", spec, err)
 	}
-	size, _ := c.Size()
-	minB, _, maxB := c.BlockSize()
-	m := &Member{name: spec, c: c, nc: nc, size: size, flags: c.Flags(), maxReq: int64(maxB), timeout: timeout}
+	size, _ := c.c.Size()
+	minB, _, maxB := c.c.BlockSize()
+	m.size, m.flags, m.maxReq = size, c.c.Flags()&^testHookMaskFlags, int64(maxB)
 	switch {
 	case use == member.Exclusive && m.flags&client.FlagReadOnly != 0:
 		err = fmt.Errorf("%w: %s (opened read-write)", ErrReadOnlyExport, spec)
@@ -167,10 +246,89 @@ func Open(spec string, use member.Use, opts Options) (*Member, error) {
 		err = fmt.Errorf("%w: %s asks for %d", ErrBlockSize, spec, minB)
 	}
 	if err != nil {
-		c.Close()
+		m.cancel()
+		c.c.Close()
 		return nil, err
 	}
+	conns := []*conn{c}
+	want := min(max(opts.Conns, 0), MaxConns)
+	if want == 0 {
+		want = DefaultConns
+	}
+	switch {
+	case want > 1 && m.flags&client.FlagCanMultiConn == 0:
+		m.log.Info("nbdmember: the server does not advertise CAN_MULTI_CONN: one connection", "member", spec, "member-conns", want)
+	case want > 1:
+		conns = m.moreConns(ctx, conns, want)
+		if len(conns) < want {
+			m.log.Warn("nbdmember: the server refused more connections", "member", spec, "conns", len(conns), "member-conns", want)
+		}
+	}
+	m.nconns = len(conns)
+	m.cur.Store(newGeneration(conns))
+	m.since = time.Now()
 	return m, nil
+}
+
+// errDial wraps a failure to reach the server's address (dialConn).
+var errDial = errors.New("dial")
+
+// dialConn makes one connection and runs the handshake, within ctx.
+func (m *Member) dialConn(ctx context.Context) (*conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, m.uri.Network, m.uri.Address)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errDial, err)
+	}
+	c, err := client.NewConn(ctx, nc, m.uri.Export, m.copts)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &conn{c: c, nc: nc}, nil
+}
+
+// moreConns adds connections to conns, up to n, as the server admits them (each announcing
+// the export as the first did), and returns them.
+func (m *Member) moreConns(ctx context.Context, conns []*conn, n int) []*conn {
+	for len(conns) < n {
+		c, err := m.dialConn(ctx)
+		if err == nil {
+			if err = m.check(c.c); err != nil {
+				c.c.Close()
+			}
+		}
+		if err != nil {
+			m.log.Debug("nbdmember: extra connection refused", "member", m.name, "err", err)
+			break
+		}
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// check returns ErrExportChanged unless c announces the export as Open's first handshake did:
+// the same size, every flag the member uses still offered, not read-only if it writes, and
+// block sizes its requests still fit.
+func (m *Member) check(c *client.Conn) error {
+	size, _ := c.Size()
+	flags := c.Flags() &^ testHookMaskFlags
+	minB, _, maxB := c.BlockSize()
+	used := m.flags & (client.FlagSendFlush | client.FlagSendFUA | client.FlagSendWriteZeroes)
+	if m.nconns > 1 {
+		used |= m.flags & client.FlagCanMultiConn
+	}
+	switch {
+	case size != m.size:
+		return fmt.Errorf("%w: %s: size %d, was %d", ErrExportChanged, m.name, size, m.size)
+	case flags&used != used:
+		return fmt.Errorf("%w: %s: transmission flags %#x lack %#x", ErrExportChanged, m.name, flags, used&^flags)
+	case m.use == member.Exclusive && flags&client.FlagReadOnly != 0:
+		return fmt.Errorf("%w: %s: now read-only", ErrExportChanged, m.name)
+	case minB > maxMinBlock || int64(maxB) < m.maxReq:
+		return fmt.Errorf("%w: %s: block sizes min %d max %d, were max %d", ErrExportChanged, m.name, minB, maxB, m.maxReq)
+	}
+	return nil
 }
 
 // repErrUnknown is NBD_REP_ERR_UNKNOWN: no such export.
@@ -233,30 +391,65 @@ func (m *Member) Name() string { return m.name }
 // Size is the export's size as the server announced it.
 func (m *Member) Size() int64 { return m.size }
 
-// Close disconnects (DISC) and closes the connection.
+// Close disconnects (DISC) and closes the connections; requests waiting for a reconnect fail.
 func (m *Member) Close() error {
-	if m.expired.Load() {
-		m.c.Close()
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
 		return nil
 	}
-	return m.c.Close()
+	m.closed = true
+	m.cancel()
+	g := m.cur.Load()
+	live := !g.retiring
+	g.retiring = true
+	m.signal()
+	m.mu.Unlock()
+	if !live {
+		return nil // a break retired it: its verdict closes the connections
+	}
+	g.retired.Store(true)
+	var err error
+	for _, c := range g.conns {
+		broken := c.c.Err() != nil
+		// DISC to a server that stopped reading must not hang Close.
+		c.nc.SetWriteDeadline(time.Now().Add(closeTimeout))
+		if e := c.c.Close(); e != nil && !broken && err == nil {
+			err = e
+		}
+	}
+	close(g.evaluated)
+	return err
 }
+
+// closeTimeout bounds Close's DISC on each connection.
+const closeTimeout = 5 * time.Second
+
+// kind is what a request is, for its retry and the break's verdict.
+type kind uint8
+
+const (
+	kRead     kind = iota
+	kWrite         // WRITE: in the server's cache until a FLUSH
+	kWriteFUA      // WRITE with FUA: durable when acknowledged
+	kZeroes        // WRITE_ZEROES: as kWrite
+)
 
 // ReadAt reads len(p) bytes at off: the full length or an *Error.
 func (m *Member) ReadAt(p []byte, off int64) (int, error) {
-	return m.data("read", p, off, m.c.ReadAt)
+	return m.data(kRead, p, off)
 }
 
 // WriteAt writes p at off; durable after Sync.
 func (m *Member) WriteAt(p []byte, off int64) (int, error) {
-	return m.data("write", p, off, m.c.WriteAt)
+	return m.data(kWrite, p, off)
 }
 
 // WriteAtDSync writes p at off durably: with FUA where the server advertises it, else a WRITE
 // and a FLUSH.
 func (m *Member) WriteAtDSync(p []byte, off int64) (int, error) {
 	if m.flags&client.FlagSendFUA != 0 {
-		return m.data("write", p, off, m.c.WriteAtFUA)
+		return m.data(kWriteFUA, p, off)
 	}
 	n, err := m.WriteAt(p, off)
 	if err != nil {
@@ -265,17 +458,16 @@ func (m *Member) WriteAtDSync(p []byte, off int64) (int, error) {
 	return n, m.Sync()
 }
 
-// data runs a READ or WRITE of p at off with f, in requests of at most the server's maximum
-// block size.
-func (m *Member) data(op string, p []byte, off int64, f func([]byte, int64) (int, error)) (int, error) {
+// data runs a READ or WRITE of p at off, in requests of at most the server's maximum block
+// size.
+func (m *Member) data(k kind, p []byte, off int64) (int, error) {
 	n := 0
 	for n < len(p) {
-		k := min(int64(len(p)-n), m.maxReq)
-		q, at := p[n:n+int(k)], off+int64(n)
-		if err := m.do(op, at, k, func() error { _, err := f(q, at); return err }); err != nil {
+		c := min(int64(len(p)-n), m.maxReq)
+		if err := m.do(k, p[n:n+int(c)], off+int64(n), c); err != nil {
 			return n, err
 		}
-		n += int(k)
+		n += int(c)
 	}
 	return n, nil
 }
@@ -284,19 +476,19 @@ func (m *Member) data(op string, p []byte, off int64, f func([]byte, int64) (int
 // requests in flight at once (one per buffer, split as ReadAt splits), so that a member's
 // chunks cost one round trip, not one each. The full length or an error.
 func (m *Member) ReadvAt(bufs [][]byte, off int64, _ []unix.Iovec) (int, error) {
-	return m.vectored("read", bufs, off, m.c.ReadAt)
+	return m.vectored(kRead, bufs, off)
 }
 
 // WritevAt (member.Vectored) writes bufs to consecutive offsets from off, as ReadvAt reads.
 func (m *Member) WritevAt(bufs [][]byte, off int64, _ []unix.Iovec) (int, error) {
-	return m.vectored("write", bufs, off, m.c.WriteAt)
+	return m.vectored(kWrite, bufs, off)
 }
 
 // vectored runs data for each buffer of bufs at once and returns the bytes of the buffers
 // before the first that failed, with its error.
-func (m *Member) vectored(op string, bufs [][]byte, off int64, f func([]byte, int64) (int, error)) (int, error) {
+func (m *Member) vectored(k kind, bufs [][]byte, off int64) (int, error) {
 	if len(bufs) == 1 {
-		return m.data(op, bufs[0], off, f)
+		return m.data(k, bufs[0], off)
 	}
 	errs := make([]error, len(bufs))
 	var wg sync.WaitGroup
@@ -305,7 +497,7 @@ func (m *Member) vectored(op string, bufs [][]byte, off int64, f func([]byte, in
 		wg.Add(1)
 		go func(at int64) {
 			defer wg.Done()
-			_, errs[i] = m.data(op, b, at, f)
+			_, errs[i] = m.data(k, b, at)
 		}(at)
 		at += int64(len(b))
 	}
@@ -320,14 +512,6 @@ func (m *Member) vectored(op string, bufs [][]byte, off int64, f func([]byte, in
 	return n, nil
 }
 
-// Sync flushes the server's cache (FLUSH); nil if the server advertises none.
-func (m *Member) Sync() error {
-	if m.flags&client.FlagSendFlush == 0 {
-		return nil
-	}
-	return m.do("flush", 0, 0, m.c.Flush)
-}
-
 // maxZeroes bounds one WRITE_ZEROES (the protocol's length is 32 bits).
 const maxZeroes = 1 << 30
 
@@ -339,8 +523,7 @@ func (m *Member) Trim(off, length int64) error {
 	}
 	for length > 0 {
 		k := min(length, maxZeroes)
-		at := off
-		if err := m.do("write-zeroes", at, k, func() error { return m.c.WriteZeroes(at, k, false) }); err != nil {
+		if err := m.do(kZeroes, nil, off, k); err != nil {
 			return err
 		}
 		off, length = off+k, length-k
@@ -348,29 +531,436 @@ func (m *Member) Trim(off, length int64) error {
 	return nil
 }
 
-// do runs one request, f, under the deadline: past it the connection is closed, which makes f
-// (and every other request in flight) return.
-func (m *Member) do(op string, off, n int64, f func() error) error {
-	var t *time.Timer
-	if m.timeout > 0 {
-		t = time.AfterFunc(m.timeout, m.expire)
+// deadline is the deadline of a request starting now (zero: none).
+func (m *Member) deadline() time.Time {
+	if m.timeout <= 0 {
+		return time.Time{}
 	}
-	err := f()
-	fired := t != nil && !t.Stop()
-	if err == nil {
-		return nil
+	return time.Now().Add(m.timeout)
+}
+
+// do runs one request of n bytes at off (p: a READ's destination, a WRITE's payload) under
+// its deadline, on the connection acquire gives. Past the deadline the connection is closed,
+// which makes the request (and every other in flight on it) return. A read cut off by a
+// break is sent again once reconnected, and so is any request the break kept from being
+// sent (client.ErrNotSent); a write the break cut off is not (see the package doc,
+// "Reconnecting"): it fails, and so does the member.
+func (m *Member) do(k kind, p []byte, off, n int64) error {
+	deadline := m.deadline()
+	for {
+		g, c, err := m.acquire(deadline)
+		if err != nil {
+			return m.opError(k, off, n, err)
+		}
+		var t *time.Timer
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 { // spent reconnecting
+				c.inflight.Add(-1)
+				g.release()
+				return m.opError(k, off, n, fmt.Errorf("%w (%v): reconnecting", ErrDeadline, m.timeout))
+			}
+			t = time.AfterFunc(left, c.expire)
+		}
+		switch k {
+		case kRead:
+			_, err = c.c.ReadAt(p, off)
+		case kWrite:
+			_, err = c.c.WriteAt(p, off)
+		case kWriteFUA:
+			_, err = c.c.WriteAtFUA(p, off)
+		case kZeroes:
+			err = c.c.WriteZeroes(off, n, false)
+		}
+		fired := t != nil && !t.Stop()
+		broken := errors.Is(err, client.ErrDisconnected)
+		retry := broken && (k == kRead || errors.Is(err, client.ErrNotSent))
+		switch {
+		case err == nil && (k == kWrite || k == kZeroes):
+			g.acked.Add(1)
+		case broken && !retry:
+			g.lost.Add(1) // before release: the verdict counts it
+		}
+		c.inflight.Add(-1)
+		g.release()
+		if err == nil {
+			return nil
+		}
+		if !broken {
+			return m.opError(k, off, n, err) // the server's answer: the connection goes on
+		}
+		if fired {
+			err = fmt.Errorf("%w (%v): %w", ErrDeadline, m.timeout, err)
+		} else {
+			err = m.brokenBy(c, err)
+		}
+		m.broke(g, err)
+		if fired || !retry {
+			return m.opError(k, off, n, err)
+		}
 	}
-	switch {
-	case fired:
-		err = fmt.Errorf("%w (%v): %w", ErrDeadline, m.timeout, err)
-	case m.expired.Load() && errors.Is(err, client.ErrDisconnected):
-		err = fmt.Errorf("%w (another request's): %w", ErrDeadline, err)
-	}
+}
+
+// opError is the *Error of a failed request.
+func (m *Member) opError(k kind, off, n int64, err error) error {
+	op := [...]string{kRead: "read", kWrite: "write", kWriteFUA: "write", kZeroes: "write-zeroes"}[k]
 	return &Error{Op: op, Off: off, Len: n, Err: err}
 }
 
-// expire closes the connection for a request that passed its deadline.
-func (m *Member) expire() {
-	m.expired.Store(true)
-	m.nc.Close()
+// expire closes the connection of a request that passed its deadline.
+func (c *conn) expire() {
+	c.expired.Store(true)
+	c.nc.Close()
+}
+
+// brokenBy is err, of a request on c that did not pass its own deadline, with ErrDeadline if
+// another request's closed c.
+func (m *Member) brokenBy(c *conn, err error) error {
+	if c.expired.Load() {
+		return fmt.Errorf("%w (another request's, %v): %w", ErrDeadline, m.timeout, err)
+	}
+	return err
+}
+
+// Sync flushes the server's cache (FLUSH on every connection); nil if the server advertises
+// none. It succeeds only if every connection's FLUSH does, or if the connections broke with
+// nothing acknowledged since the last flush (there was nothing to flush).
+func (m *Member) Sync() error {
+	if m.flags&client.FlagSendFlush == 0 {
+		return nil
+	}
+	deadline := m.deadline()
+	for {
+		g := m.cur.Load()
+		g.active.Add(1)
+		if g.retired.Load() {
+			g.release()
+			// Every write acknowledged before this Sync was sent on g or on an earlier
+			// generation, each of which broke with none unflushed, or the member failed.
+			if err := m.settle(g, deadline); err != nil {
+				return &Error{Op: "flush", Err: err}
+			}
+			if m.cur.Load() == g {
+				return nil
+			}
+			continue // flush the generation that replaced it
+		}
+		if !deadline.IsZero() && time.Until(deadline) <= 0 { // spent reconnecting
+			g.release()
+			return &Error{Op: "flush", Err: fmt.Errorf("%w (%v): reconnecting", ErrDeadline, m.timeout)}
+		}
+		from := g.acked.Load() // every write counted has its reply: this FLUSH covers it
+		fired, err := m.flushAll(g, deadline)
+		g.release()
+		if err == nil {
+			for f := g.flushed.Load(); from > f && !g.flushed.CompareAndSwap(f, from); f = g.flushed.Load() {
+			}
+			return nil
+		}
+		if !errors.Is(err, client.ErrDisconnected) {
+			return &Error{Op: "flush", Err: err}
+		}
+		if fired {
+			err = fmt.Errorf("%w (%v): %w", ErrDeadline, m.timeout, err)
+		}
+		m.broke(g, err)
+		if fired {
+			return &Error{Op: "flush", Err: err}
+		}
+	}
+}
+
+// flushAll sends FLUSH on every connection of g, which the caller holds, at once, and returns
+// whether a deadline closed a connection, and the first error (a deadline's first).
+func (m *Member) flushAll(g *generation, deadline time.Time) (bool, error) {
+	flush := func(c *conn) (bool, error) {
+		c.inflight.Add(1)
+		defer c.inflight.Add(-1)
+		var t *time.Timer
+		if !deadline.IsZero() {
+			t = time.AfterFunc(time.Until(deadline), c.expire)
+		}
+		err := c.c.Flush()
+		return t != nil && !t.Stop(), err
+	}
+	if len(g.conns) == 1 {
+		return flush(g.conns[0])
+	}
+	errs := make([]error, len(g.conns))
+	fired := make([]bool, len(g.conns))
+	var wg sync.WaitGroup
+	for i, c := range g.conns[1:] {
+		wg.Go(func() { fired[i+1], errs[i+1] = flush(c) })
+	}
+	fired[0], errs[0] = flush(g.conns[0])
+	wg.Wait()
+	var err error
+	for i := range errs {
+		if errs[i] != nil && (err == nil || fired[i]) {
+			err = errs[i]
+		}
+	}
+	return slices.Contains(fired, true), err
+}
+
+// acquire returns the generation to send a request on, held (release it), and the
+// connection of it with the fewest requests in flight, counted in its inflight (the caller
+// takes it off). A retired generation is waited out (await), within deadline.
+func (m *Member) acquire(deadline time.Time) (*generation, *conn, error) {
+	for {
+		g := m.cur.Load()
+		g.active.Add(1)
+		if !g.retired.Load() {
+			c := g.pick()
+			if err := c.c.Err(); err != nil { // broken while nobody was sending
+				c.inflight.Add(-1)
+				g.release()
+				m.broke(g, m.brokenBy(c, err))
+				continue
+			}
+			return g, c, nil
+		}
+		g.release()
+		if err := m.await(g, deadline); err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+// pick counts a request in the inflight of the connection of g with the fewest, and returns
+// it. The count is taken by compare-and-swap from the value seen to be the least, so that
+// requests picking at once spread as if they had picked one after the other.
+func (g *generation) pick() *conn {
+	if len(g.conns) == 1 {
+		g.conns[0].inflight.Add(1)
+		return g.conns[0]
+	}
+	for {
+		c := g.conns[0]
+		v := c.inflight.Load()
+		for _, o := range g.conns[1:] {
+			if w := o.inflight.Load(); w < v {
+				c, v = o, w
+			}
+		}
+		if c.inflight.CompareAndSwap(v, v+1) {
+			return c
+		}
+	}
+}
+
+// release lets go of a generation acquire returned.
+func (g *generation) release() {
+	if g.active.Add(-1) == 0 && g.retired.Load() {
+		g.drainOnce.Do(func() { close(g.drained) })
+	}
+}
+
+// broke retires g, on which a request saw its connection break (cause), and returns once the
+// break's verdict is in. The caller must not hold g. The first caller closes every
+// connection of g, waits for the requests holding it to return, and decides (verdict)
+// whether the member may reconnect or has failed; the others wait for that.
+func (m *Member) broke(g *generation, cause error) {
+	m.mu.Lock()
+	if g.retiring {
+		m.mu.Unlock()
+		<-g.evaluated
+		return
+	}
+	g.retiring = true
+	m.mu.Unlock()
+	g.retired.Store(true)
+	for _, c := range g.conns {
+		c.nc.Close() // every request in flight returns
+	}
+	if g.active.Load() == 0 {
+		g.drainOnce.Do(func() { close(g.drained) })
+	}
+	<-g.drained
+	for _, c := range g.conns {
+		c.c.Close() // the reply readers end (their sockets are closed: no DISC is sent)
+	}
+	err := m.verdict(g, cause)
+	m.mu.Lock()
+	switch {
+	case err != nil && m.failed == nil:
+		m.failed = err
+		m.log.Error("nbdmember: connection broken, member failed", "member", m.name, "err", err)
+	case err == nil && !m.closed:
+		m.log.Warn("nbdmember: connection broken, reconnecting", "member", m.name, "err", cause)
+	}
+	// The first dial comes at once after a generation that lasted, with backoff after one
+	// that broke soon after it was made (a server that accepts and drops, a flapping link).
+	if time.Since(m.since) > 2*maxBackoff {
+		m.backoff, m.nextDial = 0, time.Time{}
+	} else {
+		m.backoff = min(max(2*m.backoff, minBackoff), maxBackoff)
+		m.nextDial = time.Now().Add(m.backoff)
+	}
+	close(g.evaluated)
+	m.signal()
+	m.mu.Unlock()
+}
+
+// verdict decides, once every request of g has returned, whether the member may go on with
+// new connections after g's break: not if a write's reply was cut off, or if a write was
+// acknowledged since the last FLUSH that covered it and the server has a cache to flush.
+func (m *Member) verdict(g *generation, cause error) error {
+	if n := g.lost.Load(); n > 0 {
+		return fmt.Errorf("%w: %s: %d writes in flight when the connection broke: %w", ErrLostWrites, m.name, n, cause)
+	}
+	if n := g.acked.Load() - g.flushed.Load(); n > 0 && m.flags&client.FlagSendFlush != 0 {
+		return fmt.Errorf("%w: %s: %d writes acknowledged since the last FLUSH: %w", ErrLostWrites, m.name, n, cause)
+	}
+	return nil
+}
+
+// settle waits, within deadline, for the verdict on the retired g, and returns the member's
+// failure if any.
+func (m *Member) settle(g *generation, deadline time.Time) error {
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		select {
+		case <-g.evaluated:
+		case <-t.C:
+			return fmt.Errorf("%w (%v): waiting for a broken connection to close", ErrDeadline, m.timeout)
+		}
+	} else {
+		<-g.evaluated
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.unusable()
+}
+
+// unusable is the error of a request to a failed or closed member, else nil. m.mu is held.
+func (m *Member) unusable() error {
+	switch {
+	case m.failed != nil:
+		return m.failed
+	case m.closed:
+		return errClosed
+	}
+	return nil
+}
+
+// errClosed is the error of a request after Close.
+var errClosed = fmt.Errorf("%w: member closed", client.ErrDisconnected)
+
+// await returns, within deadline, once a generation has replaced the retired g, dialing it
+// itself when no other request is: with backoff (doubling from minBackoff to maxBackoff)
+// while dials fail or connections break soon after they are made (broke). It returns the
+// member's failure, ErrDeadline (with the last dial's error), or errClosed.
+func (m *Member) await(g *generation, deadline time.Time) error {
+	if err := m.settle(g, deadline); err != nil {
+		return err
+	}
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for {
+		if err := m.unusable(); err != nil {
+			return err
+		}
+		if m.cur.Load() != g {
+			return nil
+		}
+		wait := time.Until(m.nextDial)
+		if !m.dialing && wait <= 0 {
+			m.dialing = true
+			m.mu.Unlock()
+			ctx, cancel := m.dialContext(deadline)
+			ng, err := m.redial(ctx)
+			cancel()
+			m.mu.Lock()
+			m.dialing = false
+			m.installed(ng, err)
+			continue
+		}
+		var retry *time.Timer
+		var retryC <-chan time.Time
+		if !m.dialing {
+			retry = time.NewTimer(wait)
+			retryC = retry.C
+		}
+		w := m.wake
+		m.mu.Unlock()
+		select {
+		case <-w:
+		case <-retryC:
+		case <-timeout:
+			m.mu.Lock()
+			if m.lastErr != nil {
+				return fmt.Errorf("%w (%v): reconnecting: %w", ErrDeadline, m.timeout, m.lastErr)
+			}
+			return fmt.Errorf("%w (%v): reconnecting", ErrDeadline, m.timeout)
+		}
+		if retry != nil {
+			retry.Stop()
+		}
+		m.mu.Lock()
+	}
+}
+
+// Backoff between failed dials of a reconnect.
+const (
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 1600 * time.Millisecond
+)
+
+// dialContext bounds a dial and handshake by deadline (none if zero) and Close.
+func (m *Member) dialContext(deadline time.Time) (context.Context, context.CancelFunc) {
+	if deadline.IsZero() {
+		return context.WithCancel(m.ctx)
+	}
+	return context.WithDeadline(m.ctx, deadline)
+}
+
+// redial makes the next generation: as many connections as Open made, the first announcing
+// the export as before (check) and the others as the server admits them.
+func (m *Member) redial(ctx context.Context) (*generation, error) {
+	c, err := m.dialConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.check(c.c); err != nil {
+		c.c.Close()
+		return nil, err
+	}
+	return newGeneration(m.moreConns(ctx, []*conn{c}, m.nconns)), nil
+}
+
+// installed records redial's result. m.mu is held.
+func (m *Member) installed(g *generation, err error) {
+	defer m.signal()
+	switch {
+	case err == nil && m.closed:
+		for _, c := range g.conns {
+			c.c.Close()
+		}
+	case err == nil:
+		m.cur.Store(g)
+		m.reconnects.Add(1)
+		m.lastErr, m.since = nil, time.Now() // the backoff stays until g has lasted (broke)
+		m.log.Info("nbdmember: reconnected", "member", m.name, "conns", len(g.conns))
+	case errors.Is(err, ErrExportChanged):
+		m.failed = err
+		m.log.Error("nbdmember: the export changed, member failed", "member", m.name, "err", err)
+	default:
+		m.backoff = min(max(2*m.backoff, minBackoff), maxBackoff)
+		m.nextDial, m.lastErr = time.Now().Add(m.backoff), err
+		m.log.Debug("nbdmember: reconnect failed", "member", m.name, "err", err, "retry-in", m.backoff)
+	}
+}
+
+// signal wakes every request waiting in await. m.mu is held.
+func (m *Member) signal() {
+	close(m.wake)
+	m.wake = make(chan struct{})
 }
