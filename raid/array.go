@@ -60,6 +60,7 @@ type Array struct {
 	cache    *cache.Cache
 	stable   bool // IOOptions.StablePages
 	mapReads bool // IOOptions.MappedReads
+	mapWrite bool // IOOptions.MappedWrites
 	// unsafeRef (tests only) makes WriteAt keep references to the caller's buffer as if it
 	// were pinned, without any promise that it stays unchanged: the hazard stable pages avoid.
 	unsafeRef bool
@@ -78,8 +79,8 @@ type Array struct {
 
 	// Mapped reads (mapped.go): each successful ReadMapped holds mapMu for reading until its
 	// ReleaseMapped; Close takes it for writing before the members (and their mappings) go.
-	// mapServed counts the bytes served since the mappings were last replaced (remapAll,
-	// under remapMu).
+	// mapServed counts the bytes served and written through the mappings since they were
+	// last replaced (remapAll, under remapMu).
 	mapMu     sync.RWMutex
 	mapServed atomic.Int64
 	remapMu   sync.Mutex
@@ -244,6 +245,7 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	a.missFn = a.readExtent
 	a.stable = opts.StablePages
 	a.mapReads = opts.MappedReads
+	a.mapWrite = opts.MappedWrites
 	if !readOnly { // the only write path; without caching (StripeCache < 0) it has no heads
 		stripes := max(opts.StripeCache, 0)
 		if opts.StripeCache == 0 {

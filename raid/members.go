@@ -52,8 +52,9 @@ func MapSpecPath(spec string, f func(string) (string, error)) (string, error) {
 type (
 	fileMember = memberpkg.File
 	memberUse  = memberpkg.Use
-	mapper     = memberpkg.Mapper     // mapped reads (mapped.go)
-	holeFinder = memberpkg.HoleFinder // block status (blockstatus.go)
+	mapper     = memberpkg.Mapper       // mapped reads (mapped.go)
+	mapWriter  = memberpkg.MappedWriter // mapped writes (mapped.go)
+	holeFinder = memberpkg.HoleFinder   // block status (blockstatus.go)
 )
 
 const (

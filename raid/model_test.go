@@ -15,6 +15,7 @@ import (
 
 	"github.com/raid5d/raid5d/raid"
 	"github.com/raid5d/raid5d/stripe"
+	"golang.org/x/sys/unix"
 )
 
 var layouts = []stripe.Algorithm{stripe.LeftAsymmetric, stripe.RightAsymmetric, stripe.LeftSymmetric, stripe.RightSymmetric}
@@ -34,19 +35,38 @@ type ioMode struct {
 	name   string
 	io     raid.IOOptions
 	pinned bool
+	shm    bool // member files on tmpfs (modeDir)
+}
+
+// modeDir returns a temporary directory for mode's member files: on tmpfs (/dev/shm) for a
+// mode that asks for it, where the machine has one, else t.TempDir().
+func modeDir(t *testing.T, mode ioMode) string {
+	t.Helper()
+	var fs unix.Statfs_t
+	if !mode.shm || unix.Statfs("/dev/shm", &fs) != nil || fs.Type != unix.TMPFS_MAGIC {
+		return t.TempDir()
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "raid5d-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // ioModes are the modes every data test runs in: the write-back cache copying (the default),
 // with stable pages, with stable pages and pinned buffers, with a cache of two stripes (constant
 // eviction and write-through), and with no write-back caching (StripeCache -1: a cache of no
 // heads, every partial write written through before it returns); reads through the members'
-// mappings (MappedReads) in the stable and write-through modes, as the daemon reads by default.
+// mappings (MappedReads) and writes into them (MappedWrites) in the stable and write-through
+// modes, as the daemon does by default: on a disk's filesystem (where only pages in the page
+// cache are written through the mapping) and on tmpfs (where every page is).
 var ioModes = []ioMode{
 	{name: "copy"},
-	{name: "stable", io: raid.IOOptions{StablePages: true, MappedReads: true}},
+	{name: "stable", io: raid.IOOptions{StablePages: true, MappedReads: true, MappedWrites: true}},
 	{name: "pinned", io: raid.IOOptions{StablePages: true}, pinned: true},
 	{name: "tiny-cache", io: raid.IOOptions{StripeCache: 2, WriteBackDelay: time.Millisecond}},
-	{name: "write-through", io: raid.IOOptions{StripeCache: -1, MappedReads: true}},
+	{name: "write-through", io: raid.IOOptions{StripeCache: -1, MappedReads: true, MappedWrites: true}, shm: true},
 }
 
 // TestModel drives arrays of 3, 4 and 5 members in every layout with concurrent random reads,
@@ -77,7 +97,7 @@ func TestModel(t *testing.T) {
 
 func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint64, mode ioMode) {
 	const stripes = 24
-	dir := t.TempDir()
+	dir := modeDir(t, mode)
 	paths := memberPaths(dir, n)
 	layout, err := stripe.NewLayout(n, chunk, alg)
 	if err != nil {
@@ -95,6 +115,9 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 	model := make([]byte, size)
 	exercise(t, a, model, seed, 120, mode.pinned)
 	compareArray(t, a, model)
+	if c := a.Counters(); mode.io.MappedWrites && c.MappedBytesWritten == 0 {
+		t.Fatalf("no member write went through the mappings (%d bytes written)", c.MemberBytesWritten)
+	}
 	if err := a.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -106,7 +129,7 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 
 	for missing := range n {
 		t.Run(fmt.Sprintf("without-role-%d", missing), func(t *testing.T) {
-			ddir := t.TempDir()
+			ddir := modeDir(t, mode)
 			dpaths := memberPaths(ddir, n)
 			for i := range n {
 				copyFile(t, paths[i], dpaths[i])

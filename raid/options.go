@@ -26,6 +26,14 @@ type IOOptions struct {
 	// errors are handled as without it. The process's resident memory counts the file pages
 	// it has read through the mappings.
 	MappedReads bool
+	// MappedWrites writes member files and block devices through writable memory mappings of
+	// them where their pages are in the page cache (always, on tmpfs): a member write is then
+	// a copy into the mapping instead of a pwrite, about half the cost (see
+	// member.File.WriteMapped). Writes the mapping declines (pages not in memory, a fault, a
+	// file truncated under the array) go to pwrite, which reports the error, so errors are
+	// handled as without it. Writes with FUA, superblocks, the bitmap and the journal always
+	// use pwrite.
+	MappedWrites bool
 	// StripeCache is the stripe cache's capacity in stripes: > 0 that many; 0 the default
 	// (DefaultCacheStripes); < 0 no write-back caching: every write is written to the members
 	// with its parity before WriteAt returns (a partial one by read-modify-write or
@@ -80,6 +88,7 @@ type Counters struct {
 	MemberBytesRead    uint64 // data-area bytes read from members (superblocks not counted)
 	MemberBytesWritten uint64 // data-area bytes written to members
 	MappedBytesRead    uint64 // of MemberBytesRead, bytes handed out from the members' mappings (ReadMapped)
+	MappedBytesWritten uint64 // of MemberBytesWritten, bytes copied into the members' mappings (MappedWrites)
 	CopiedBytes        uint64 // bytes of writes copied into the stripe cache
 	CacheHits          uint64 // read pieces (one chunk's worth at most) served from the cache alone
 	CacheMisses        uint64 // read pieces that needed member reads
@@ -92,6 +101,7 @@ type Counters struct {
 type counters struct {
 	memberRead, memberWrit atomic.Uint64
 	mappedRead             atomic.Uint64 // of memberRead, through ReadMapped
+	mappedWrit             atomic.Uint64 // of memberWrit, through the mappings (MappedWrites)
 }
 
 // Counters returns the array's cumulative I/O counters. It may be called concurrently with I/O.
@@ -100,6 +110,7 @@ func (a *Array) Counters() Counters {
 		MemberBytesRead:    a.ctr.memberRead.Load(),
 		MemberBytesWritten: a.ctr.memberWrit.Load(),
 		MappedBytesRead:    a.ctr.mappedRead.Load(),
+		MappedBytesWritten: a.ctr.mappedWrit.Load(),
 	}
 	if a.cache != nil {
 		cc := a.cache.Counters()

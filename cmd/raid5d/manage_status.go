@@ -201,8 +201,8 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 	fmt.Fprintln(w, "counters:")
 	fmt.Fprintf(w, "  writes:  %d full-stripe, %d read-modify-write, %d reconstruct-write, %d write-through\n",
 		c.FullStripeWrites, c.RMWWrites, c.RCWWrites, c.WriteThroughs)
-	fmt.Fprintf(w, "  members: %d bytes read (%d sent from the mappings), %d bytes written; %d bytes copied into the cache\n",
-		c.MemberBytesRead, c.MappedBytesRead, c.MemberBytesWritten, c.CopiedBytes)
+	fmt.Fprintf(w, "  members: %d bytes read (%d sent from the mappings), %d bytes written (%d through the mappings); %d bytes copied into the cache\n",
+		c.MemberBytesRead, c.MappedBytesRead, c.MemberBytesWritten, c.MappedBytesWritten, c.CopiedBytes)
 	fmt.Fprintf(w, "  cache:   %d stripes, %d hits, %d misses, %d evictions\n",
 		c.CacheStripes, c.CacheHits, c.CacheMisses, c.CacheEvictions)
 }

@@ -314,6 +314,7 @@ var arrayMetricDefs = []metricDef{
 	{"raid5d_rcw_writes_total", "Partial-stripe writes by reconstruct-write.", nil},
 	{"raid5d_member_read_bytes_total", "Data-area bytes read from members.", nil},
 	{"raid5d_member_mapped_read_bytes_total", "Of the member bytes read, those sent to clients straight from the members' mappings (--mapped-reads).", nil},
+	{"raid5d_member_mapped_written_bytes_total", "Of the member bytes written, those copied into the members' mappings instead of written with pwrite (--mapped-writes).", nil},
 	{"raid5d_member_written_bytes_total", "Data-area bytes written to members.", nil},
 	{"raid5d_cache_copied_bytes_total", "Bytes of writes copied into the stripe cache.", nil},
 	{"raid5d_cache_hits_total", "Read pieces served from the stripe cache alone.", nil},
@@ -403,6 +404,7 @@ func (c *arrayCollector) Collect(ch chan<- prometheus.Metric) {
 	emit("raid5d_member_read_bytes_total", counter, float64(k.MemberBytesRead))
 	emit("raid5d_member_mapped_read_bytes_total", counter, float64(k.MappedBytesRead))
 	emit("raid5d_member_written_bytes_total", counter, float64(k.MemberBytesWritten))
+	emit("raid5d_member_mapped_written_bytes_total", counter, float64(k.MappedBytesWritten))
 	emit("raid5d_cache_copied_bytes_total", counter, float64(k.CopiedBytes))
 	emit("raid5d_cache_hits_total", counter, float64(k.CacheHits))
 	emit("raid5d_cache_misses_total", counter, float64(k.CacheMisses))

@@ -13,18 +13,21 @@ import (
 
 // File is a Member on a regular file or a block device, the kind a plain path opens. Besides
 // Member it has every optional capability: Vectored (preadv, pwritev), DSyncWriter
-// (pwritev2 RWF_DSYNC), SizeChecker, Mapper (mapped.go) and HoleFinder (holes.go).
+// (pwritev2 RWF_DSYNC), SizeChecker, Mapper and MappedWriter (mapped.go) and HoleFinder
+// (holes.go).
 type File struct {
 	f     *os.File
 	fd    int
 	path  string
 	size  int64
 	block bool
+	tmpfs bool // a file on tmpfs: its page cache is all there is (WriteMapped)
 
-	// The file mapped read-only for mapped reads (mapped.go), made at the first use; nil if
-	// none could be made. Unmapped by Close.
+	// The file mapped for mapped reads and writes (mapped.go), made at the first use with
+	// protection prot; nil if none could be made. Unmapped by Close.
 	mapOnce sync.Once
 	mapped  []byte
+	prot    int
 }
 
 // OpenFile opens a regular file or a block device as a member, for use (see Use): it holds a
@@ -54,6 +57,8 @@ func newFileMember(f *os.File, path string) (*File, error) {
 	switch {
 	case st.Mode().IsRegular():
 		m.size = st.Size()
+		var fs unix.Statfs_t
+		m.tmpfs = unix.Fstatfs(m.fd, &fs) == nil && fs.Type == unix.TMPFS_MAGIC
 	case st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
 		sz, err := unix.IoctlGetUint64(m.fd, unix.BLKGETSIZE64)
 		if err != nil {

@@ -91,6 +91,18 @@ type Mapper interface {
 	InFile(mp []byte, end int64) bool
 }
 
+// MappedWriter is a Member that can take writes as copies into a mapping of it (File's
+// WriteMapped): the array's mapped writes (IOOptions.MappedWrites).
+type MappedWriter interface {
+	// WriteMapped writes p at off through the mapping and reports whether it did; false
+	// (nothing written that counts) sends the caller to WriteAt, which writes p and reports
+	// any error.
+	WriteMapped(p []byte, off int64) bool
+	// WritevMapped is WriteMapped for bufs written one after another from off; false sends
+	// the caller to WritevAt.
+	WritevMapped(bufs [][]byte, off int64) bool
+}
+
 // HoleFinder is a Member that can tell where its holes are (regular files, through lseek
 // SEEK_DATA/SEEK_HOLE); the array's block status reports every other member as data.
 type HoleFinder interface {

@@ -11,7 +11,9 @@
 # Environment: RUNTIME (seconds per job, 8), MEMBER (member size, 512M), CHUNK (16K, so 48k is
 # a full stripe), PORT (10911), JOBS (job names to run, default all), RAID5D (a raid5d binary
 # to use instead of building one), RAID5D_FLAGS (extra serve flags), PEERS (default
-# "nbdkit-file nbdkit-null nbd-server gonbd"), ROUNDS (1: each server runs every job once;
+# "nbdkit-file nbdkit-null nbd-server gonbd"; raid5d-b is raid5d again, on the same members, as
+# the binary RAID5D_B (default RAID5D) with RAID5D_B_FLAGS: a before/after or flag comparison
+# in one run), ROUNDS (1: each server runs every job once;
 # more: that many rounds, the servers taking turns in each, each round starting with the next
 # server, and the table shows medians — on a shared machine, load drifts over the minutes a
 # round takes).
@@ -66,6 +68,8 @@ start() { # name: start that server on PORT, in the background, and wait until i
   case $1 in
     raid5d) "$RAID5D" serve --listen 127.0.0.1:$PORT --control "$DIR/ctl.sock" --log-level warn \
               ${RAID5D_FLAGS:-} "$DIR"/m{0..3}.img & ;;
+    raid5d-b) "${RAID5D_B:-$RAID5D}" serve --listen 127.0.0.1:$PORT --control "$DIR/ctl.sock" --log-level warn \
+              ${RAID5D_B_FLAGS:-} "$DIR"/m{0..3}.img & ;;
     nbdkit-file) nbdkit --foreground --exit-with-parent --port $PORT --ipaddr 127.0.0.1 \
                    file "$DIR/peer.img" & ;;
     nbdkit-null) nbdkit --foreground --exit-with-parent --port $PORT --ipaddr 127.0.0.1 \

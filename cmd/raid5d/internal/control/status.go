@@ -129,6 +129,7 @@ type Counters struct {
 	MemberBytesRead    uint64 `json:"member_bytes_read"`
 	MappedBytesRead    uint64 `json:"mapped_bytes_read"` // of MemberBytesRead, sent from the members' mappings
 	MemberBytesWritten uint64 `json:"member_bytes_written"`
+	MappedBytesWritten uint64 `json:"mapped_bytes_written"` // of MemberBytesWritten, copied into the members' mappings
 	CopiedBytes        uint64 `json:"bytes_copied"`
 	CacheHits          uint64 `json:"cache_hits"`
 	CacheMisses        uint64 `json:"cache_misses"`
