@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	memberpkg "github.com/raid5d/raid5d/raid/member"
 	"github.com/raid5d/raid5d/stripe"
 )
 
@@ -51,7 +52,14 @@ type MemberStatus struct {
 	Device      UUID
 	ReadErrors  uint64 // failed reads (served by reconstruction)
 	WriteErrors uint64
+	// Remote is what a remote member says of its server and its link (memberpkg.Reporter:
+	// the export, connections, requests in flight, latency, reconnects); nil for a member
+	// that says nothing (a file or block device).
+	Remote *MemberReport
 }
+
+// MemberReport is what a member says of itself: see memberpkg.Report.
+type MemberReport = memberpkg.Report
 
 // Status is a snapshot of an array's state.
 type Status struct {
@@ -152,6 +160,10 @@ func (a *Array) Status() Status {
 	for i, m := range v.members {
 		ms := v.status[i]
 		ms.ReadErrors, ms.WriteErrors = m.readErrs.Load(), m.writeErrs.Load()
+		if r, ok := memberpkg.Base(m.Member).(memberpkg.Reporter); ok {
+			rep := r.Report()
+			ms.Remote = &rep
+		}
 		switch {
 		case m.faulty.Load():
 			ms.State = MemberFaulty

@@ -95,10 +95,26 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 	for _, m := range s.Members {
 		st.Members = append(st.Members, control.MemberStatus{
 			Path: m.Path, Role: m.Role, State: m.State, Events: m.Events, Device: m.Device.String(),
-			ReadErrors: m.ReadErrors, WriteErrors: m.WriteErrors,
+			ReadErrors: m.ReadErrors, WriteErrors: m.WriteErrors, Remote: remoteOf(m.Remote),
 		})
 	}
 	return st
+}
+
+// remoteOf is a remote member's report in the control protocol's terms; nil for nil.
+func remoteOf(r *raid.MemberReport) *control.Remote {
+	if r == nil {
+		return nil
+	}
+	l := r.Latency
+	return &control.Remote{
+		Kind: r.Kind, State: r.State, Export: r.Server, Flags: r.Features,
+		MinBlock: r.MinBlock, PreferredBlock: r.PreferredBlock, MaxBlock: r.MaxBlock,
+		Connections: r.Conns, Reconnects: r.Reconnects, InFlight: r.InFlight,
+		Requests: r.Requests, Errors: r.Errors, RequestSeconds: r.RequestTime.Seconds(),
+		Latency: control.Latency{WindowSeconds: l.Window.Seconds(), Requests: l.Requests,
+			MeanSeconds: l.Mean.Seconds(), MaxSeconds: l.Max.Seconds()},
+	}
 }
 
 func progressOf(p *raid.Progress) *control.Progress {

@@ -197,6 +197,7 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 		}
 		fmt.Fprintf(w, "missing: role %s\n", strings.Join(roles, ", role "))
 	}
+	printRemote(w, st)
 	c := st.Counters
 	fmt.Fprintln(w, "counters:")
 	fmt.Fprintf(w, "  writes:  %d full-stripe, %d read-modify-write, %d reconstruct-write, %d write-through\n",
@@ -221,4 +222,67 @@ func onlineNote(st *control.Status) string {
 		return " (assembled after an unclean shutdown: resyncing parity)"
 	}
 	return ""
+}
+
+// printRemote is the section on the remote members: for each, its link, its server's export
+// and flags, and how its requests fare. The latency is that of the last interval (about 10 s),
+// mean and longest: the mean says how the member does now, the longest catches the stall a
+// mean hides (one request that waited for a reconnect, a deadline); the totals since the
+// member was opened are in --json and the metrics.
+func printRemote(w io.Writer, st *control.Status) {
+	first := true
+	for _, m := range st.Members {
+		r := m.Remote
+		if r == nil {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w, "remote members:")
+			first = false
+		}
+		role := "spare"
+		if m.Role >= 0 {
+			role = fmt.Sprintf("role %d", m.Role)
+		}
+		fmt.Fprintf(w, "  %s (%s, %s): %s, %s, %s\n", m.Path, role, m.State, r.State,
+			plural(r.Connections, "connection"), plural(int(r.Reconnects), "reconnect"))
+		flags := strings.Join(r.Flags, " ")
+		if flags == "" {
+			flags = "none"
+		}
+		fmt.Fprintf(w, "    server:   %s export %q, flags %s; block sizes min %s, preferred %s, max %s\n",
+			r.Kind, r.Export, flags, formatRate(r.MinBlock), formatRate(r.PreferredBlock), formatRate(r.MaxBlock))
+		fmt.Fprintf(w, "    requests: %d in flight, %d answered (%d failed)\n", r.InFlight, r.Requests, r.Errors)
+		l := r.Latency
+		over := "over the last " + formatLatency(seconds(l.WindowSeconds))
+		if l.Requests == 0 {
+			fmt.Fprintf(w, "    latency:  no requests answered %s\n", over)
+		} else {
+			fmt.Fprintf(w, "    latency:  mean %s, max %s %s (%d requests)\n",
+				formatLatency(seconds(l.MeanSeconds)), formatLatency(seconds(l.MaxSeconds)), over, l.Requests)
+		}
+	}
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// formatLatency is a request time (or an interval) for people, to three significant digits or
+// so: 212µs, 3.41ms, 10.02s.
+func formatLatency(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond).String()
+	case d >= 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond).String()
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.Round(time.Microsecond).String()
 }

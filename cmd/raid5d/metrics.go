@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member"
 )
 
 // Prometheus metrics (serve --metrics). The array's values are read at scrape time by
@@ -262,6 +264,7 @@ func (d blockStatusPart) BlockStatus(off, length int64, dst []nbd.Extent) ([]nbd
 var (
 	arrayStates  = []raid.State{raid.StateClean, raid.StateActive, raid.StateDegraded, raid.StateFailed}
 	memberStates = []string{raid.MemberActive, raid.MemberFaulty, raid.MemberSpare, raid.MemberRebuilding}
+	linkStates   = []string{member.LinkConnected, member.LinkReconnecting, member.LinkDown}
 )
 
 // syncOps are the background operations whose progress is exported, and the raid.Progress
@@ -305,6 +308,17 @@ var arrayMetricDefs = []metricDef{
 	{"raid5d_member_state", "1 for each member's current state, 0 for the others.", []string{"member", "state"}},
 	{"raid5d_member_read_errors_total", "Failed member reads (served by reconstruction).", []string{"member"}},
 	{"raid5d_member_write_errors_total", "Failed member writes.", []string{"member"}},
+	{"raid5d_remote_member_info", "1 for each remote member, with its kind, its export's name on the server and the server's transmission flags.", []string{"member", "kind", "export", "flags"}},
+	{"raid5d_remote_member_link", "1 for each remote member's current link state, 0 for the others.", []string{"member", "state"}},
+	{"raid5d_remote_member_block_size_bytes", "A remote member's server's block sizes (size: min, preferred, max).", []string{"member", "size"}},
+	{"raid5d_remote_member_connections", "Connections open to a remote member's server.", []string{"member"}},
+	{"raid5d_remote_member_reconnects_total", "Connections to a remote member's server re-established.", []string{"member"}},
+	{"raid5d_remote_member_requests_in_flight", "A remote member's requests sent and not yet answered.", []string{"member"}},
+	{"raid5d_remote_member_requests_total", "A remote member's requests answered since it was opened.", []string{"member"}},
+	{"raid5d_remote_member_request_errors_total", "A remote member's requests that failed.", []string{"member"}},
+	{"raid5d_remote_member_request_seconds_total", "Total time of a remote member's answered requests: its rate over the requests' rate is the mean latency.", []string{"member"}},
+	{"raid5d_remote_member_latency_mean_seconds", "Mean time of a remote member's requests over the last interval (about 10 s).", []string{"member"}},
+	{"raid5d_remote_member_latency_max_seconds", "Longest time of a remote member's requests over the last interval (about 10 s).", []string{"member"}},
 	{"raid5d_sync_running", "1 while the operation runs (or waits to).", []string{"op"}},
 	{"raid5d_sync_done_bytes", "Member data-area bytes done by the running operation, else by its last run.", []string{"op"}},
 	{"raid5d_sync_total_bytes", "Member data-area bytes the running operation, else its last run, covers.", []string{"op"}},
@@ -373,6 +387,23 @@ func (c *arrayCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		emit("raid5d_member_read_errors_total", counter, float64(m.ReadErrors), m.Path)
 		emit("raid5d_member_write_errors_total", counter, float64(m.WriteErrors), m.Path)
+		if r := m.Remote; r != nil {
+			emit("raid5d_remote_member_info", gauge, 1, m.Path, r.Kind, r.Server, strings.Join(r.Features, ","))
+			for _, s := range linkStates {
+				emit("raid5d_remote_member_link", gauge, boolValue(r.State == s), m.Path, s)
+			}
+			emit("raid5d_remote_member_block_size_bytes", gauge, float64(r.MinBlock), m.Path, "min")
+			emit("raid5d_remote_member_block_size_bytes", gauge, float64(r.PreferredBlock), m.Path, "preferred")
+			emit("raid5d_remote_member_block_size_bytes", gauge, float64(r.MaxBlock), m.Path, "max")
+			emit("raid5d_remote_member_connections", gauge, float64(r.Conns), m.Path)
+			emit("raid5d_remote_member_reconnects_total", counter, float64(r.Reconnects), m.Path)
+			emit("raid5d_remote_member_requests_in_flight", gauge, float64(r.InFlight), m.Path)
+			emit("raid5d_remote_member_requests_total", counter, float64(r.Requests), m.Path)
+			emit("raid5d_remote_member_request_errors_total", counter, float64(r.Errors), m.Path)
+			emit("raid5d_remote_member_request_seconds_total", counter, r.RequestTime.Seconds(), m.Path)
+			emit("raid5d_remote_member_latency_mean_seconds", gauge, r.Latency.Mean.Seconds(), m.Path)
+			emit("raid5d_remote_member_latency_max_seconds", gauge, r.Latency.Max.Seconds(), m.Path)
+		}
 	}
 	for _, s := range memberStates {
 		emit("raid5d_array_members", gauge, float64(byState[s]), s)

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member"
 )
 
 // documentedMetrics are the names the README lists; every one must be in a scrape of an array
@@ -34,6 +36,10 @@ var documentedMetrics = []string{
 	"raid5d_nbd_buffers_mapped_bytes", "raid5d_nbd_buffers_pinned", "raid5d_nbd_pinned_writes_total",
 	"raid5d_requests_total", "raid5d_request_bytes_total", "raid5d_request_errors_total",
 	"raid5d_request_duration_seconds",
+	"raid5d_remote_member_info", "raid5d_remote_member_link", "raid5d_remote_member_block_size_bytes",
+	"raid5d_remote_member_connections", "raid5d_remote_member_reconnects_total", "raid5d_remote_member_requests_in_flight",
+	"raid5d_remote_member_requests_total", "raid5d_remote_member_request_errors_total", "raid5d_remote_member_request_seconds_total",
+	"raid5d_remote_member_latency_mean_seconds", "raid5d_remote_member_latency_max_seconds",
 }
 
 // fakeDevice records nothing; WriteAt fails at offset failAt.
@@ -212,7 +218,12 @@ func TestMetricsScrape(t *testing.T) {
 		State: raid.StateDegraded, Size: 3 << 20, Dirty: true, Missing: []int{2},
 		Members: []raid.MemberStatus{
 			{Path: "/m0", State: raid.MemberActive, ReadErrors: 3},
-			{Path: "/m1", State: raid.MemberActive, WriteErrors: 1},
+			{Path: "/m1", State: raid.MemberActive, WriteErrors: 1, Remote: &raid.MemberReport{
+				Kind: "nbd", State: member.LinkReconnecting, Server: "x1", Features: []string{"flush", "fua"},
+				MinBlock: 1, PreferredBlock: 4096, MaxBlock: 32 << 20, Conns: 2, Reconnects: 3, InFlight: 4,
+				Requests: 100, Errors: 5, RequestTime: 2 * time.Second,
+				Latency: member.Latency{Window: 10 * time.Second, Requests: 50, Mean: 3 * time.Millisecond, Max: 40 * time.Millisecond},
+			}},
 			{Path: "/m2", State: raid.MemberFaulty},
 			{Path: "/m2", State: raid.MemberFaulty}, // a duplicate path must not break the scrape
 			{Path: "/m3", State: raid.MemberRebuilding},
@@ -325,6 +336,19 @@ func TestMetricsScrape(t *testing.T) {
 		{"raid5d_request_bytes_total", []string{"cmd", "trim"}, 1 << 20},
 		{"raid5d_request_bytes_total", []string{"cmd", "write_zeroes"}, 65536},
 		{"raid5d_request_errors_total", []string{"cmd", "read"}, 0},
+		{"raid5d_remote_member_info", []string{"member", "/m1", "kind", "nbd", "export", "x1", "flags", "flush,fua"}, 1},
+		{"raid5d_remote_member_link", []string{"member", "/m1", "state", "reconnecting"}, 1},
+		{"raid5d_remote_member_link", []string{"member", "/m1", "state", "connected"}, 0},
+		{"raid5d_remote_member_block_size_bytes", []string{"member", "/m1", "size", "preferred"}, 4096},
+		{"raid5d_remote_member_block_size_bytes", []string{"member", "/m1", "size", "max"}, 32 << 20},
+		{"raid5d_remote_member_connections", []string{"member", "/m1"}, 2},
+		{"raid5d_remote_member_reconnects_total", []string{"member", "/m1"}, 3},
+		{"raid5d_remote_member_requests_in_flight", []string{"member", "/m1"}, 4},
+		{"raid5d_remote_member_requests_total", []string{"member", "/m1"}, 100},
+		{"raid5d_remote_member_request_errors_total", []string{"member", "/m1"}, 5},
+		{"raid5d_remote_member_request_seconds_total", []string{"member", "/m1"}, 2},
+		{"raid5d_remote_member_latency_mean_seconds", []string{"member", "/m1"}, 0.003},
+		{"raid5d_remote_member_latency_max_seconds", []string{"member", "/m1"}, 0.04},
 	} {
 		t.Run(c.name+strings.Join(c.labels, "_"), func(t *testing.T) {
 			if got := value(t, fams, c.name, c.labels...); got != c.want {
@@ -334,6 +358,10 @@ func TestMetricsScrape(t *testing.T) {
 	}
 	if n := len(fams["raid5d_member_state"].GetMetric()); n != 4*len(memberStates) {
 		t.Errorf("raid5d_member_state has %d series, want %d (one per path and state)", n, 4*len(memberStates))
+	}
+
+	if n := len(fams["raid5d_remote_member_info"].GetMetric()); n != 1 {
+		t.Errorf("raid5d_remote_member_info has %d series, want 1 (the one remote member)", n)
 	}
 
 	// Without a bitmap its metrics are absent, the rest still there.

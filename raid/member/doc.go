@@ -17,6 +17,9 @@
 // one call per buffer without it), DSyncWriter (one durable write; else WriteAt and Sync),
 // SizeChecker (SyncData: no check without it), Mapper (mapped reads; else ReadAt),
 // HoleFinder (block status; else all data) and Wrapper (Base). File has all but Wrapper.
+// Reporter (report.go) is for people rather than I/O: a remote member's server, link and
+// latency, which the array's Status carries (found under wrappers) and status and the
+// metrics show.
 //
 // # Kinds
 //

@@ -141,6 +141,7 @@ type Member struct {
 	// Counters for status and metrics (atomics, read with Load; the generation's connections
 	// count their own requests in flight, conn.inflight).
 	reconnects atomic.Int64 // generations installed after Open's: successful reconnects
+	stats      stats        // every request's count and time, for Report (stats.go)
 
 	mu       sync.Mutex    // guards the fields below, and generation.retiring
 	failed   error         // set once: every request fails with it (ErrLostWrites, ErrExportChanged)
@@ -545,7 +546,8 @@ func (m *Member) deadline() time.Time {
 // break is sent again once reconnected, and so is any request the break kept from being
 // sent (client.ErrNotSent); a write the break cut off is not (see the package doc,
 // "Reconnecting"): it fails, and so does the member.
-func (m *Member) do(k kind, p []byte, off, n int64) error {
+func (m *Member) do(k kind, p []byte, off, n int64) (err error) {
+	defer m.stats.end(m.stats.begin(), &err)
 	deadline := m.deadline()
 	for {
 		g, c, err := m.acquire(deadline)
@@ -625,10 +627,11 @@ func (m *Member) brokenBy(c *conn, err error) error {
 // Sync flushes the server's cache (FLUSH on every connection); nil if the server advertises
 // none. It succeeds only if every connection's FLUSH does, or if the connections broke with
 // nothing acknowledged since the last flush (there was nothing to flush).
-func (m *Member) Sync() error {
+func (m *Member) Sync() (err error) {
 	if m.flags&client.FlagSendFlush == 0 {
 		return nil
 	}
+	defer m.stats.end(m.stats.begin(), &err)
 	deadline := m.deadline()
 	for {
 		g := m.cur.Load()

@@ -95,6 +95,34 @@ type MemberStatus struct {
 	Device      string `json:"device_uuid"`
 	ReadErrors  uint64 `json:"read_errors"`
 	WriteErrors uint64 `json:"write_errors"`
+	// Remote is a remote member's server and link; absent for local members.
+	Remote *Remote `json:"remote,omitempty"`
+}
+
+// Remote is what a remote member (an NBD export) says of its server and its link.
+type Remote struct {
+	Kind           string   `json:"kind"`   // nbd
+	State          string   `json:"state"`  // connected, reconnecting, down
+	Export         string   `json:"export"` // the export's name on its server
+	Flags          []string `json:"flags"`  // the server's transmission flags: flush, fua, trim, write_zeroes, multi_conn, ...
+	MinBlock       int64    `json:"min_block"`
+	PreferredBlock int64    `json:"preferred_block"`
+	MaxBlock       int64    `json:"max_block"`
+	Connections    int      `json:"connections"`
+	Reconnects     uint64   `json:"reconnects"`
+	InFlight       int64    `json:"in_flight"`       // requests sent and not yet answered
+	Requests       uint64   `json:"requests"`        // answered since the member was opened
+	Errors         uint64   `json:"request_errors"`  // of them, failed
+	RequestSeconds float64  `json:"request_seconds"` // their total time
+	Latency        Latency  `json:"latency"`         // over the last interval (about 10 s)
+}
+
+// Latency is how long a remote member's requests took over an interval.
+type Latency struct {
+	WindowSeconds float64 `json:"window_seconds"` // how long the interval was
+	Requests      uint64  `json:"requests"`       // answered in it
+	MeanSeconds   float64 `json:"mean_seconds"`
+	MaxSeconds    float64 `json:"max_seconds"`
 }
 
 // Progress is a rebuild or scrub, running or finished.
