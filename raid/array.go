@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/parity"
 	"github.com/raid5d/raid5d/raid/internal/bitmap"
 	"github.com/raid5d/raid5d/raid/internal/journal"
@@ -175,7 +176,7 @@ func (a *Array) putScratch(s *scratch) {
 // buf returns slot i's buffer cut to n bytes.
 func (s *scratch) buf(i int, chunk, n int64) []byte {
 	if s.bufs[i] == nil {
-		s.bufs[i] = make([]byte, chunk)
+		s.bufs[i] = aligned.Make(int(chunk)) // members read into it: aligned for direct I/O
 	}
 	return s.bufs[i][:n]
 }

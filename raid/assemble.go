@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/stripe"
 )
@@ -692,7 +693,7 @@ func openJournal(ref *superblock, opts AssembleOptions) (m Member, path string, 
 
 // readSuperblock reads and decodes m's superblock.
 func readSuperblock(m Member) (*superblock, error) {
-	buf := make([]byte, SuperblockSize)
+	buf := aligned.Make(SuperblockSize) // aligned for direct I/O
 	if m.Size() < SuperblockOffset+SuperblockSize {
 		return nil, fmt.Errorf("%w: member of %d bytes is too small to hold one", ErrBadMagic, m.Size())
 	}

@@ -3,6 +3,7 @@ package raid
 import (
 	"golang.org/x/sys/unix"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	memberpkg "github.com/raid5d/raid5d/raid/member" // raid's own type is member (failure.go)
 )
 
@@ -81,5 +82,6 @@ func createMemberFile(path string, size int64) error { return memberpkg.CreateFi
 
 func resident(b, vec []byte) (bool, []byte) { return memberpkg.Resident(b, vec) }
 
-// zeroBuf is a shared, never-written buffer of zeroes.
-var zeroBuf = make([]byte, 1<<20)
+// zeroBuf is a shared, never-written buffer of zeroes, aligned for direct I/O (whole stripes
+// of zeroes are written from it).
+var zeroBuf = aligned.Make(1 << 20)

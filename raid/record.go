@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/raid5d/raid5d/internal/aligned"
 )
 
 // writeSuperblocks bumps the events counter, brings every working member's superblock up to
@@ -81,7 +83,7 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 		if set != nil {
 			set(sb)
 		}
-		buf := make([]byte, SuperblockSize) // each its own: a hung member's write may outlive this call
+		buf := aligned.Make(SuperblockSize) // aligned for direct I/O; each its own: a hung member's write may outlive this call
 		sb.encode(buf)
 		ms, bufs, roles = append(ms, m), append(bufs, buf), append(roles, sb.Role)
 	}

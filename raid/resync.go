@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/raid/internal/bitmap"
 )
 
@@ -219,7 +220,7 @@ func (a *Array) runResync(ctx context.Context, j *syncJob) error {
 	batch := a.syncBatch()
 	bufs := make([][]byte, a.layout.Members()+1)
 	for i := range bufs {
-		bufs[i] = make([]byte, batch*C)
+		bufs[i] = aligned.Make(int(batch * C)) // members read into it: aligned for direct I/O
 	}
 	t := a.newThrottle()
 	for _, r := range regions {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/raid/internal/journal"
 )
 
@@ -387,7 +388,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	n := a.layout.Members()
 	bufs := make([][]byte, n)
 	for i := range bufs {
-		bufs[i] = make([]byte, batch*C)
+		bufs[i] = aligned.Make(int(batch * C)) // members read into it: aligned for direct I/O
 	}
 	t := a.newThrottle()
 	lastCk := time.Now()
@@ -597,7 +598,7 @@ func (a *Array) scrub(ctx context.Context, j *syncJob, repair bool) error {
 	n := a.layout.Members()
 	bufs := make([][]byte, n+1)
 	for i := range bufs {
-		bufs[i] = make([]byte, batch*C)
+		bufs[i] = aligned.Make(int(batch * C)) // members read into it: aligned for direct I/O
 	}
 	t := a.newThrottle()
 	for pos := int64(0); pos < total; {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/parity"
 	"github.com/raid5d/raid5d/stripe"
 )
@@ -139,7 +140,8 @@ func New(layout stripe.Layout, coder *parity.Coder, m Backend, locks *stripe.Loc
 	c.batches.New = func() any {
 		n, m := c.nBatch, int64(layout.Members())
 		return &batch{
-			data: make([]byte, n*layout.StripeSize()), par: make([]byte, n*c.chunk),
+			// Written from by members: aligned for direct I/O.
+			data: aligned.Make(int(n * layout.StripeSize())), par: aligned.Make(int(n * c.chunk)),
 			ops: make([]stripe.MemberOp, 0, n*m), vecs: make([][]byte, 0, n*m), shards: make([][]byte, c.nd+1),
 		}
 	}

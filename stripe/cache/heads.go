@@ -3,6 +3,7 @@ package cache
 import (
 	"time"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/stripe"
 )
 
@@ -45,8 +46,10 @@ type head struct {
 	mustRCW bool // a write-out failed half-way: old parity cannot be trusted
 }
 
+// alloc makes h's buffers; its chunk buffers are page-aligned (aligned.Make), as direct-I/O
+// members need of every buffer they read into or write from.
 func (c *Cache) alloc(h *head) {
-	h.buf = make([]byte, int64(c.nd+1)*c.chunk)
+	h.buf = aligned.Make((c.nd + 1) * int(c.chunk))
 	h.st = make([]uint8, c.nd*c.upc)
 }
 

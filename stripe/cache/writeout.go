@@ -1,6 +1,9 @@
 package cache
 
-import "github.com/raid5d/raid5d/stripe"
+import (
+	"github.com/raid5d/raid5d/internal/aligned"
+	"github.com/raid5d/raid5d/stripe"
+)
 
 // workspace is one write-out's scratch memory.
 type workspace struct {
@@ -153,7 +156,7 @@ func (c *Cache) oldUnit(ws *workspace, d, u int) []byte {
 func (c *Cache) getWork() *workspace {
 	ws := c.work.Get().(*workspace)
 	if ws.old == nil {
-		ws.old = make([]byte, int64(c.nd+1)*c.chunk)
+		ws.old = aligned.Make((c.nd + 1) * int(c.chunk)) // read into by members: aligned for direct I/O
 		// Room for a plan's usual runs; a scattered head's grow them once per workspace.
 		ws.plan.Cols = make([]stripe.Col, c.upc)
 		ws.plan.Reads = make([]stripe.Run, 0, 2*(c.nd+1))

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/raid5d/raid5d/internal/aligned"
 )
 
 const (
@@ -198,7 +200,7 @@ func (b *Bitmap) flushLocked() error {
 	}
 	// Copy the pages while holding mu: writers may change bits meanwhile. The copy is this
 	// flush's own, so a member write that outlives WritePages reads nothing reused.
-	img := make([]byte, len(pages)*PageSize)
+	img := aligned.Make(len(pages) * PageSize) // aligned for direct I/O
 	for i := range pages {
 		off := pages[i].Off
 		pages[i].Data = img[i*PageSize : (i+1)*PageSize]
@@ -318,7 +320,7 @@ func (bs Bits) Has(r int64) bool { return bs[r/8]&(1<<(r%8)) != 0 }
 // returns the read error, or ErrCorrupt.
 func (b *Bitmap) Load() (Bits, error) {
 	union := make(Bits, len(b.bits))
-	buf := make([]byte, len(b.bits))
+	buf := aligned.Make(len(b.bits)) // aligned for direct I/O
 	err := b.m.ReadEach(buf, func() {
 		for i := range union {
 			union[i] |= buf[i]

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/stripe"
 )
 
@@ -165,7 +166,7 @@ func decodeHeader(b []byte) (*Header, error) {
 
 // Owner reports whether m holds a valid journal header, and whose.
 func Owner(m Store) (UUID, bool) {
-	buf := make([]byte, RingOffset)
+	buf := aligned.Make(RingOffset) // aligned for direct I/O
 	if m.Size() < RingOffset {
 		return UUID{}, false
 	}
@@ -187,7 +188,7 @@ func ReadHeader(m Store, uuid UUID) (*Header, error) {
 	if m.Size() < RingOffset {
 		return nil, fmt.Errorf("%w: %s: %d bytes, too small to hold a journal", ErrUnusable, m.Name(), m.Size())
 	}
-	buf := make([]byte, RingOffset)
+	buf := aligned.Make(RingOffset) // aligned for direct I/O
 	if _, err := m.ReadAt(buf, 0); err != nil {
 		return nil, fmt.Errorf("%w: %s: reading the header: %w", ErrUnusable, m.Name(), err)
 	}
@@ -318,7 +319,7 @@ func encodeRecord(dst []byte, uuid UUID, s0, n int64, ops []Op) []byte {
 	length := hdrLen + pageUp(payload)
 	b := dst[:0]
 	if int64(cap(b)) < length {
-		b = make([]byte, length)
+		b = aligned.Make(int(length)) // aligned for direct I/O
 	} else {
 		b = b[:length]
 		clear(b)
@@ -351,7 +352,7 @@ func encodeRecord(dst []byte, uuid UUID, s0, n int64, ops []Op) []byte {
 // encodePad returns a pad record: one header block that says the next length bytes (to the
 // end of the ring) hold no record.
 func encodePad(uuid UUID, length int64) []byte {
-	b := make([]byte, page)
+	b := aligned.Make(page) // aligned for direct I/O
 	le := binary.LittleEndian
 	copy(b[jrMagic:], recordMagic[:])
 	le.PutUint32(b[jrType:], jrecPad)

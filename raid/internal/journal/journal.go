@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/stripe"
 )
 
@@ -138,8 +139,8 @@ func Init(m Store, uuid UUID) (*Header, error) {
 	ring := (m.Size() - RingOffset) / page * page
 	h := &Header{ArrayUUID: uuid, Size: RingOffset + ring, RingSize: ring, Tail: 0, TailSeq: 1, Gen: 1,
 		Created: time.Now()}
-	buf := make([]byte, RingOffset)
-	h.encode(buf[headerSize:]) // slot 1 (Gen 1); slot 0 stays zero, invalid
+	buf := aligned.Make(RingOffset) // aligned for direct I/O
+	h.encode(buf[headerSize:])      // slot 1 (Gen 1); slot 0 stays zero, invalid
 	if _, err := m.WriteAt(buf, 0); err != nil {
 		return nil, fmt.Errorf("%w: %s: writing the header: %w", ErrUnusable, m.Name(), err)
 	}
@@ -349,7 +350,7 @@ func (j *Journal) writeHeader(lsn, seq uint64) error {
 	if j.needResync {
 		h.Flags |= jhfResync
 	}
-	buf := make([]byte, headerSize)
+	buf := aligned.Make(headerSize) // aligned for direct I/O
 	h.encode(buf)
 	off := int64(h.Gen%2) * headerSize
 	if _, err := j.m.WriteAt(buf, off); err != nil {

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/raid5d/raid5d/internal/aligned"
 )
 
 // A replay, and why a damaged record must stop it loudly.
@@ -73,7 +75,9 @@ func (j *Journal) readRecord(pos, seq uint64, buf *[]byte) (r *Record, why, err 
 		return r, r.checkBody(b), nil
 	}
 	if int64(cap(*buf)) < r.length {
-		*buf = append((*buf)[:page], make([]byte, r.length-page)...)
+		nb := aligned.Make(int(r.length)) // aligned for direct I/O
+		copy(nb, (*buf)[:page])
+		*buf = nb
 	}
 	b = (*buf)[:r.length]
 	if _, err := j.m.ReadAt(b[page:], RingOffset+phys+page); err != nil {
@@ -95,7 +99,7 @@ func (j *Journal) readRecord(pos, seq uint64, buf *[]byte) (r *Record, why, err 
 func (j *Journal) scan() ([]replayRec, scanEnd, error) {
 	ring := uint64(j.ringSize)
 	pos, seq := j.tail, j.tailSeq
-	buf := make([]byte, page)
+	buf := aligned.Make(page) // aligned for direct I/O
 	var recs []replayRec
 	var why error
 	for pos-j.tail < ring {
@@ -118,7 +122,7 @@ func (j *Journal) scan() ([]replayRec, scanEnd, error) {
 	end.v1 = isV1Record(buf[:page], j.uuid, pos, seq)
 	// Every page from the end to the tail's next lap, read a chunk at a time (a chunk never
 	// crosses the ring's end).
-	chunk := make([]byte, 1<<20)
+	chunk := aligned.Make(1 << 20) // aligned for direct I/O
 	for p := pos; p < j.tail+ring; {
 		phys := int64(p % ring)
 		c := chunk[:min(int64(len(chunk)), j.ringSize-phys, int64(j.tail+ring-p))]
@@ -229,7 +233,7 @@ func (j *Journal) Recover(skipCorrupt bool) (resync bool, err error) {
 // already accounts for it), syncs the members and empties the journal. It runs at assembly,
 // before the array serves. It returns the records replayed.
 func (j *Journal) replay(recs []replayRec, end scanEnd) (int, error) {
-	buf := make([]byte, page)
+	buf := aligned.Make(page) // aligned for direct I/O
 	n := 0
 	for _, rr := range recs {
 		if rr.typ != jrecOps {
