@@ -72,9 +72,26 @@
 // the holder. exclusive.go says why flock and not fcntl locks; raid's doc.go # Exclusive use
 // says what the array does with it.
 //
+// # Direct I/O
+//
+// OpenFile opens members with O_DIRECT as SetDirect says (DirectAuto, the default: block
+// devices; DirectOn: files too; DirectOff: none), bypassing the page cache. Direct I/O needs
+// the memory, offset and length of every call aligned to the member's block: STATX_DIOALIGN's
+// memory and offset alignments (the larger), else a block device's logical block size
+// (BLKSSZGET), else 4096 (File.Direct says which). A call that is aligned goes to the device as
+// it is; any other is carried through a bounce buffer (direct.go): the aligned blocks around
+// its range are read into one, the bytes copied, and for a write the whole blocks written back,
+// a block written only in part under a lock so that two such writes to one block cannot undo
+// each other. So no call fails for its alignment (EINVAL); File.Bounced counts the ones that
+// were bounced, and the array's own buffers (internal/aligned) are aligned so that only odd
+// requests are. Sync is fdatasync as before: it also flushes a device's write cache. A direct
+// member has no Mapping (mapped reads read the page cache it bypasses). Under DirectAuto a
+// device that refuses O_DIRECT is used through the page cache; under DirectOn a file that
+// cannot do direct I/O is ErrNoDirect.
+//
 // # Errors
 //
-// ErrShortRead and ErrShrunk (I/O, errno EIO) and ErrBusy (opening). The raid package
+// ErrShortRead and ErrShrunk (I/O, errno EIO) and ErrBusy and ErrNoDirect (opening). The raid package
 // re-exports them as raid.ErrShortRead, raid.ErrMemberShrunk and raid.ErrMemberBusy, and
 // its MemberError wraps them with the member's name and role.
 package member

@@ -35,6 +35,12 @@ var (
 	// never fs.ErrNotExist, so the array does not take such a member for a missing one.
 	// raid.ErrUnknownMemberKind is this error.
 	ErrUnknownKind = errors.New("raid: no registered kind of member for this spec")
+	// ErrNoDirect is returned, inside an *os.PathError naming the file, by OpenFile (and so by
+	// Open for a path) under DirectOn for a file that cannot do direct I/O: its file system
+	// refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE file systems), or its size is not a
+	// multiple of its direct-I/O block. serve --direct=auto (the default) or off opens it
+	// through the page cache instead.
+	ErrNoDirect = errors.New("raid: member cannot do direct I/O (O_DIRECT)")
 )
 
 type errnoError struct {

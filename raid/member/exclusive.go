@@ -95,18 +95,21 @@ func (e *BusyError) Error() string {
 
 func (e *BusyError) Unwrap() error { return ErrBusy }
 
-// openUse opens the file or block device at path for use (see Use). A lock or an
-// exclusive claim held elsewhere is a *BusyError.
-func openUse(path string, use Use) (*os.File, error) {
+// openUse opens the file or block device at path for use (see Use), with O_DIRECT if direct.
+// A lock or an exclusive claim held elsewhere is a *BusyError.
+func openUse(path string, use Use, direct bool) (*os.File, error) {
 	flag := os.O_RDONLY | unix.O_CLOEXEC
+	if direct {
+		flag |= unix.O_DIRECT
+	}
 	block := false
 	if use == Exclusive {
-		flag = os.O_RDWR | unix.O_CLOEXEC
+		flag = os.O_RDWR | unix.O_CLOEXEC | flag&unix.O_DIRECT
 		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0 {
 			block, flag = true, flag|unix.O_EXCL
 		}
 	}
-	f, err := os.OpenFile(path, flag, 0)
+	f, err := openFunc(path, flag, 0)
 	if err != nil {
 		if block && errors.Is(err, unix.EBUSY) {
 			return nil, claimedError(path)
@@ -138,6 +141,9 @@ func openUse(path string, use Use) (*os.File, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// openFunc is os.OpenFile; tests replace it to refuse O_DIRECT as some file systems do.
+var openFunc = os.OpenFile
 
 // claimedError describes a block device whose exclusive open failed with EBUSY: raid5d's lock
 // holders, if another raid5d has it, else its holders in sysfs (md, dm) or its mount point.

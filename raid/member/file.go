@@ -6,8 +6,10 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
+	"github.com/raid5d/raid5d/internal/aligned"
 	"golang.org/x/sys/unix"
 )
 
@@ -15,6 +17,12 @@ import (
 // Member it has every optional capability: Vectored (preadv, pwritev), DSyncWriter
 // (pwritev2 RWF_DSYNC), SizeChecker, Mapper and MappedWriter (mapped.go) and HoleFinder
 // (holes.go).
+//
+// A File opened for direct I/O (SetDirect; package doc # Direct I/O) reads and writes with
+// O_DIRECT: calls whose memory, offset and length are aligned to its block (Direct) go to the
+// device as they are, any other through a bounce buffer (direct.go), so none fails for its
+// alignment. Its Mapping is nil: mapped reads and writes would go through the page cache it
+// bypasses.
 type File struct {
 	f     *os.File
 	fd    int
@@ -22,6 +30,11 @@ type File struct {
 	size  int64
 	block bool
 	tmpfs bool // a file on tmpfs: its page cache is all there is (WriteMapped)
+
+	direct  bool          // opened with O_DIRECT (initDirect)
+	align   int64         // direct: the alignment of memory, offsets and lengths its calls need
+	rmwMu   sync.Mutex    // direct: serialises bounced writes that rewrite a block in part
+	bounced atomic.Uint64 // direct: calls carried through a bounce buffer (Bounced)
 
 	// The file mapped for mapped reads and writes (mapped.go), made at the first use with
 	// protection prot; nil if none could be made. Unmapped by Close.
@@ -34,13 +47,26 @@ type File struct {
 // lock on it until Close, exclusive for Exclusive (and a block device is then opened with
 // O_EXCL), shared for Shared, none for Inspect (package doc # Exclusive use). A member in use
 // elsewhere is ErrBusy, in a *BusyError naming the holder. A block device's size comes from
-// BLKGETSIZE64, a file's from its length.
+// BLKGETSIZE64, a file's from its length. It is opened for direct I/O as SetDirect says; a
+// file that cannot do it under DirectOn is ErrNoDirect, in an *os.PathError naming it.
 func OpenFile(path string, use Use) (*File, error) {
-	f, err := openUse(path, use)
+	mode := DirectMode()
+	direct := wantDirect(path, mode)
+	f, err := openUse(path, use, direct)
+	if err != nil && direct && errors.Is(err, unix.EINVAL) { // O_DIRECT refused at the open
+		if mode != DirectAuto {
+			return nil, &os.PathError{Op: "open O_DIRECT", Path: path, Err: fmt.Errorf("%w: %w", ErrNoDirect, unix.EINVAL)}
+		}
+		direct = false
+		f, err = openUse(path, use, false)
+	}
 	if err != nil {
 		return nil, err
 	}
 	m, err := newFileMember(f, path)
+	if err == nil && direct {
+		err = m.initDirect(mode)
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -94,12 +120,18 @@ func (m *File) Close() error { return errors.Join(m.unmap(), m.f.Close()) }
 // ErrShortRead (shortRead), never zeroes: a file is Size bytes when it is opened, and holes
 // within it read as zeroes by pread itself, so an end of file within Size means the file was
 // truncated under the array. A read past Size ends there with io.EOF, as io.ReaderAt's do.
+//
+// A direct member reads an unaligned p or range through a bounce buffer (bounceRead).
 func (m *File) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, &os.PathError{Op: "read", Path: m.path, Err: unix.EINVAL}
 	}
 	n := 0
 	for n < len(p) {
+		if !m.isAligned(p[n:], off+int64(n)) { // a direct member, or a direct read that ended short
+			k, err := m.bounceRead([][]byte{p[n:]}, len(p)-n, off+int64(n))
+			return n + k, err
+		}
 		k, err := unix.Pread(m.fd, p[n:], off+int64(n))
 		if err == unix.EINTR {
 			continue
@@ -108,14 +140,20 @@ func (m *File) ReadAt(p []byte, off int64) (int, error) {
 			return n, &os.PathError{Op: "pread", Path: m.path, Err: err}
 		}
 		if k == 0 { // end of file
-			if off+int64(n) >= m.size {
-				return n, io.EOF
-			}
-			return n, m.shortRead("pread", off, n, len(p))
+			return n, m.readEnd(off, n, len(p))
 		}
 		n += k
 	}
 	return n, nil
+}
+
+// readEnd is the error of a read at off that met the end of the file after n of want bytes:
+// io.EOF at or past Size, else ErrShortRead (shortRead).
+func (m *File) readEnd(off int64, n, want int) error {
+	if off+int64(n) >= m.size {
+		return io.EOF
+	}
+	return m.shortRead("pread", off, n, want)
 }
 
 // shortRead is the error of a read at off that met the end of the file after n of want bytes:
@@ -141,9 +179,13 @@ func (m *File) sizeNow() (int64, error) {
 }
 
 // WriteAt writes with pwrite, retrying EINTR and short writes. Writes past Size are refused.
+// A direct member writes an unaligned p or range through a bounce buffer (bounceWrite).
 func (m *File) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > m.size {
 		return 0, &os.PathError{Op: "write", Path: m.path, Err: fmt.Errorf("range [%d, %d) outside member of %d bytes", off, off+int64(len(p)), m.size)}
+	}
+	if !m.isAligned(p, off) {
+		return m.bounceWrite([][]byte{p}, len(p), off, 0)
 	}
 	n := 0
 	for n < len(p) {
@@ -189,6 +231,9 @@ func (m *File) ReadvAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error) 
 	if off < 0 || len(bufs) > MaxIov {
 		return 0, &os.PathError{Op: "preadv", Path: m.path, Err: unix.EINVAL}
 	}
+	if !m.vecAligned(bufs, off) {
+		return m.bounceRead(bufs, total, off)
+	}
 	n, err := m.vec(unix.SYS_PREADV, Iovecs(iov, bufs, 0), off)
 	if err != nil {
 		return 0, &os.PathError{Op: "preadv", Path: m.path, Err: err}
@@ -213,6 +258,9 @@ func (m *File) WritevAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error)
 	}
 	if off < 0 || off+int64(total) > m.size || len(bufs) > MaxIov {
 		return 0, &os.PathError{Op: "pwritev", Path: m.path, Err: fmt.Errorf("range [%d, %d) outside member of %d bytes, or %d buffers", off, off+int64(total), m.size, len(bufs))}
+	}
+	if !m.vecAligned(bufs, off) {
+		return m.bounceWrite(bufs, total, off, 0)
 	}
 	n, err := m.vec(unix.SYS_PWRITEV, Iovecs(iov, bufs, 0), off)
 	if err != nil {
@@ -264,8 +312,15 @@ func (m *File) CheckSize() error {
 
 // WriteAtDSync (DSyncWriter) writes p at off with pwritev2(RWF_DSYNC): durable on return, like
 // a write and an fdatasync of just this range. Falls back to pwrite and fdatasync where the
-// kernel or file system refuses the flag.
+// kernel or file system refuses the flag. A direct member writes an unaligned p or range
+// through a bounce buffer.
 func (m *File) WriteAtDSync(p []byte, off int64) (int, error) {
+	if !m.isAligned(p, off) {
+		if off < 0 || off+int64(len(p)) > m.size {
+			return m.WriteAt(p, off) // refused
+		}
+		return m.bounceWrite([][]byte{p}, len(p), off, unix.RWF_DSYNC)
+	}
 	n, err := 0, error(nil)
 	for n < len(p) {
 		k, e := unix.Pwritev2(m.fd, [][]byte{p[n:]}, off+int64(n), unix.RWF_DSYNC)
@@ -323,8 +378,8 @@ func retryEINTR(f func() error) error {
 	}
 }
 
-// zeroBuf is a shared, never-written buffer of zeroes.
-var zeroBuf = make([]byte, 1<<20)
+// zeroBuf is a shared, never-written buffer of zeroes, aligned for direct I/O.
+var zeroBuf = aligned.Make(1 << 20)
 
 // WriteZeroes writes zeroes to [off, off+length) of w, 1 MiB at a time: Trim's fallback for a
 // member that cannot release space.

@@ -17,11 +17,12 @@ import (
 const maxMapped = 16 << 40
 
 // Mapping (Mapper) returns the member file mapped in full, mapping it at the first call, or nil
-// if it cannot be mapped (empty, too big, or mmap refused). Close unmaps it. The caller only
-// reads it: WriteMapped is the one writer.
+// if it cannot be mapped (empty, too big, or mmap refused) or must not be: a direct member's
+// bytes are not in the page cache a mapping reads and writes, and its own I/O bypasses it.
+// Close unmaps it. The caller only reads it: WriteMapped is the one writer.
 func (m *File) Mapping() []byte {
 	m.mapOnce.Do(func() {
-		if m.size <= 0 || m.size > maxMapped {
+		if m.size <= 0 || m.size > maxMapped || m.direct {
 			return
 		}
 		m.prot = unix.PROT_READ
