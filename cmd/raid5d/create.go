@@ -18,7 +18,9 @@ sets the array's size); with --size, member files that do not exist are created 
 area of every member is made to read as zeroes, so parity is consistent from the start.
 Members and spares that already carry a raid5d superblock are refused unless --force is given. Spares
 (--spare) are made like members and recorded in the superblocks; serve finds them by their
-superblock, so give them to serve with the members.`, stdout)
+superblock, so give them to serve with the members.
+
+`+directHelp, stdout)
 	chunk := sizeFlag{n: stripe.DefaultChunk}
 	fs.Var(&chunk, "chunk", "chunk `size`: a power of two from 4K to 4M; a full stripe is chunk × (members-1)")
 	layout := fs.String("layout", stripe.DefaultAlgorithm.String(),
@@ -42,11 +44,13 @@ superblock, so give them to serve with the members.`, stdout)
 		"default: the smallest giving at most 4096 bits")
 	force := fs.Bool("force", false, "overwrite members and spares that already carry a raid5d superblock (destroys that array)")
 	setMemberOpts := memberFlags(fs)
+	setDirect := directFlag(fs)
 	members, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	setMemberOpts(0)
+	setDirect()
 	if len(members) < stripe.MinMembers {
 		return fmt.Errorf("%w: need at least %d members, got %d", errUsage, stripe.MinMembers, len(members))
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member"
 )
 
 const defaultListen = "127.0.0.1:10809"
@@ -78,7 +79,8 @@ failing or dropped reads and writes, delays; keys in raid/doc.go), and with the 
 the member keeps its writes in the daemon's memory until it is synced, so killing the daemon
 is a power cut; volatile:PATH?key=value&... is short for faulty:PATH?volatile&key=value&....
 The journal (--journal, or the path create recorded) may be such a spec too.
-`+controlHelp, stdout)
+
+`+directHelp+controlHelp, stdout)
 	listen := fs.String("listen", defaultListen, "TCP `address` to listen on (host:port)")
 	socket := fs.String("socket", "", "listen on this unix socket `path` instead of TCP")
 	cf := addControlFlags(fs, "export `name` (clients asking for the empty name get it too); also names the default control socket")
@@ -135,6 +137,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
 	setMemberOpts := memberFlags(fs)
+	setDirect := directFlag(fs)
 	members, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -169,6 +172,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		return printConfig(stdout, fs, members, src)
 	}
 	setMemberOpts(*memberTimeout) // a remote member's requests have the array's member timeout
+	setDirect()
 	if len(members) == 0 {
 		return fmt.Errorf("%w: no members given", errUsage)
 	}
@@ -335,7 +339,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		"member_bytes_read", c.MemberBytesRead, "mapped_bytes_read", c.MappedBytesRead, "member_bytes_written", c.MemberBytesWritten,
 		"mapped_bytes_written", c.MappedBytesWritten,
 		"bytes_copied", c.CopiedBytes, "cache_hits", c.CacheHits, "cache_misses", c.CacheMisses,
-		"cache_evictions", c.CacheEvictions)
+		"cache_evictions", c.CacheEvictions, "direct_bounced", member.Bounced())
 	return nil
 }
 
