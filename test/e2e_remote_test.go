@@ -393,9 +393,10 @@ func TestRemoteMemberWrongSize(t *testing.T) {
 }
 
 // TestRemoteMembersTLS: members served by nbdkit over TLS only, with client certificates
-// required: create and serve reach them with --member-tls-ca/-cert/-key and the array holds
-// what is written; serve with a CA that did not sign the servers' certificates is refused
-// with the TLS error and the URI (not assembled degraded, as for a missing member).
+// required: create and serve reach them with --member-tls-ca/-cert/-key (serve with three
+// connections to each) and the array holds what is written; serve with a CA that did not sign
+// the servers' certificates is refused with the TLS error and the URI (not assembled
+// degraded, as for a missing member).
 func TestRemoteMembersTLS(t *testing.T) {
 	needRaid5d(t)
 	need(t, "nbdkit")
@@ -424,7 +425,7 @@ func TestRemoteMembersTLS(t *testing.T) {
 	}
 	runTool(t, raid5dBin, append(append([]string{"create", "--chunk", "64K"}, tlsFlags(pki)...), specs...)...)
 	a := &array{dir: dir, members: specs}
-	s := a.serve(t, tlsFlags(pki)...)
+	s := a.serve(t, append(tlsFlags(pki), "--member-conns", "3")...) // nbdkit advertises CAN_MULTI_CONN
 	c, err := wireConnect(s.sock)
 	if err != nil {
 		t.Fatal(err)

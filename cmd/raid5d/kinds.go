@@ -2,6 +2,9 @@ package main
 
 import (
 	"flag"
+	"fmt"
+	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -44,4 +47,34 @@ func memberFlags(fs *flag.FlagSet) func(timeout time.Duration) {
 		defer remoteOpts.mu.Unlock()
 		remoteOpts.o = nbdmember.Options{TLSCA: *ca, TLSCert: *cert, TLSKey: *key, Timeout: timeout}
 	}
+}
+
+// serveMemberFlags adds serve's remote member flags to fs: memberFlags' and --member-conns.
+// The function it returns, called once fs is parsed, makes them, timeout and log (the
+// daemon's logger) the options of the remote members opened from then on.
+func serveMemberFlags(fs *flag.FlagSet) func(timeout time.Duration, log *slog.Logger) {
+	set := memberFlags(fs)
+	conns := connsFlag(nbdmember.DefaultConns)
+	fs.Var(&conns, "member-conns", "connections to each remote member whose server advertises CAN_MULTI_CONN (`n`, 1 to 16;\n"+
+		"one to the others); requests go to the least busy, FLUSH to every one")
+	return func(timeout time.Duration, log *slog.Logger) {
+		set(timeout)
+		remoteOpts.mu.Lock()
+		defer remoteOpts.mu.Unlock()
+		remoteOpts.o.Conns, remoteOpts.o.Logger = int(conns), log
+	}
+}
+
+// connsFlag is --member-conns: 1 to nbdmember.MaxConns.
+type connsFlag int
+
+func (c *connsFlag) String() string { return strconv.Itoa(int(*c)) }
+func (c *connsFlag) Get() any       { return int(*c) }
+func (c *connsFlag) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > nbdmember.MaxConns {
+		return fmt.Errorf("want 1 to %d", nbdmember.MaxConns)
+	}
+	*c = connsFlag(n)
+	return nil
 }

@@ -33,6 +33,7 @@ func TestUsageAndHelp(t *testing.T) {
 		{[]string{"create", "--layout", "diagonal", "a", "b", "c"}, 2, "unknown layout"},
 		{[]string{"serve"}, 2, "no members given"},
 		{[]string{"serve", "--log-format", "xml", "a"}, 2, "--log-format"},
+		{[]string{"serve", "--member-conns", "17", "a"}, 2, "want 1 to 16"},
 		{[]string{"status", "--control", "/nonexistent/raid5d.sock"}, 2, "no members given"},
 	} {
 		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {

@@ -136,7 +136,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		"resynced, stale members are rebuilt. With --read-only nothing is written. One-off: not a configuration key")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
-	setMemberOpts := memberFlags(fs)
+	setMemberOpts := serveMemberFlags(fs)
 	setDirect := directFlag(fs)
 	members, err := parseFlags(fs, args)
 	if err != nil {
@@ -171,7 +171,6 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	if *printCfg {
 		return printConfig(stdout, fs, members, src)
 	}
-	setMemberOpts(*memberTimeout) // a remote member's requests have the array's member timeout
 	setDirect()
 	if len(members) == 0 {
 		return fmt.Errorf("%w: no members given", errUsage)
@@ -183,6 +182,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	if err != nil {
 		return err
 	}
+	setMemberOpts(*memberTimeout, log) // a remote member's requests have the array's member timeout
 
 	if *pprofAddr != "" {
 		if err := startPprof(*pprofAddr, log); err != nil {

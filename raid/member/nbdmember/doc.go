@@ -8,8 +8,8 @@
 //
 // served by any NBD server (nbd-server, nbdkit, qemu-nbd, raid5d itself) through the project's
 // pipelined client, nbd/client. cmd/raid5d registers the kind (Register) with the options of
-// its flags: the TLS files (--member-tls-ca, --member-tls-cert, --member-tls-key) and serve's
-// --member-timeout. An nbds URI may name its own TLS files as libnbd does, with the query key
+// its flags: the TLS files (--member-tls-ca, --member-tls-cert, --member-tls-key), and serve's
+// --member-timeout and --member-conns. An nbds URI may name its own TLS files as libnbd does, with the query key
 // tls-certificates=DIR: DIR/ca-cert.pem, and DIR/client-cert.pem with DIR/client-key.pem if
 // they exist (mutual TLS); it wins over the flags.
 //
@@ -91,7 +91,7 @@
 //
 // # Several connections
 //
-// With Options.Conns above one and a server that advertises
+// With Options.Conns above one (serve's --member-conns) and a server that advertises
 // NBD_FLAG_CAN_MULTI_CONN — it promises that what one connection wrote is what the others
 // read, and that a FLUSH on one covers the writes the others completed — the member opens that
 // many connections (the handshakes after the first must announce the export the same way),

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raid5d/raid5d/internal/testpki"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/nbd/client"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
@@ -410,5 +411,36 @@ func TestReconnectSizeChanged(t *testing.T) {
 	}
 	if n := nbdmember.Reconnects(m); n != 0 {
 		t.Errorf("%d reconnects, want 0", n)
+	}
+}
+
+// TestReconnectTLS: an nbds member reconnects over TLS with the files it was opened with, to a
+// server that serves only over TLS.
+func TestReconnectTLS(t *testing.T) {
+	p := testpki.New(t)
+	conf, err := nbd.LoadTLSConfig(p.Path(testpki.ServerCert), p.Path(testpki.ServerKey), p.Path(testpki.CACert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := newCacheDevice(1 << 20)
+	srv := newKillable(t, func(int) *nbd.Server {
+		srv, err := nbd.NewServer(nbd.Options{TLSConfig: conf, TLSMode: nbd.TLSRequire,
+			Exports: []nbd.Export{{Name: "m", Device: dev}}, Logger: quiet})
+		if err != nil {
+			t.Error(err)
+		}
+		return srv
+	})
+	m := open(t, "nbds+unix:///m?socket="+srv.path, member.Exclusive, nbdmember.Options{Timeout: 30 * time.Second, Logger: quiet,
+		TLSCA: p.Path(testpki.CACert), TLSCert: p.Path(testpki.ClientCert), TLSKey: p.Path(testpki.ClientKey)})
+	data := random(64 << 10)
+	mustWrite(t, m, data, 0, "before the restart")
+	if err := m.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	restart(srv, dev)
+	mustRead(t, m, data, 0, "after the restart")
+	if n := nbdmember.Reconnects(m); n != 1 {
+		t.Errorf("%d reconnects, want 1", n)
 	}
 }
