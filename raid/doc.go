@@ -178,9 +178,9 @@
 //   - Anything else lands in the stripe's cache head as dirty 4 KiB units and WriteAt returns.
 //     Background goroutines (IOOptions.WriteBackers, default 4, stripes in parallel) write a
 //     head out once no write has reached it for IOOptions.WriteBackDelay (default 5 ms, at most
-//     8 delays after its first write), at once when it has become full (a full-stripe write
-//     if every unit is dirty, else a reconstruct-write that reads nothing), and oldest first
-//     while more than half the cache is dirty. A partial head is written by
+//     8 delays after its first write), at once when every unit is dirty (a full-stripe
+//     write), and oldest first while more than half the cache is dirty; a head all up to date
+//     but only partly dirty waits like any partial one, so that later writes join it. A partial head is written by
 //     read-modify-write or reconstruct-write, whichever reads fewer units; in a
 //     degraded stripe, units of the missing member are rebuilt (reconstruct-write) where the
 //     cache knows them and read-modify-written where it does not. When every head is dirty, a

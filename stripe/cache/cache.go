@@ -87,7 +87,7 @@ type Cache struct {
 	lru     lruList // bound heads, most recently used first
 	free    []*head // unbound heads
 	delayed qList   // dirty heads waiting for WriteBackDelay, oldest first
-	urgent  qList   // full heads, to be written out at once
+	urgent  qList   // heads dirty in every unit, to be written out at once
 	queued  int     // heads in delayed or urgent
 	err     error   // first background write-out error since the last Flush
 

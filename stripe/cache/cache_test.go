@@ -16,10 +16,11 @@ import (
 
 // memMembers is an in-memory Backend: each role's data area as a slice.
 type memMembers struct {
-	mu        sync.Mutex // guards data, reads
+	mu        sync.Mutex // guards data, reads, written
 	data      [][]byte   // by role; nil for the missing role
 	missing   int
 	reads     int64 // bytes read
+	written   int64 // bytes written
 	vecWrites int   // vectored write ops
 }
 
@@ -41,12 +42,14 @@ func (m *memMembers) Do(ops []stripe.MemberOp) error {
 				copy(m.data[op.Role][off:off+int64(len(b))], b)
 				off += int64(len(b))
 			}
+			m.written += off - op.Off
 			m.vecWrites++
 			continue
 		}
 		d := m.data[op.Role][op.Off : op.Off+int64(len(op.Buf))]
 		if op.Write {
 			copy(d, op.Buf)
+			m.written += int64(len(op.Buf))
 		} else {
 			copy(op.Buf, d)
 			m.reads += int64(len(op.Buf))

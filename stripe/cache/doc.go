@@ -7,9 +7,10 @@
 //
 // A write covering whole stripes goes out at once, parity from the new data alone, with no
 // member reads. A partial write lands in its head and returns; background write-outs send a
-// head to the members when it has been quiet for WriteBackDelay, at once when it has become full
-// (then, too, with no reads: a full-stripe write if every unit is dirty, else a reconstruct-write
-// from the head's units), and oldest first when more than half the heads are dirty. Every
+// head to the members when it has been quiet for WriteBackDelay, at once when every unit is
+// dirty (a full-stripe write: no reads), and oldest first when more than half the heads are
+// dirty. A head whose units are all up to date but only some dirty waits like any partial one
+// (its write-out would read nothing, but later writes into the stripe join it). Every
 // write-out executes the plan stripe.PlanWrite makes of its head: a head still partial takes
 // read-modify-write or reconstruct-write, whichever reads fewer units. A partial write that finds no free head is written through: into a spare head
 // and out to the members before Write returns. Reads are served from up-to-date units and go to

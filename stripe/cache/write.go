@@ -84,7 +84,7 @@ func (c *Cache) writeStripe(q []byte, pos int64, stable bool, pin *Pin) error {
 		return err
 	}
 	if h.nDirty > 0 {
-		c.dirtied(h)
+		c.dirtied(h, (pos+int64(len(q)))%stripe.UnitSize != 0)
 	}
 	return err
 }
@@ -196,7 +196,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 		return err
 	}
 	if err != nil {
-		c.dirtied(h) // stays dirty: retried later, reported by Flush
+		c.dirtied(h, false) // stays dirty: retried later, reported by Flush
 		return err
 	}
 	h.reset() // keep nothing: written whole, the stripe is unlikely to be read or written again soon

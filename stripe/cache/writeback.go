@@ -16,14 +16,21 @@ func (c *Cache) kickLocked() {
 }
 
 // dirtied records under mu that h (bound, its lock held) has dirty units: it is queued for
-// write-out, at once if it is full.
-func (c *Cache) dirtied(h *head) {
+// write-out, at once if every unit is dirty and the write that dirtied it did not end inside a
+// unit (open: a stream of writes smaller than a unit is about to fill the rest of it) —
+// nothing can join it then, it goes out whole, parity from the new data alone — otherwise
+// after WriteBackDelay. A head whose units are all up to date but only some dirty (the rest
+// read in by an earlier write-out's reconstruct-write, or written out before) waits too,
+// although its write-out would read nothing: queued at once, each later small write into the
+// stripe would be written out alone, with its parity, instead of joining one write-out
+// (TestSmallWritesJoin).
+func (c *Cache) dirtied(h *head, open bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h.dirty = true
-	full := h.nUp == c.nd*c.upc
+	whole := h.nDirty == c.nd*c.upc && !open
 	switch {
-	case full && h.q != qUrgent:
+	case whole && h.q != qUrgent:
 		c.dequeueLocked(h)
 		c.urgent.pushBack(h)
 		h.q = qUrgent
@@ -155,17 +162,8 @@ func (c *Cache) writeBacker(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	for {
-		c.mu.Lock()
-		h, wait := c.nextLocked(time.Now())
-		var s int64
-		if h != nil {
-			s = h.stripe
-			if c.queued > 0 {
-				c.kickLocked() // more work: wake another
-			}
-		}
-		c.mu.Unlock()
-		if h == nil {
+		s, ok, wait := c.next(time.Now())
+		if !ok {
 			if wait >= 0 {
 				t.Reset(wait)
 			}
@@ -188,6 +186,22 @@ func (c *Cache) writeBacker(ctx context.Context) {
 			c.mu.Unlock()
 		}
 	}
+}
+
+// next takes the next head to write out at now off its queue (nextLocked) and returns its
+// stripe, waking another write-out goroutine if more are queued; or ok false and how long to
+// wait (-1: until kicked).
+func (c *Cache) next(now time.Time) (s int64, ok bool, wait time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, wait := c.nextLocked(now)
+	if h == nil {
+		return 0, false, wait
+	}
+	if c.queued > 0 {
+		c.kickLocked() // more work: wake another
+	}
+	return h.stripe, true, 0
 }
 
 // maxAge bounds, in units of WriteBackDelay, how long a partial stripe that keeps being
