@@ -6,7 +6,7 @@ UNIT_PKGS := ./parity/... ./stripe/... ./raid/... ./nbd/... ./cmd/...
 # Debian packages the end-to-end tests drive: real NBD clients, a filesystem, FUSE; and for the
 # VM tests (test/vm) qemu, busybox, the kernel's nbd client, mdadm (the kernel image itself is
 # fetched by the tests with apt-get download into test/vm/.cache).
-DEB_PKGS  := fio libnbd-bin nbdkit nbd-server qemu-utils fuse3 e2fsprogs qemu-system-x86 busybox-static nbd-client mdadm xz-utils
+DEB_PKGS  := fio libnbd-bin nbdkit nbd-server qemu-utils fuse3 e2fsprogs qemu-system-x86 busybox-static nbd-client mdadm xz-utils iproute2
 FUZZTIME  ?= 20s
 # make run: a default array of four sparse member files under ./data, served on loopback.
 DATA      ?= data

@@ -127,19 +127,24 @@ func (a *array) serve(t testing.TB, flags ...string) *server {
 		s.proc = startProc(t, raid5dBin, append(args, a.members...)...)
 	}
 	t.Cleanup(func() { s.stop() })
-	// Ready when it greets a client; the probe then aborts politely, so the server has no
-	// reason to log a failed handshake.
-	waitFor(t, "the server to greet a client", startTimeout, s.proc, func() bool {
-		c, err := wireDial(s.sock)
+	s.awaitGreeting(func() (*wireClient, error) { return wireDial(s.sock) })
+	return s
+}
+
+// awaitGreeting waits until the server greets a client that dial connects: it is ready. The
+// probe then aborts politely, so the server has no reason to log a failed handshake.
+func (s *server) awaitGreeting(dial func() (*wireClient, error)) {
+	s.t.Helper()
+	waitFor(s.t, "the server to greet a client", startTimeout, s.proc, func() bool {
+		c, err := dial()
 		if err != nil {
 			return false
 		}
 		if err := c.abort(); err != nil {
-			t.Logf("readiness probe: NBD_OPT_ABORT: %v", err)
+			s.t.Logf("readiness probe: NBD_OPT_ABORT: %v", err)
 		}
 		return true
 	})
-	return s
 }
 
 // stop sends SIGTERM and fails the test unless the server exits with status 0 within stopGrace

@@ -17,6 +17,17 @@
 //     daemon; raid5d-only checks (create, status, degraded members, log lines) are skipped or
 //     logged, never passed silently.
 //
+// # Hosts
+//
+// The tests of members on other hosts (e2e_netns_test.go) run in a lab of network namespaces
+// made with ip(8) from iproute2 (netns_test.go): a host per member running nbdkit or
+// nbd-server on its file, the raid5d host, and a client host running fio, qemu-io or raid5d
+// bench, joined by veth pairs in 10.157.0.0/16 (traffic stays in the lab's namespaces). They
+// need root (CAP_SYS_ADMIN) and skip without it (fail under RAID5D_REQUIRE_TOOLS=1). A test
+// removes every namespace and veth it made and stops every process it started there, by PID;
+// the namespaces of a test binary that died before its cleanups (a -timeout) are removed by
+// the next one. RAID5D_CRASH_ROUNDS also sets TestNetnsCrashLoop's rounds (4).
+//
 // # Time and size
 //
 // Arrays are four 64 MiB sparse members with 64 KiB chunks (189 MiB of data); fio jobs write

@@ -33,7 +33,8 @@ const crashBenchSize = 24 << 20
 const crashSyncSpeed = "200M"
 
 // crashStatus is the part of `raid5d status --json` the crash loops read: the resync after
-// an unclean shutdown, the write-intent bitmap and the last scrub.
+// an unclean shutdown, the write-intent bitmap and the last scrub (and the bytes written to the
+// members, which the lab tests read).
 type crashStatus struct {
 	Unclean    bool           `json:"unclean"`
 	Sync       *crashProgress `json:"sync"`
@@ -48,6 +49,9 @@ type crashStatus struct {
 		Replayed int  `json:"replayed"`
 		Missing  bool `json:"missing"`
 	} `json:"journal"`
+	Counters struct {
+		MemberBytesWritten int64 `json:"member_bytes_written"`
+	} `json:"counters"`
 }
 
 // waitReplayed checks a journaled array after a restart: the journal was replayed, no resync
@@ -133,6 +137,9 @@ type crashLoop struct {
 	// journal: the array is created with --consistency journal (the journal a plain file
 	// beside the members); after each restart the replay, not a resync, must make it whole.
 	journal bool
+	// remote: the members are exports on hosts of their own in a lab (newNetArray), the
+	// daemon runs on the lab's raid5d host and bench on its client host.
+	remote bool
 }
 
 // The soak (test/bench/crash-soak.sh) runs the crash loops longer through the environment:
@@ -158,9 +165,15 @@ func (c crashLoop) run(t *testing.T) {
 	start := time.Now()
 	rng := rand.New(rand.NewPCG(c.seed, 1))
 	var a *array
-	if c.journal {
+	var na *netArray
+	var client []string // the prefix bench runs under (see prefixed)
+	switch {
+	case c.remote:
+		na = newNetArray(t, nil)
+		a, client = &array{dir: t.TempDir(), members: na.uris}, na.client.prefix()
+	case c.journal:
 		a = newArrayWith(t, "--consistency", "journal", "--journal", filepath.Join(t.TempDir(), "journal.img"), "--journal-size", "8M")
-	} else {
+	default:
 		a = newArray(t)
 	}
 	dir := t.TempDir()
@@ -168,6 +181,9 @@ func (c crashLoop) run(t *testing.T) {
 		b := a
 		if specs != nil {
 			b = &array{dir: a.dir, members: specs(a, round)}
+		}
+		if na != nil {
+			return na.lab.serve(t, na.client, b.members, "--sync-speed-min", crashSyncSpeed)
 		}
 		return b.serve(t, "--sync-speed-min", crashSyncSpeed)
 	}
@@ -186,7 +202,7 @@ func (c crashLoop) run(t *testing.T) {
 		if i%2 == 1 {
 			bs = "36K"
 		}
-		bench := startProc(t, raid5dBin, "bench", s.uri, "--rw", "randwrite", "--bs", bs,
+		bench := startProcIn(t, client, raid5dBin, "bench", s.uri, "--rw", "randwrite", "--bs", bs,
 			"--iodepth", "8", "--jobs", "2", "--size", fmt.Sprint(crashBenchSize), "--time", "30s",
 			"--flush-every", "16", "--seed", fmt.Sprint(1000+i), "--verify-log", log)
 		// Kill once the load is running (its log has grown past the baseline by a few
@@ -222,7 +238,8 @@ func (c crashLoop) run(t *testing.T) {
 		s = serveWith(c.check, i)
 		// The check reads while the resync runs: reads of regions not resynced yet are correct
 		// too (data chunks are authoritative).
-		out, err := runToolErr(raid5dBin, "bench", s.uri, "--check", log, "--json")
+		name, args := prefixed(client, raid5dBin, "bench", s.uri, "--check", log, "--json")
+		out, err := runToolErr(name, args...)
 		var res struct {
 			Blocks, Written, Durable, Violations int64
 		}

@@ -1,30 +1,24 @@
 package test
 
-import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"testing"
-	"time"
-)
+import "testing"
 
 // fioJob is the part of one job's entry in fio's JSON output that the tests check.
 type fioJob struct {
 	Name  string `json:"jobname"`
 	Error int    `json:"error"`
-	Read  struct {
-		IOBytes int64 `json:"io_bytes"`
-	} `json:"read"`
-	Write struct {
-		IOBytes int64 `json:"io_bytes"`
-	} `json:"write"`
-	Sync struct {
+	Read  fioDir `json:"read"`
+	Write fioDir `json:"write"`
+	Sync  struct {
 		TotalIOs int64 `json:"total_ios"`
 	} `json:"sync"`
+}
+
+// fioDir is one direction (read or write) of a job in fio's JSON output.
+type fioDir struct {
+	IOBytes int64 `json:"io_bytes"`
+	Lat     struct {
+		Max float64 `json:"max"` // nanoseconds, submission to completion
+	} `json:"lat_ns"`
 }
 
 // runFio runs the job file test/fio/<job> against uri (as NBD_URI) with extra command-line
@@ -32,50 +26,13 @@ type fioJob struct {
 // output that does not parse fails the test.
 func runFio(t *testing.T, uri, job string, extra ...string) []fioJob {
 	t.Helper()
-	jobFile, err := filepath.Abs(filepath.Join("fio", job))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// fio leaves verify state files in its working directory: give it a scratch one.
-	work := t.TempDir()
-	out := filepath.Join(work, "fio.json")
-	args := append([]string{"--output-format=json", "--output=" + out}, extra...)
-	args = append(args, jobFile)
+	return startFio(t, uri, job, extra...).wait()
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "fio", args...)
-	cmd.Env = append(os.Environ(), "NBD_URI="+uri)
-	cmd.Dir = work
-	cmd.WaitDelay = 5 * time.Second
-	var console bytes.Buffer
-	cmd.Stdout = &console
-	cmd.Stderr = &console
-	runErr := cmd.Run()
-	report, _ := os.ReadFile(out)
-	if runErr != nil {
-		t.Fatalf("fio %s: %v\n%s\n%s", strings.Join(args, " "), runErr, console.Bytes(), report)
-	}
-	// fio may put messages before the JSON document.
-	var res struct {
-		Jobs []fioJob `json:"jobs"`
-	}
-	i := bytes.IndexByte(report, '{')
-	if i < 0 {
-		t.Fatalf("fio wrote no JSON report\n%s\n%s", console.Bytes(), report)
-	}
-	if err := json.NewDecoder(bytes.NewReader(report[i:])).Decode(&res); err != nil {
-		t.Fatalf("fio JSON report: %v\n%s", err, report)
-	}
-	if len(res.Jobs) == 0 {
-		t.Fatalf("fio reported no jobs\n%s", report)
-	}
-	for _, j := range res.Jobs {
-		if j.Error != 0 {
-			t.Errorf("fio job %s: error %d\n%s", j.Name, j.Error, console.Bytes())
-		}
-	}
-	return res.Jobs
+// runFioIn is runFio with fio run under prefix (see prefixed): a client on a lab's host.
+func runFioIn(t *testing.T, prefix []string, uri, job string, extra ...string) []fioJob {
+	t.Helper()
+	return startFioIn(t, prefix, uri, job, extra...).wait()
 }
 
 // checkVerifyJobs fails the test unless fio ran n jobs (as fio/verify.fio has 4 and

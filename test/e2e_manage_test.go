@@ -171,6 +171,12 @@ type fioRun struct {
 // startFio runs fio like runFio, in the background.
 func startFio(t *testing.T, uri, job string, extra ...string) *fioRun {
 	t.Helper()
+	return startFioIn(t, nil, uri, job, extra...)
+}
+
+// startFioIn is startFio with fio run under prefix (see prefixed): a client on a lab's host.
+func startFioIn(t *testing.T, prefix []string, uri, job string, extra ...string) *fioRun {
+	t.Helper()
 	jobFile, err := filepath.Abs(filepath.Join("fio", job))
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +187,8 @@ func startFio(t *testing.T, uri, job string, extra ...string) *fioRun {
 	args = append(args, jobFile)
 	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
 	r.cancel = cancel
-	cmd := exec.CommandContext(ctx, "fio", args...)
+	name, cmdArgs := prefixed(prefix, "fio", args...)
+	cmd := exec.CommandContext(ctx, name, cmdArgs...)
 	cmd.Env = append(os.Environ(), "NBD_URI="+uri)
 	cmd.Dir = work
 	cmd.WaitDelay = 5 * time.Second
@@ -224,6 +231,9 @@ func (r *fioRun) wait() []fioJob {
 	}
 	if err := json.NewDecoder(bytes.NewReader(report[i:])).Decode(&res); err != nil {
 		r.t.Fatalf("fio JSON report: %v\n%s", err, report)
+	}
+	if len(res.Jobs) == 0 {
+		r.t.Fatalf("fio reported no jobs\n%s", report)
 	}
 	for _, j := range res.Jobs {
 		if j.Error != 0 {

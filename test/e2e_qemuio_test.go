@@ -42,13 +42,21 @@ func (o qemuOp) command() string {
 // read does not match its pattern, or fewer commands completed than were given.
 func qemuIO(t *testing.T, uri string, ops []qemuOp) {
 	t.Helper()
-	args := []string{"-f", "raw"}
+	qemuIOIn(t, nil, uri, ops)
+}
+
+// qemuIOIn is qemuIO with qemu-io run under prefix (see prefixed): a client on a lab's host;
+// flags are qemu-io's own (-r: read-only).
+func qemuIOIn(t *testing.T, prefix []string, uri string, ops []qemuOp, flags ...string) {
+	t.Helper()
+	args := append([]string{"-f", "raw"}, flags...)
 	want := map[string]int{}
 	for _, o := range ops {
 		args = append(args, "-c", o.command())
 		want[map[string]string{"write": "wrote", "read": "read", "discard": "discard"}[o.kind]]++
 	}
-	out, err := runToolErr("qemu-io", append(args, uri)...)
+	name, args := prefixed(prefix, "qemu-io", append(args, uri)...)
+	out, err := runToolErr(name, args...)
 	if err != nil {
 		t.Fatalf("qemu-io: %v\n%s", err, out)
 	}

@@ -15,25 +15,45 @@ import (
 	"github.com/raid5d/raid5d/internal/testpki"
 )
 
-// remoteMember is a member file served by nbdkit's file plugin on a unix socket, or by
-// nbd-server on a TCP port of 127.0.0.1.
+// remoteMember is a member file served by nbdkit's file plugin on a unix socket or a TCP
+// address, or by nbd-server on a TCP address: here (127.0.0.1), or on a host of a lab.
 type remoteMember struct {
 	file, uri string
-	sock      string // nbdkit's unix socket path
-	addr      string // nbd-server's 127.0.0.1:port
-	p         *proc  // nbdkit
+	sock      string   // nbdkit's unix socket path
+	addr      string   // the TCP address (host:port)
+	nbdServer bool     // served by nbd-server (on addr), not nbdkit
+	host      *netHost // the lab's host it is served on; nil: here
+	p         *proc    // nbdkit
+}
+
+// reachable reports whether m's server accepts connections: from the lab's hub when m is on a
+// lab's host.
+func (m *remoteMember) reachable() bool {
+	switch {
+	case m.sock != "":
+		return canDial("unix", m.sock)
+	case m.host != nil:
+		return m.host.lab.hub.canDial("tcp", m.addr)
+	}
+	return canDial("tcp", m.addr)
 }
 
 // start serves m.file until the test ends or it is stopped, and waits until the server
 // accepts connections. extra are nbdkit's: options ("--filter=...", "--tls=..."), then keys.
 func (m *remoteMember) start(t *testing.T, extra ...string) {
 	t.Helper()
-	if m.addr != "" {
+	if m.nbdServer {
 		m.startNbdServer(t)
 		return
 	}
-	os.Remove(m.sock) // nbdkit leaves its socket behind when it stops
-	args := []string{"--foreground", "--unix", m.sock}
+	args := []string{"--foreground"}
+	if m.sock != "" {
+		os.Remove(m.sock) // nbdkit leaves its socket behind when it stops
+		args = append(args, "--unix", m.sock)
+	} else {
+		host, port, _ := net.SplitHostPort(m.addr)
+		args = append(args, "--ipaddr", host, "--port", port)
+	}
 	var filters, keys []string
 	for _, e := range extra {
 		if strings.HasPrefix(e, "--") {
@@ -43,10 +63,10 @@ func (m *remoteMember) start(t *testing.T, extra ...string) {
 		}
 	}
 	args = append(append(append(args, filters...), "file", "file="+m.file), keys...)
-	m.p = startProc(t, "nbdkit", args...)
+	m.p = startProcIn(t, m.host.prefix(), "nbdkit", args...)
 	p := m.p
 	t.Cleanup(func() { p.stop(syscall.SIGTERM, stopGrace) })
-	waitFor(t, "nbdkit to accept", startTimeout, p, func() bool { return canDial("unix", m.sock) })
+	waitFor(t, "nbdkit to accept", startTimeout, p, m.reachable)
 }
 
 // startNbdServer serves m.file with nbd-server (FLUSH and FUA on) on m.addr. nbd-server
@@ -63,7 +83,7 @@ func (m *remoteMember) startNbdServer(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	runTool(t, "nbd-server", "-C", conf, "-p", pidFile)
+	runToolIn(t, m.host.prefix(), "nbd-server", "-C", conf, "-p", pidFile)
 	var pid int
 	waitFor(t, "nbd-server's pid file", startTimeout, nil, func() bool {
 		b, err := os.ReadFile(pidFile)
@@ -80,7 +100,7 @@ func (m *remoteMember) startNbdServer(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
-	waitFor(t, "nbd-server to accept", startTimeout, nil, func() bool { return canDial("tcp", m.addr) })
+	waitFor(t, "nbd-server to accept", startTimeout, nil, m.reachable)
 }
 
 func canDial(network, addr string) bool {
@@ -115,7 +135,7 @@ func newRemoteMembers(t *testing.T) []*remoteMember {
 			m.sock = filepath.Join(sockDir, fmt.Sprintf("m%d.sock", i))
 			m.uri = fmt.Sprintf("nbd+unix:///m%d?socket=%s", i, m.sock)
 		} else {
-			m.addr = freePort(t)
+			m.addr, m.nbdServer = freePort(t), true
 			m.uri = fmt.Sprintf("nbd://%s/m%d", m.addr, i)
 		}
 		m.start(t)

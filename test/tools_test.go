@@ -62,6 +62,23 @@ func runTool(t testing.TB, name string, args ...string) string {
 	return out
 }
 
+// prefixed is the command line of name with args run under prefix, a command that runs
+// another (ip netns exec NS: on a lab's host): prefix's first word, then the rest of prefix,
+// name and args. With no prefix, name and args.
+func prefixed(prefix []string, name string, args ...string) (string, []string) {
+	if len(prefix) == 0 {
+		return name, args
+	}
+	return prefix[0], append(append(append([]string{}, prefix[1:]...), name), args...)
+}
+
+// runToolIn is runTool under prefix (see prefixed).
+func runToolIn(t testing.TB, prefix []string, name string, args ...string) string {
+	t.Helper()
+	name, args = prefixed(prefix, name, args...)
+	return runTool(t, name, args...)
+}
+
 // runToolErr runs a tool to completion (bounded by toolTimeout) and returns its combined output.
 func runToolErr(name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
@@ -124,6 +141,14 @@ func startProc(t testing.TB, name string, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// startProcIn is startProc under prefix (see prefixed): the process runs there, with the PID
+// of the process started (ip netns exec execs the command).
+func startProcIn(t testing.TB, prefix []string, name string, args ...string) *proc {
+	t.Helper()
+	name, args = prefixed(prefix, name, args...)
+	return startProc(t, name, args...)
 }
 
 // running reports whether the process has not exited yet.

@@ -66,6 +66,12 @@ func wireDial(sock string) (*wireClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	return wireGreet(conn)
+}
+
+// wireGreet completes the greeting on a new connection to a server, as wireDial does; conn is
+// closed on an error.
+func wireGreet(conn net.Conn) (*wireClient, error) {
 	c := &wireClient{conn: conn}
 	conn.SetDeadline(time.Now().Add(wireTimeout))
 	var hello [18]byte

@@ -1,0 +1,281 @@
+package test
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The tests of an array across hosts, as it will be used: every member an export on a host of
+// its own (nbdkit's file plugin, or nbd-server), raid5d serve on another, and the clients (fio's
+// nbd engine, qemu-io, raid5d bench) on a third, all talking over veth links in a lab of
+// network namespaces (netns_test.go).
+
+// netTimeout is the lab tests' --member-timeout: short, so that a lost host costs the clients
+// little, and still many times a member request's time on a loaded machine.
+const netTimeout = 3 * time.Second
+
+// startLoad runs fio's job on the client host in the background, and waits until the daemon has
+// written 8 MiB to its members (of the ~85 MiB that fio/verify.fio makes them write): the load is
+// under way.
+func (n *netArray) startLoad(t *testing.T, s *server, job string, extra ...string) *fioRun {
+	t.Helper()
+	run := startFioIn(t, n.client.prefix(), s.uri, job, extra...)
+	waitFor(t, "fio to write 8 MiB to the members", 2*time.Minute, s.proc, func() bool {
+		if !run.running() {
+			run.wait()
+			t.Fatal("fio ended before the load was under way")
+		}
+		return s.crashStatus().Counters.MemberBytesWritten >= 8<<20
+	})
+	return run
+}
+
+// longestRequest is the longest time one of the jobs' I/Os took.
+func longestRequest(jobs []fioJob) time.Duration {
+	var worst float64
+	for _, j := range jobs {
+		worst = max(worst, j.Read.Lat.Max, j.Write.Lat.Max)
+	}
+	return time.Duration(worst)
+}
+
+// TestNetnsHostLoss: an array of four members on four hosts, under fio's verifying writes
+// (fio/verify.fio, four jobs on four connections from the client host); a member host is lost
+// while they run: its link cut (veth down: its requests get no answer, nothing closes, only
+// the member timeout ends them; nbd-server's host) or its server SIGKILLed (the connection
+// breaks; an nbdkit host). fio sees no error, no request waits much past one member timeout,
+// every block verifies, and the array is degraded with that member faulty. A spare on a fifth
+// host is added and rebuilt into the lost member's role; fio verifies every block again,
+// scrub check finds 0 mismatches, and every stripe's parity matches on the member files.
+func TestNetnsHostLoss(t *testing.T) {
+	t.Run("veth-down", func(t *testing.T) { netHostLoss(t, memberCount-1, false) })
+	t.Run("sigkill", func(t *testing.T) { netHostLoss(t, 1, true) })
+}
+
+func netHostLoss(t *testing.T, victim int, kill bool) {
+	need(t, "fio")
+	n := newNetArray(t, nil)
+	s := n.serve(t, "--member-timeout", netTimeout.String())
+	lost := n.members[victim]
+	run := n.startLoad(t, s, "verify.fio")
+	if kill {
+		if err := lost.p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		lost.host.cut(t)
+	}
+	jobs := run.wait()
+	checkVerifyJobs(t, jobs, 4)
+	worst := longestRequest(jobs)
+	t.Logf("longest fio request %v (member timeout %v)", worst, netTimeout)
+	if worst > netTimeout+30*time.Second {
+		t.Errorf("a fio request took %v: more than one member timeout (%v) and a margin", worst, netTimeout)
+	}
+	st := s.waitStatus("the lost member to be failed", 2*time.Minute, func(st *r5Status) bool {
+		state, _, _ := st.member(lost.uri)
+		return state == "faulty"
+	})
+	if st.State != "degraded" || len(st.Missing) != 1 || st.Missing[0] != victim {
+		t.Fatalf("after member %d's host was lost: state %q, missing %v; want degraded, [%d]", victim, st.State, st.Missing, victim)
+	}
+
+	spare := n.lab.memberHost(t, "spare", false)
+	s.mustManage("add", spare.uri)
+	st = s.waitStatus("the rebuild onto the spare host", 2*time.Minute, (*r5Status).healthy)
+	if state, role, _ := st.member(spare.uri); state != "active" || role != victim {
+		t.Fatalf("the spare after the rebuild: %q in role %d, want active in role %d", state, role, victim)
+	}
+	checkVerifyJobs(t, n.fio(t, s, "verify.fio", "--verify_only"), 4)
+	s.scrubClean()
+	s.stop()
+	files := n.files()
+	files.members[victim] = spare.file
+	checkParity(t, files)
+}
+
+// TestNetnsHostReturns: a member host is cut off (veth down), 1% of the array's write-intent
+// regions are written by qemu-io from the client host (the first write waits one member
+// timeout, then the member is failed), and the host comes back with its server and file as
+// they were. After a restart of the daemon (see below), `raid5d re-add` resyncs exactly those regions onto it (status's last rebuild:
+// the regions' bytes per member), and then, with each member in turn left out (the array
+// assembled degraded and read-only without it), fio verifies every block it wrote before and
+// qemu-io every region written while the host was away; every stripe's parity matches on the
+// member files.
+func TestNetnsHostReturns(t *testing.T) {
+	need(t, "fio", "qemu-io")
+	n := newNetArray(t, nil)
+	s := n.serve(t, "--member-timeout", netTimeout.String())
+	checkVerifyJobs(t, n.fio(t, s, "verify.fio"), 4) // [0, 64M)
+	waitFor(t, "the bitmap's cleaner to clear the fill's bits", 60*time.Second, s.proc, func() bool {
+		return bitsSet(t, s) == 0
+	})
+	bm := s.crashStatus().Bitmap
+	if bm == nil || bm.RegionBytes <= 0 || bm.Regions < 200 {
+		t.Fatalf("status shows bitmap %+v, want one of at least 200 regions", bm)
+	}
+	// 1% of the regions, spread over the half of the array fio did not write.
+	regions := int64(bm.Regions)
+	count := regions / 100
+	var writes, reads []qemuOp
+	for i := range count {
+		off := (regions/2 + i*(regions/2)/count) * bm.RegionBytes
+		p := byte(0x60 + i)
+		writes = append(writes, qemuOp{kind: "write", off: off, n: bm.RegionBytes, pattern: p})
+		reads = append(reads, qemuOp{kind: "read", off: off, n: bm.RegionBytes, pattern: p},
+			qemuOp{kind: "read", off: off + bm.RegionBytes, n: 4096, pattern: 0}) // and its neighbour untouched
+	}
+
+	const away = 2
+	n.members[away].host.cut(t)
+	qemuIOIn(t, n.client.prefix(), s.uri, writes)
+	s.waitStatus("the cut-off member to be failed", 2*time.Minute, func(st *r5Status) bool {
+		state, _, _ := st.member(n.uris[away])
+		return state == "faulty"
+	})
+	time.Sleep(5 * time.Second) // the cleaner, every second, clears regions idle 3 s: not while degraded
+	if got := bitsSet(t, s); int64(got) != count {
+		t.Fatalf("%d write-intent bits set while member %d was away, want the %d regions written", got, away, count)
+	}
+	n.members[away].host.restore(t)
+	// The host is back, but the daemon holds the member with the connection its deadline
+	// closed, and a closed connection is not re-established yet (README: not done yet): a
+	// re-add now reads the superblock through it and is refused. A daemon restarted finds the
+	// member stale (it missed the writes) and leaves it out; re-add then connects anew.
+	s.stop()
+	s = n.serve(t, "--member-timeout", netTimeout.String())
+	if st := s.status(); st.State != "degraded" || len(st.Missing) != 1 || st.Missing[0] != away {
+		t.Fatalf("restarted with member %d back but stale: state %q, missing %v; want degraded, [%d]", away, st.State, st.Missing, away)
+	}
+	if got := bitsSet(t, s); int64(got) != count {
+		t.Fatalf("%d write-intent bits set after the restart, want the %d regions written while member %d was away", got, count, away)
+	}
+	s.mustManage("re-add", n.uris[away])
+	lr := s.waitStatus("the re-add to finish", 2*time.Minute, (*r5Status).healthy).LastRebuild
+	want := count * bm.RegionBytes / (memberCount - 1) // member bytes per region
+	if lr == nil || !lr.ReAdd || lr.Resynced != want {
+		t.Fatalf("last rebuild %+v, want a re-add of the %d regions written while away (%d bytes)", lr, count, want)
+	}
+	t.Logf("re-add resynced %d of the member's %d bytes (%.2f%%)", lr.Resynced, lr.Total, 100*float64(lr.Resynced)/float64(lr.Total))
+	s.stop()
+
+	for i := range memberCount {
+		s := n.serveWithout(t, i, "--read-only")
+		if st := s.status(); st.State != "degraded" || len(st.Missing) != 1 || st.Missing[0] != i {
+			t.Fatalf("served without member %d: state %q, missing %v; want degraded, [%d]", i, st.State, st.Missing, i)
+		}
+		checkVerifyJobs(t, n.fio(t, s, "verify.fio", "--verify_only"), 4)
+		qemuIOIn(t, n.client.prefix(), s.uri, reads, "-r")
+		s.stop()
+	}
+	checkParity(t, n.files())
+}
+
+// TestNetnsFlaky: member 1's server (nbdkit) sits behind the delay filter (2 ms on every read
+// and write), the rate filter (400 Mbit/s), the error filter (EIO on 2% of reads while a
+// file exists) and the pause filter (stalls on demand). With a read-error limit far away and
+// three stalls of 1 s (under the 4 s member timeout) while fio's verifying writes run, fio sees
+// no error and verifies every block, and the member is still active with its read errors
+// counted. Restarted with a read-error limit of 5, fio's verifying reads take it past the
+// limit: the member is failed, fio still sees no error and every block verifies. With the
+// errors off it is re-added; scrub check finds 0 mismatches and every stripe's parity matches
+// on the member files.
+func TestNetnsFlaky(t *testing.T) {
+	need(t, "fio")
+	ctlDir, err := os.MkdirTemp("", "r5p") // a unix socket path: short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(ctlDir) })
+	pauseCtl, eio := filepath.Join(ctlDir, "pause.sock"), filepath.Join(ctlDir, "eio")
+	const flaky = 1
+	n := newNetArray(t, map[int][]string{flaky: {
+		"--filter=pause", "--filter=error", "--filter=rate", "--filter=delay",
+		"pause-control=" + pauseCtl, "error-pread-rate=2%", "error-pread-file=" + eio,
+		"rate=400M", "delay-read=2ms", "delay-write=2ms",
+	}})
+	uri := n.uris[flaky]
+	const timeout = 4 * time.Second
+	// A small stripe cache, so that fio's verifying reads reach the members.
+	flags := []string{"--member-timeout", timeout.String(), "--stripe-cache", "32"}
+
+	// The errors start once the array is assembled: a superblock that cannot be read makes a
+	// missing member, which is another test.
+	s := n.serve(t, append(flags, "--read-error-limit", "1000000")...)
+	touch(t, eio)
+	run := n.startLoad(t, s, "verify.fio")
+	for range 3 {
+		if !run.running() {
+			break
+		}
+		pauseMember(t, pauseCtl, time.Second)
+		time.Sleep(time.Second)
+	}
+	checkVerifyJobs(t, run.wait(), 4)
+	st := s.status()
+	state, _, readErrors := st.member(uri)
+	if state != "active" || readErrors == 0 || st.State == "degraded" {
+		t.Fatalf("after the load within the limits: member %d %q with %d read errors, array %q; want active with some, not degraded",
+			flaky, state, readErrors, st.State)
+	}
+	t.Logf("within the limits: %d read errors counted, the member active", readErrors)
+	if err := os.Remove(eio); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+
+	s = n.serve(t, append(flags, "--read-error-limit", "5")...)
+	touch(t, eio)
+	checkVerifyJobs(t, n.fio(t, s, "verify.fio", "--verify_only"), 4)
+	st = s.status()
+	if state, _, readErrors = st.member(uri); state != "faulty" || readErrors < 5 || st.State != "degraded" {
+		t.Fatalf("after reads past the read-error limit: member %d %q with %d read errors, array %q; want faulty with at least 5, degraded",
+			flaky, state, readErrors, st.State)
+	}
+	t.Logf("past the limit: failed at %d read errors", readErrors)
+	if err := os.Remove(eio); err != nil {
+		t.Fatal(err)
+	}
+	s.mustManage("re-add", uri)
+	s.waitStatus("the re-add to finish", 2*time.Minute, (*r5Status).healthy)
+	s.scrubClean()
+	s.stop()
+	checkParity(t, n.files())
+}
+
+// pauseMember stalls an nbdkit server behind the pause filter for d: every request it receives
+// meanwhile waits.
+func pauseMember(t *testing.T, ctl string, d time.Duration) {
+	t.Helper()
+	c, err := net.DialTimeout("unix", ctl, wireTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(d + 2*wireTimeout))
+	cmd := func(send, want byte) {
+		t.Helper()
+		if _, err := c.Write([]byte{send}); err != nil {
+			t.Fatal(err)
+		}
+		var b [1]byte
+		if _, err := c.Read(b[:]); err != nil || b[0] != want {
+			t.Fatalf("pause filter: sent %q, got %q: %v", send, b[0], err)
+		}
+	}
+	cmd('p', 'P') // answered once the requests under way are done
+	time.Sleep(d)
+	cmd('r', 'R')
+}
+
+// TestNetnsCrashLoop is the crash loop (crashLoop: SIGKILL of raid5d under raid5d bench's
+// logged writes, restart, bench --check, the resync only over the bitmap's regions, scrub
+// check at the end) with every member on a host of its own and bench on the client host.
+// RAID5D_CRASH_ROUNDS=20 runs it as long as TestCrashLoop.
+func TestNetnsCrashLoop(t *testing.T) {
+	crashLoop{rounds: 4, seed: 20261201, remote: true}.run(t)
+}
