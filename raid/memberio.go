@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/raid5d/raid5d/raid/internal/journal"
+	memberpkg "github.com/raid5d/raid5d/raid/member"
 	"github.com/raid5d/raid5d/stripe"
 	"golang.org/x/sys/unix"
 )
@@ -99,12 +100,12 @@ func (m cacheBackend) do(ops []stripe.MemberOp) error {
 	}
 	b := ioBatches.Get().(*ioBatch)
 	b.ops = ops
-	// Member writes go to the page cache (members are not opened O_DIRECT): a small batch
-	// is a few copies the calling goroutine does as fast as the member goroutines would,
-	// without the hand-offs. Reads may wait for a disk, and large batches gain from running
-	// on several cores, so they run concurrently: the first role here, the others on their
-	// members' goroutines.
-	inline := writes && bytes <= inlineWriteMax
+	// Member writes to the page cache are copies: a small batch is a few that the calling
+	// goroutine does as fast as the member goroutines would, without the hand-offs. Reads may
+	// wait for a disk, and so does every write to a member opened with O_DIRECT (member
+	// doc # Direct I/O), and large batches gain from running on several cores: those run
+	// concurrently, the first role here, the others on their members' goroutines.
+	inline := writes && bytes <= inlineWriteMax && !a.anyDirect(roles)
 	first := -1
 	for r := range a.roles.n() {
 		switch {
@@ -133,6 +134,17 @@ func (m cacheBackend) do(ops []stripe.MemberOp) error {
 	b.ops = nil
 	ioBatches.Put(b)
 	return err
+}
+
+// anyDirect reports whether the member of a role in the bitmask roles does direct I/O: its
+// writes wait for the device, so that a batch's writes are worth running concurrently.
+func (a *Array) anyDirect(roles uint64) bool {
+	for r := range a.roles.n() {
+		if m := a.roles.member(r); roles&(1<<r) != 0 && m != nil && memberpkg.IsDirect(m.Member) {
+			return true
+		}
+	}
+	return false
 }
 
 // runRole runs b's ops for role in order, stopping at the first error.

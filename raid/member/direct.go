@@ -161,6 +161,13 @@ func (m *File) clearDirect() error {
 // and length its I/O calls need; an unaligned call is carried through a bounce buffer.
 func (m *File) Direct() (direct bool, align int64) { return m.direct, m.align }
 
+// IsDirect reports whether m, under its wrappers (Base), is a File that does direct I/O: its
+// reads and writes wait for the device rather than copy to or from the page cache.
+func IsDirect(m Member) bool {
+	f, ok := Base(m).(*File)
+	return ok && f.direct
+}
+
 // Bounced returns how many I/O calls of a direct member went through a bounce buffer because
 // their memory, offset or length was not aligned. The array's own buffers are aligned, so it
 // counts only requests at odd offsets or of odd sizes; tests check that it stays 0 for the rest.
