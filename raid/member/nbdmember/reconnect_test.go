@@ -102,6 +102,12 @@ func (s *killable) start() {
 // kill closes the listener and every connection, and returns once the server has stopped
 // (every device call returned): a write the server read before is applied, or not, by then.
 func (s *killable) kill() {
+	s.cut()
+	s.wg.Wait()
+}
+
+// cut is kill without the wait: device calls under way go on, their replies lost.
+func (s *killable) cut() {
 	s.mu.Lock()
 	ln, conns, cancel := s.ln, s.conns, s.cancel
 	s.ln, s.conns = nil, nil
@@ -114,7 +120,6 @@ func (s *killable) kill() {
 		c.Close()
 	}
 	cancel()
-	s.wg.Wait()
 }
 
 // setMk makes later connections be served by mk's servers.
@@ -310,12 +315,10 @@ func TestReconnectInFlight(t *testing.T) {
 				t.Fatal("requests did not reach the server")
 			}
 		}
-		killed := make(chan struct{})
-		go func() { srv.kill(); close(killed) }()
-		time.Sleep(20 * time.Millisecond) // the sockets closed before the device answers
+		srv.cut() // the sockets closed before the device answers
 		hold.Store(false)
 		close(release)
-		<-killed
+		srv.kill() // waits for the device calls
 		release = make(chan struct{})
 		srv.start()
 	}
