@@ -62,8 +62,9 @@
 //
 // A connection that breaks (the server restarted, a reset, EOF, a request past its deadline)
 // is dialed again, with the same URI and TLS settings, by the requests that need it: the
-// first dial at once, then with a backoff doubling from 50 ms to 1.6 s while dials fail, each
-// request waiting at most until its own deadline. Reads cut off by the break are sent again
+// first dial at once, then with a backoff doubling from 50 ms to 1.6 s while dials fail (or
+// new connections break again within a few seconds), each request waiting at most until its
+// own deadline. Reads cut off by the break are sent again
 // on the new connection, and so is any request the break kept from being sent. The new
 // handshake must announce the export as Open's did (the same size, the flags the member uses,
 // block sizes its requests fit); a server that comes back different is refused and the member
@@ -80,7 +81,8 @@
 // been applied or not — or, if the server's old session still runs, be applied late, over a
 // newer write sent again on the new connection). Otherwise the member has failed
 // (ErrLostWrites): the requests in flight and every later one return the error, with the
-// break's cause, so the array fails the member and a bitmap re-add resyncs it later. Letting
+// break's cause, so the array fails the member and a bitmap re-add (of a member opened
+// afresh: a failed Member stays failed) resyncs it later. Letting
 // the next FLUSH succeed on a new connection would instead have the array believe data was
 // durable that the server had dropped.
 //
@@ -108,5 +110,6 @@
 // raid.SpecPath is ""), and NBD has no way to claim an export. Nothing stops two arrays, or
 // two daemons of one array, from opening the same export; serve's control socket stops a
 // second daemon on the same host only. Give each export to one array, and prefer servers
-// that admit one client (nbd-server's maxconnections = 1, nbdkit's --filter=limit).
+// that admit one client (nbd-server's maxconnections = 1, nbdkit's --filter=limit), or as
+// many as Options.Conns.
 package nbdmember
