@@ -3,7 +3,9 @@
 # nbdkit file plugin export (it advertises CAN_MULTI_CONN) of a file on /dev/shm, served on a
 # unix socket; fio's nbd engine drives the array with test/fio/peers/seqwrite-1M.fio and
 # randread-4k.fio. Prints the median MB/s of ROUNDS alternations (default 3) of each, the
-# ratios to the first of CONNS (default "1 2 4"), and the samples. Bounded: RUNTIME seconds per fio run (default 8); every process
+# ratios to the first of CONNS (default "1 2 4"), and the samples. NBDKIT_OPTS and NBDKIT_KEYS
+# add nbdkit options and keys, e.g. NBDKIT_OPTS=--filter=delay NBDKIT_KEYS="delay-read=5ms
+# delay-write=5ms". Bounded: RUNTIME seconds per fio run (default 8); every process
 # started here is stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,7 +27,8 @@ rm -rf "$DIR"; mkdir -p "$DIR"
 uris=()
 for i in 0 1 2 3; do
   truncate -s 160M "$DIR/m$i.img"
-  nbdkit --foreground --unix "$DIR/m$i.sock" file file="$DIR/m$i.img" &
+  # shellcheck disable=SC2086 # NBDKIT_OPTS and NBDKIT_KEYS are lists of words
+  nbdkit --foreground --unix "$DIR/m$i.sock" ${NBDKIT_OPTS:-} file file="$DIR/m$i.img" ${NBDKIT_KEYS:-} &
   pids+=($!)
   uris+=("nbd+unix:///?socket=$DIR/m$i.sock")
 done
