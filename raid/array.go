@@ -138,6 +138,8 @@ type Array struct {
 	watchWG            sync.WaitGroup     // the watchdog: it runs until Close has written out and synced
 	// dirty is true once the superblocks say dirty; set under sbMu, read without it.
 	dirty atomic.Bool
+	// auto is the running AutoReAdd's state (autoreadd.go), nil when none runs.
+	auto atomic.Pointer[autoReAdder]
 }
 
 // stopWatch stops the watchdog, if it runs, and waits for it (and for a failure it is making).

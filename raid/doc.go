@@ -325,6 +325,12 @@
 // is not recorded on disk: a re-add stopped by Close or a crash resumes at the next assembly
 // as a full rebuild from its checkpoint (slower, never wrong).
 //
+// AutoReAdd (autoreadd.go) runs ReAdd by itself for remote members (SpecPath ""): an away one
+// — faulty, not by Fail or Replace, in a role with no working member; or given at assembly and
+// not in the array — is opened again with backoff, and ReAdd's checks decide. A refusal
+// (ErrCannotReAdd) is logged and ends its probes: the array never rebuilds a member in full on
+// its own. Status.AutoReAdd lists the members it probes.
+//
 // Speed is bounded like md's sync_speed_min/max (IOOptions.SyncSpeedMin/Max, SetSyncSpeed;
 // defaults 1 MiB/s and 200 MiB/s): after each batch the sync sleeps as long as it takes to stay
 // under max, or under min if any client request arrived since the previous batch — so between

@@ -31,6 +31,8 @@ type member struct {
 	// abandoned counts writes (superblock, bitmap, sync) the array stopped waiting for
 	// (eachMember) that have not returned yet: adding the member back must wait for them.
 	abandoned atomic.Int32
+	// byRequest: failed by Fail or Replace, an operator's decision that AutoReAdd respects.
+	byRequest atomic.Bool
 }
 
 // releasePins, once the array has failed, gives back every caller buffer the stripe cache

@@ -68,6 +68,7 @@ func (a *Array) Fail(member string, opts ...ManageOption) error {
 			if loss != nil && !forced(opts) {
 				return loss
 			}
+			m.byRequest.Store(true)
 			a.fail(m, failWhy(loss))
 			return nil
 		}
@@ -93,6 +94,7 @@ func (a *Array) Fail(member string, opts ...ManageOption) error {
 	if err != nil {
 		return err
 	}
+	m.byRequest.Store(true)
 	a.fail(m, failWhy(loss))
 	return nil
 }
@@ -386,6 +388,7 @@ func (a *Array) Replace(member, path string, opts ...ManageOption) error {
 	if err := a.addSpare(path, force, true); err != nil {
 		return err
 	}
+	m.byRequest.Store(true)
 	a.fail(m, fmt.Errorf("replaced by %s", path))
 	return nil
 }

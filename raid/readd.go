@@ -11,8 +11,9 @@ import (
 // write-intent bits are set — those written while it was away, which the bitmap keeps while
 // a role is missing — are resynced onto it. name is the member's path (or a spec, a remote
 // member's URI) or, for a failed member the array still knows, its role number. It opens the
-// member (or reuses the one the array still holds), matches its superblock and starts the
-// resync; the member serves the stripes below the resync position, as a rebuilding spare
+// member (a local file the array still holds is reused; a remote member is connected to
+// afresh, its old connection having broken when it failed), matches its superblock and starts
+// the resync; the member serves the stripes below the resync position, as a rebuilding spare
 // does, and becomes active when it ends (Status().Sync, then LastRebuild: ReAdd, Resynced).
 //
 // Refused with ErrCannotReAdd (see there) when the bitmap cannot bridge the member's
@@ -45,7 +46,10 @@ func (a *Array) reAddLocked(fn func() error) error {
 	return fn()
 }
 
-// reAddName is ReAdd with opMu and mgmtMu held.
+// reAddName is ReAdd with opMu and mgmtMu held. A failed member the array still holds is
+// re-added with the Member it has if that is a local file (a second open would meet its own
+// lock); any other is opened afresh: a remote member's old connection broke, or was closed at
+// a deadline, when it failed.
 func (a *Array) reAddName(name string) error {
 	a.sbMu.Lock()
 	old, err := a.awayMember(name)
@@ -53,22 +57,55 @@ func (a *Array) reAddName(name string) error {
 	if err != nil {
 		return err
 	}
-	if old != nil {
-		if n := old.abandoned.Load(); n > 0 {
-			return fmt.Errorf("%w: %s still has %d writes under way from before it failed; re-add it when they have finished", ErrMemberBusy, name, n)
+	switch {
+	case old != nil && SpecPath(old.Name()) != "":
+		if err := checkAbandoned(old); err != nil {
+			return err
 		}
 		return a.reAdd(old.Member, old)
-	}
-	if err := a.checkNewMember(name); err != nil {
-		return err
+	case old != nil:
+		name = old.Name() // name may be its role
+	default:
+		if err := a.checkNewMember(name); err != nil {
+			return err
+		}
 	}
 	m, err := OpenMember(name, false)
 	if err != nil {
 		return &MemberError{Member: name, Role: -1, Op: "open", Off: -1, Err: err}
 	}
-	if err := a.reAdd(m, nil); err != nil {
+	if err := a.reAddWith(name, m); err != nil {
 		m.Close()
 		return err
+	}
+	return nil
+}
+
+// reAddWith re-adds m, just opened from the spec name, with opMu and mgmtMu held: in place of
+// the member of that name the array still holds (which it then closes at Close), if any. On
+// success the array owns m.
+func (a *Array) reAddWith(name string, m Member) error {
+	a.sbMu.Lock()
+	old, err := a.awayMember(name)
+	a.sbMu.Unlock()
+	if err != nil {
+		return err
+	}
+	if old != nil {
+		if err := checkAbandoned(old); err != nil {
+			return err
+		}
+	} else if err := a.checkNewMember(name); err != nil {
+		return err
+	}
+	return a.reAdd(m, old)
+}
+
+// checkAbandoned refuses, with ErrMemberBusy, to re-add a member failed hung whose writes are
+// still under way: one could land after the resync, over what it wrote.
+func checkAbandoned(old *member) error {
+	if n := old.abandoned.Load(); n > 0 {
+		return fmt.Errorf("%w: %s still has %d writes under way from before it failed; re-add it when they have finished", ErrMemberBusy, old.Name(), n)
 	}
 	return nil
 }
@@ -105,8 +142,9 @@ func (a *Array) awayMember(name string) (*member, error) {
 
 // reAdd matches m's superblock against the array and, if the bitmap can bridge its absence,
 // puts it in its role as a rebuilding member that resyncs only the bitmap's regions. old is
-// the array's earlier member for m, if it still holds one: it is dropped, unclosed (m is
-// its Member). opMu and mgmtMu are held.
+// the array's earlier member for m, if it still holds one: it is dropped, unclosed if m is its
+// Member, else kept with the retired members until Close (I/O begun before it failed may
+// still use it). opMu and mgmtMu are held.
 func (a *Array) reAdd(m Member, old *member) error {
 	sb, err := readSuperblock(m)
 	refuse := func(role int, format string, args ...any) error {
@@ -159,6 +197,9 @@ func (a *Array) reAdd(m Member, old *member) error {
 		a.roles.remove(old)
 		drop := func(x *member) bool { return x == old }
 		a.faulty, a.retired = slices.DeleteFunc(a.faulty, drop), slices.DeleteFunc(a.retired, drop)
+		if old.Member != m {
+			a.retired = append(a.retired, old)
+		}
 	}
 	if x := a.roles.member(r); x != nil { // a faulty member of the role, not m: kept listed
 		a.faulty = append(a.faulty, x)

@@ -145,23 +145,13 @@ func TestReAdd(t *testing.T) {
 	if err := a.Fail(paths[1]); err != nil {
 		t.Fatal(err)
 	}
-	rng := newRand(7)
-	for _, w := range []struct{ off, n int64 }{
+	writeSpans(t, a, model, newRand(7), []span{
 		{10*region + 100, 300},          // region 10
 		{100*region + ss - 10, ss},      // region 100, two stripes
 		{202*region - 5000, 9000},       // regions 201 and 202
 		{255*region + 3*ss, ss},         // region 255, its last stripe, whole
 		{10*region + 2*ss + 7, 2 << 10}, // region 10 again
-	} {
-		p := model[w.off : w.off+w.n]
-		fill(rng, p)
-		if _, err := a.WriteAt(p, w.off); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := a.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	}, func(int) {})
 	raid.CleanBitmap(a, 0) // degraded: clears nothing
 	if st := a.Status(); st.Bitmap.Set != 5 {
 		t.Fatalf("%d bits set while degraded, want 5", st.Bitmap.Set)

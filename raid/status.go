@@ -96,6 +96,9 @@ type Status struct {
 	Counters Counters
 	// SyncSpeedMin and SyncSpeedMax bound rebuild and scrub speed, in bytes/s (SetSyncSpeed).
 	SyncSpeedMin, SyncSpeedMax int64
+	// AutoReAdd lists the away members that AutoReAdd watches while it runs (an empty list
+	// when none is away); nil when it does not run.
+	AutoReAdd []AutoReAddProbe
 	// SuperblocksBusy: an update of the superblocks (or a membership change) was under way
 	// for longer than Status waits, typically held up by a slow member until the member
 	// timeout. Events, roles and the member list are then as of the last Status that could
@@ -226,5 +229,6 @@ func (a *Array) Status() Status {
 		j := a.jr.Status()
 		st.Journal = &j
 	}
+	st.AutoReAdd = a.autoReAddStatus()
 	return st
 }

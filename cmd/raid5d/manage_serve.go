@@ -98,6 +98,19 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 			ReadErrors: m.ReadErrors, WriteErrors: m.WriteErrors, Remote: remoteOf(m.Remote),
 		})
 	}
+	if s.AutoReAdd != nil {
+		st.AutoReAdd = &control.AutoReAdd{Members: []control.AutoReAddMember{}}
+		for _, p := range s.AutoReAdd {
+			m := control.AutoReAddMember{Member: p.Member, Probes: p.Probes, Refused: p.Refused}
+			if p.Err != nil {
+				m.Error = p.Err.Error()
+			}
+			if !p.Next.IsZero() {
+				m.Next = &p.Next
+			}
+			st.AutoReAdd.Members = append(st.AutoReAdd.Members, m)
+		}
+	}
 	return st
 }
 

@@ -198,6 +198,7 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 		fmt.Fprintf(w, "missing: role %s\n", strings.Join(roles, ", role "))
 	}
 	printRemote(w, st)
+	printAutoReAdd(w, st.AutoReAdd)
 	c := st.Counters
 	fmt.Fprintln(w, "counters:")
 	fmt.Fprintf(w, "  writes:  %d full-stripe, %d read-modify-write, %d reconstruct-write, %d write-through\n",
@@ -262,6 +263,36 @@ func printRemote(w io.Writer, st *control.Status) {
 				formatLatency(seconds(l.MeanSeconds)), formatLatency(seconds(l.MaxSeconds)), over, l.Requests)
 		}
 	}
+}
+
+// printAutoReAdd is the line on serve --auto-re-add, and one per member it probes.
+func printAutoReAdd(w io.Writer, ar *control.AutoReAdd) {
+	if ar == nil {
+		return
+	}
+	if len(ar.Members) == 0 {
+		fmt.Fprintln(w, "auto re-add: on, no remote member away")
+		return
+	}
+	fmt.Fprintln(w, "auto re-add: on, probing the away remote members:")
+	for _, m := range ar.Members {
+		switch {
+		case m.Refused:
+			fmt.Fprintf(w, "  %s: REFUSED, left to the operator (raid5d add rebuilds it in full): %s\n", m.Member, m.Error)
+		case m.Next != nil && m.Error != "":
+			fmt.Fprintf(w, "  %s: %s, next %s: %s\n", m.Member, plural(m.Probes, "probe"), untilText(*m.Next), m.Error)
+		case m.Next != nil:
+			fmt.Fprintf(w, "  %s: first probe %s\n", m.Member, untilText(*m.Next))
+		}
+	}
+}
+
+// untilText is when t comes: "in 8s", or "now" if it has.
+func untilText(t time.Time) string {
+	if d := time.Until(t); d > 0 {
+		return "in " + d.Round(time.Second).String()
+	}
+	return "now"
 }
 
 func plural(n int, what string) string {

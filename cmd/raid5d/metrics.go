@@ -319,6 +319,7 @@ var arrayMetricDefs = []metricDef{
 	{"raid5d_remote_member_request_seconds_total", "Total time of a remote member's answered requests: its rate over the requests' rate is the mean latency.", []string{"member"}},
 	{"raid5d_remote_member_latency_mean_seconds", "Mean time of a remote member's requests over the last interval (about 10 s).", []string{"member"}},
 	{"raid5d_remote_member_latency_max_seconds", "Longest time of a remote member's requests over the last interval (about 10 s).", []string{"member"}},
+	{"raid5d_auto_re_add_members", "Away remote members serve --auto-re-add watches, by state (probing, refused); absent without --auto-re-add.", []string{"state"}},
 	{"raid5d_sync_running", "1 while the operation runs (or waits to).", []string{"op"}},
 	{"raid5d_sync_done_bytes", "Member data-area bytes done by the running operation, else by its last run.", []string{"op"}},
 	{"raid5d_sync_total_bytes", "Member data-area bytes the running operation, else its last run, covers.", []string{"op"}},
@@ -404,6 +405,16 @@ func (c *arrayCollector) Collect(ch chan<- prometheus.Metric) {
 			emit("raid5d_remote_member_latency_mean_seconds", gauge, r.Latency.Mean.Seconds(), m.Path)
 			emit("raid5d_remote_member_latency_max_seconds", gauge, r.Latency.Max.Seconds(), m.Path)
 		}
+	}
+	if st.AutoReAdd != nil {
+		refused := 0
+		for _, p := range st.AutoReAdd {
+			if p.Refused {
+				refused++
+			}
+		}
+		emit("raid5d_auto_re_add_members", gauge, float64(len(st.AutoReAdd)-refused), "probing")
+		emit("raid5d_auto_re_add_members", gauge, float64(refused), "refused")
 	}
 	for _, s := range memberStates {
 		emit("raid5d_array_members", gauge, float64(byState[s]), s)

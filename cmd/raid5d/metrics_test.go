@@ -40,6 +40,7 @@ var documentedMetrics = []string{
 	"raid5d_remote_member_connections", "raid5d_remote_member_reconnects_total", "raid5d_remote_member_requests_in_flight",
 	"raid5d_remote_member_requests_total", "raid5d_remote_member_request_errors_total", "raid5d_remote_member_request_seconds_total",
 	"raid5d_remote_member_latency_mean_seconds", "raid5d_remote_member_latency_max_seconds",
+	"raid5d_auto_re_add_members",
 }
 
 // fakeDevice records nothing; WriteAt fails at offset failAt.
@@ -232,6 +233,7 @@ func TestMetricsScrape(t *testing.T) {
 		LastScrub:   &raid.Progress{Kind: "check", Done: 4 << 20, Total: 4 << 20, Mismatches: 7},
 		LastRebuild: &raid.Progress{Kind: "rebuild", Done: 5, Total: 9},
 		Bitmap:      &raid.BitmapStatus{Regions: 100, Set: 4, Flushes: 12, Waits: 3},
+		AutoReAdd:   []raid.AutoReAddProbe{{Member: "/m2", Probes: 3}, {Member: "/m9", Refused: true}, {Member: "/m8"}},
 		Counters: raid.Counters{FullStripeWrites: 10, RMWWrites: 2, RCWWrites: 3, MemberBytesRead: 4096, MappedBytesRead: 2048, MappedBytesWritten: 1024,
 			MemberBytesWritten: 8192, CopiedBytes: 512, CacheHits: 5, CacheMisses: 6, CacheEvictions: 7,
 			WriteThroughs: 8, CacheStripes: 256},
@@ -349,6 +351,8 @@ func TestMetricsScrape(t *testing.T) {
 		{"raid5d_remote_member_request_seconds_total", []string{"member", "/m1"}, 2},
 		{"raid5d_remote_member_latency_mean_seconds", []string{"member", "/m1"}, 0.003},
 		{"raid5d_remote_member_latency_max_seconds", []string{"member", "/m1"}, 0.04},
+		{"raid5d_auto_re_add_members", []string{"state", "probing"}, 2},
+		{"raid5d_auto_re_add_members", []string{"state", "refused"}, 1},
 	} {
 		t.Run(c.name+strings.Join(c.labels, "_"), func(t *testing.T) {
 			if got := value(t, fams, c.name, c.labels...); got != c.want {
@@ -364,12 +368,16 @@ func TestMetricsScrape(t *testing.T) {
 		t.Errorf("raid5d_remote_member_info has %d series, want 1 (the one remote member)", n)
 	}
 
-	// Without a bitmap its metrics are absent, the rest still there.
-	st.Bitmap = nil
+	// Without a bitmap its metrics are absent, the rest still there; without --auto-re-add its
+	// metric too.
+	st.Bitmap, st.AutoReAdd = nil, nil
 	fams = scrape(t, url)
 	if fams["raid5d_bitmap_flushes_total"] != nil || fams["raid5d_array_state"] == nil {
 		t.Errorf("without a bitmap: bitmap metrics present %v, array state present %v",
 			fams["raid5d_bitmap_flushes_total"] != nil, fams["raid5d_array_state"] != nil)
+	}
+	if fams["raid5d_auto_re_add_members"] != nil {
+		t.Error("without --auto-re-add: raid5d_auto_re_add_members present")
 	}
 
 	stop()

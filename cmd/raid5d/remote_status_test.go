@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
 	"github.com/raid5d/raid5d/nbd"
@@ -183,5 +184,34 @@ func TestRemoteMemberStatus(t *testing.T) {
 				t.Errorf("the local member has a remote_member_info series")
 			}
 		}
+	}
+}
+
+// TestStatusAutoReAdd: status says --auto-re-add is on and, per away member, how often it was
+// probed, when the next probe comes and why the last did not re-add it, or that it was refused
+// and is left to the operator.
+func TestStatusAutoReAdd(t *testing.T) {
+	f, sock := serveFake(t)
+	code, out, _ := runCLI(t, "status", "--control", sock)
+	if code != 0 || strings.Contains(out, "auto re-add") {
+		t.Fatalf("without --auto-re-add: exit %d, and status mentions it:\n%s", code, out)
+	}
+	next := time.Now().Add(time.Hour)
+	f.mu.Lock()
+	f.st.AutoReAdd = &control.AutoReAdd{Members: []control.AutoReAddMember{}}
+	f.mu.Unlock()
+	if _, out, _ = runCLI(t, "status", "--control", sock); !strings.Contains(out, "auto re-add: on, no remote member away") {
+		t.Errorf("no member away: status says\n%s", out)
+	}
+	f.mu.Lock()
+	f.st.AutoReAdd.Members = []control.AutoReAddMember{
+		{Member: "nbd://a/m1", Probes: 3, Next: &next, Error: "export unreachable"},
+		{Member: "nbd://b/m2", Probes: 1, Refused: true, Error: "member belongs to another array"},
+	}
+	f.mu.Unlock()
+	_, out, _ = runCLI(t, "status", "--control", sock)
+	if !regexpLine(out, "nbd://a/m1", "3 probes", "next in 1h0m0s", "export unreachable") ||
+		!regexpLine(out, "nbd://b/m2", "REFUSED", "left to the operator", "raid5d add", "another array") {
+		t.Errorf("status does not show the probed and the refused member:\n%s", out)
 	}
 }

@@ -130,6 +130,11 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		"Refused if it is a member's own file or device")
 	skipCorruptJournal := fs.Bool("skip-corrupt-journal", false, "assemble an array whose write journal is refused as corrupt: replay none of it, discard it and\n"+
 		"recompute all parity from the members' data (a full resync); flushed writes are kept. One-off: not a configuration key")
+	autoReAdd := fs.Bool("auto-re-add", false, "re-add by itself a remote member (nbd://...) that failed or is missing once its server answers again\n"+
+		"with this array's superblock, its role and events the write-intent bitmap can bridge: only the regions\n"+
+		"written meanwhile are resynced; one that cannot be re-added is logged and left to you (see README)")
+	autoReAddInterval := fs.Duration("auto-re-add-interval", raid.DefaultAutoReAddInterval, "--auto-re-add's first probe of an away member comes this `duration` after it left,\n"+
+		"the next ones twice as long after each other, up to a minute")
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being left out")
 	force := fs.Bool("force", false, "assemble a failed array from the members that stopped only when it failed (as mdadm --assemble\n"+
 		"--force): the log says which it trusts; they get one events counter, the array is marked dirty and\n"+
@@ -309,8 +314,16 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	waitControl := startControl(ctlCtx, controlServer(a, control.Daemon{
 		PID: os.Getpid(), Version: versionString(), Export: *export, Address: attachHint(*socket, *listen), Started: time.Now(),
 	}, log), ctlLn, log)
+	var autoDone sync.WaitGroup
+	autoCtx, stopAuto := context.WithCancel(ctx)
+	defer stopAuto()
+	if *autoReAdd {
+		autoDone.Go(func() {
+			a.AutoReAdd(autoCtx, raid.AutoReAddOptions{Specs: members, Interval: *autoReAddInterval})
+		})
+	}
 	log.Info("serving", "address", addr, "export", *export, "read_only", *readOnly, "attach", attachHint(*socket, *listen),
-		"control", ctlPath)
+		"control", ctlPath, "auto_re_add", *autoReAdd)
 	// The listener accepts already (connections wait in its backlog until Serve takes them), so
 	// READY=1 goes out now; STOPPING=1 when a signal arrives or Serve fails.
 	notifyCtx, stopNotify := context.WithCancel(ctx)
@@ -322,7 +335,9 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	stopNotify()
 	notifyDone.Wait()
 	stopControl()
+	stopAuto()
 	waitControl() // no management request runs once the array closes
+	autoDone.Wait()
 	if *socket != "" {
 		os.Remove(*socket)
 	}

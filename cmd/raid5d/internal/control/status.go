@@ -41,6 +41,8 @@ type Status struct {
 	// WriteHole: the array was assembled dirty and degraded, so parity of stripes being written
 	// at the crash cannot be made consistent and the missing member's chunks there may be wrong.
 	WriteHole bool `json:"write_hole"`
+	// AutoReAdd: the away members serve --auto-re-add probes; absent without it.
+	AutoReAdd *AutoReAdd `json:"auto_re_add,omitempty"`
 	// SuperblocksBusy: a superblock update was under way (held up by a slow member, up to the
 	// member timeout), so Events and the member list are from just before it.
 	SuperblocksBusy bool    `json:"superblocks_busy,omitempty"`
@@ -123,6 +125,22 @@ type Latency struct {
 	Requests      uint64  `json:"requests"`       // answered in it
 	MeanSeconds   float64 `json:"mean_seconds"`
 	MaxSeconds    float64 `json:"max_seconds"`
+}
+
+// AutoReAdd is serve --auto-re-add at work: the away remote members it probes.
+type AutoReAdd struct {
+	Members []AutoReAddMember `json:"members"`
+}
+
+// AutoReAddMember is one away member that --auto-re-add probes.
+type AutoReAddMember struct {
+	Member string     `json:"member"`
+	Probes int        `json:"probes"`
+	Next   *time.Time `json:"next,omitempty"`  // the next probe; absent when refused
+	Error  string     `json:"error,omitempty"` // why the last probe did not re-add it
+	// Refused: it answered but cannot be re-added (another array's, stale beyond the
+	// bitmap, its role taken): no longer probed, left to the operator.
+	Refused bool `json:"refused"`
 }
 
 // Progress is a rebuild or scrub, running or finished.
