@@ -166,6 +166,10 @@ func TestDirectArray(t *testing.T) {
 		}
 	}
 	compareArray(t, a, model)
+	small := make([]byte, 512+1)[1:] // 512 bytes at offset 1000, into memory at an odd address
+	if _, err := a.ReadAt(small, 1000); err != nil || !bytes.Equal(small, model[1000:1512]) {
+		t.Fatalf("read of 512 bytes at 1000: %v, equal %v", err, bytes.Equal(small, model[1000:1512]))
+	}
 	if member.Bounced() == b0 {
 		t.Fatal("no call went through a bounce buffer: the unaligned requests did not reach the members unaligned")
 	}
