@@ -156,3 +156,29 @@ func TestReportReconnect(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// BenchmarkReadAt4K is a 4 KiB READ over a unix socket to an in-memory export, counted by
+// Report's stats, from 8 goroutines.
+func BenchmarkReadAt4K(b *testing.B) {
+	srv, err := nbd.NewServer(nbd.Options{Exports: []nbd.Export{{Name: "m", Device: nbdtest.NewMemDevice(1 << 20)}}, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := nbdmember.Open(uri(nbdtest.ServeUnix(b, srv), "m"), member.Exclusive, nbdmember.Options{Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	b.RunParallel(func(pb *testing.PB) {
+		p := make([]byte, 4096)
+		for pb.Next() {
+			if _, err := m.ReadAt(p, 0); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
