@@ -68,7 +68,7 @@
 // on the new connection, and so is any request the break kept from being sent. The new
 // handshake must announce the export as Open's did (the same size, the flags the member uses,
 // block sizes its requests fit); a server that comes back different is refused and the member
-// failed (ErrExportChanged). Reconnects are counted (Member.reconnects).
+// failed (ErrExportChanged). Reconnects are counted (Member.reconnects, in Report).
 //
 // A server acknowledges a WRITE once it holds the data, in its cache perhaps; only FLUSH (or
 // FUA) makes it durable. A server that restarted has lost its cache, and nothing on the wire
@@ -103,6 +103,16 @@
 // sends FLUSH on every connection all the same, and succeeds only if all of them do. A
 // break of one connection retires them all, and the reconnect makes as many again (see
 // Reconnecting).
+//
+// # Status
+//
+// Member is a member.Reporter (stats.go): Report gives the export's name, the server's
+// transmission flags by name (FlagNames) and block sizes, the connections and reconnects,
+// the link (connected, reconnecting while requests wait for a new connection, down once the
+// member failed or closed, or broken with nothing waiting), and every request's count and
+// time from its call to its return, reconnect waits included: in flight, answered and
+// failed since Open, and the mean and longest over the last interval (about 10 s). The raid
+// package's Status carries it; `raid5d status` and the metrics show it.
 //
 // # Exclusive use
 //
