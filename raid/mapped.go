@@ -22,8 +22,9 @@ import (
 //     the send fails the reply write with EFAULT and closes the connection; the client sees a
 //     broken connection, never wrong data.)
 //   - The choice of source is ReadAt's: stripes with a cache head (which may hold writes not
-//     yet on the members), missing or rebuilding members and members that are not plain files
-//     or block devices are read into the caller's buffer as ReadAt would read them.
+//     yet on the members), missing or rebuilding members, members that are not plain files
+//     or block devices and members opened with O_DIRECT (no mapping: their bytes are not in
+//     the page cache) are read into the caller's buffer as ReadAt would read them.
 //   - The slices are read after ReadMapped returns, while the reply is written. A write to
 //     the same range that arrives meanwhile may show in the reply; that write is concurrent
 //     with the read (its client has not seen the reply), for which NBD promises nothing.

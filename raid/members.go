@@ -21,7 +21,8 @@ type Holder = memberpkg.Holder
 // lock on it until Close, exclusive when read-write (and a block device is opened with O_EXCL),
 // shared when readOnly (doc.go # Exclusive use). A member in use elsewhere is ErrMemberBusy,
 // in a *BusyError naming the holder. A block device's size comes from BLKGETSIZE64, a file's
-// from its length. A path of the form faulty:PATH?... (or volatile:PATH?..., short for
+// from its length. It is opened with O_DIRECT as memberpkg.SetDirect says (block devices by
+// default; memberpkg # Direct I/O). A path of the form faulty:PATH?... (or volatile:PATH?..., short for
 // faulty:PATH?volatile&...) opens PATH wrapped in fault injection, a testing aid (doc.go #
 // Testing with faulty members).
 func OpenMember(path string, readOnly bool) (Member, error) {

@@ -24,7 +24,8 @@ type IOOptions struct {
 	// instead of calling pread, and ReadMapped hands out slices of it for large reads. A
 	// member's read error then arrives as a fault, which is caught and answered by a pread, so
 	// errors are handled as without it. The process's resident memory counts the file pages
-	// it has read through the mappings.
+	// it has read through the mappings. Members opened with O_DIRECT (member.SetDirect) have
+	// no mapping and are read with pread.
 	MappedReads bool
 	// MappedWrites writes member files and block devices through writable memory mappings of
 	// them where their pages are in the page cache (always, on tmpfs): a member write is then
@@ -32,7 +33,7 @@ type IOOptions struct {
 	// member.File.WriteMapped). Writes the mapping declines (pages not in memory, a fault, a
 	// file truncated under the array) go to pwrite, which reports the error, so errors are
 	// handled as without it. Writes with FUA, superblocks, the bitmap and the journal always
-	// use pwrite.
+	// use pwrite, and so does every write to a member opened with O_DIRECT.
 	MappedWrites bool
 	// StripeCache is the stripe cache's capacity in stripes: > 0 that many; 0 the default
 	// (DefaultCacheStripes); < 0 no write-back caching: every write is written to the members
