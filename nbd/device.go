@@ -49,6 +49,24 @@ type PinnedWriter interface {
 	WritePinned(p []byte, off int64, release func()) (int, error)
 }
 
+// PlacedWriter is implemented by devices that can take a WRITE's payload read straight into
+// the memory where it will live (raid5d: its members' files mapped into memory), so that the
+// kernel's copy out of the socket is the only copy. The server uses it, on connections without
+// TLS, for a WRITE without FUA whose payload has already arrived in full (in its buffered
+// reader and the socket's receive queue), so that reading it never waits for the client.
+//
+// PlaceWrite appends to v the slices that take the n bytes at off, in order, and returns them
+// with a handle and ok true; or ok false, having done nothing, and the server writes as usual.
+// The server then reads the payload into the slices and calls CommitPlaced exactly once, with
+// the handle and the number of bytes it read: n, and the write's result is the reply; fewer,
+// when the read failed (the connection then ends and the write is not acknowledged), and the
+// device must leave the range consistent with whatever part arrived. The slices are not used
+// after CommitPlaced.
+type PlacedWriter interface {
+	PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any, bool)
+	CommitPlaced(h any, received int) error
+}
+
 // MappedReader is implemented by devices that can answer a read with slices of memory they
 // already hold the bytes in (raid5d: its members' files mapped read-only), so that the reply is
 // written from there rather than copied into the request buffer first. The server uses it for

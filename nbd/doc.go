@@ -101,6 +101,12 @@
 //     to the buffer, and it returns to the pool only when both references are gone: it is never
 //     reused, and never unmapped, while the device may still read it. FUA writes are not
 //     pinned: they go to WriteAtFUA (or WriteAt and Flush).
+//   - With a Device that is a PlacedWriter, on a connection without TLS, a WRITE without FUA of
+//     at least 16 KiB whose payload has all arrived (buffered, or in the socket's receive
+//     queue) is offered to PlaceWrite first: if the device takes it, the reader reads the
+//     payload straight into the device's slices (the buffered part by copy, the rest with one
+//     readv) and calls CommitPlaced; the request has no buffer, and its reply goes out as a
+//     worker's would. The reader never waits for the client while the device holds the slices.
 //   - With Options.DebugImmutable, a buffer is mprotect'ed read-only from the WritePinned call
 //     until the last reference is dropped, then made writable before it is reused. A write to it
 //     meanwhile is a SIGSEGV, which the Go runtime reports as a fatal error ("unexpected fault

@@ -31,6 +31,7 @@ type conn struct {
 	fua    FUAWriter    // the export's Device as a FUAWriter, or nil
 	pinned PinnedWriter // the export's Device as a PinnedWriter if StablePages is on, or nil
 	mapped MappedReader // the export's Device as a MappedReader if MappedReads is on, or nil
+	placed placedReader // the export's Device as a PlacedWriter, and the socket (placed.go)
 
 	replies // the reply side: reply.go
 	buffers // the in-flight bounds and the buffer pool: pool.go
@@ -95,6 +96,9 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	if sess.export.MappedReads && c.nc == c.raw { // not under TLS: see Export.MappedReads
 		c.mapped, _ = sess.export.Device.(MappedReader)
 	}
+	if pw, ok := sess.export.Device.(PlacedWriter); ok && c.nc == c.raw { // not under TLS: see PlacedWriter
+		c.placed.init(pw, c.raw)
+	}
 	c.work = make(chan *request, c.srv.maxInFlightReqs)
 	if c.srv.idleTimeout > 0 {
 		c.lastActive.Store(time.Now().UnixNano())
@@ -148,6 +152,16 @@ func (c *conn) readRequests() error {
 				return err
 			}
 			continue
+		}
+		if h.Type == wire.CmdWrite && h.Length >= placedMin && h.CommandFlags&wire.CmdFlagFUA == 0 && c.placed.pw != nil {
+			placed, err := c.writePlaced(&h) // the payload read straight into the device: placed.go
+			if err != nil {
+				return err
+			}
+			if placed {
+				direct = true
+				continue
+			}
 		}
 		req, err := c.acquire(&h)
 		if err != nil {

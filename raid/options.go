@@ -90,6 +90,7 @@ type Counters struct {
 	MemberBytesWritten uint64 // data-area bytes written to members
 	MappedBytesRead    uint64 // of MemberBytesRead, bytes handed out from the members' mappings (ReadMapped)
 	MappedBytesWritten uint64 // of MemberBytesWritten, bytes copied into the members' mappings (MappedWrites)
+	PlacedBytes        uint64 // bytes of placed writes (PlaceWrite): read by the caller straight into the members' mappings
 	CopiedBytes        uint64 // bytes of writes copied into the stripe cache
 	CacheHits          uint64 // read pieces (one chunk's worth at most) served from the cache alone
 	CacheMisses        uint64 // read pieces that needed member reads
@@ -103,6 +104,7 @@ type counters struct {
 	memberRead, memberWrit atomic.Uint64
 	mappedRead             atomic.Uint64 // of memberRead, through ReadMapped
 	mappedWrit             atomic.Uint64 // of memberWrit, through the mappings (MappedWrites)
+	placed                 atomic.Uint64 // client bytes of complete placed writes
 }
 
 // Counters returns the array's cumulative I/O counters. It may be called concurrently with I/O.
@@ -112,6 +114,7 @@ func (a *Array) Counters() Counters {
 		MemberBytesWritten: a.ctr.memberWrit.Load(),
 		MappedBytesRead:    a.ctr.mappedRead.Load(),
 		MappedBytesWritten: a.ctr.mappedWrit.Load(),
+		PlacedBytes:        a.ctr.placed.Load(),
 	}
 	if a.cache != nil {
 		cc := a.cache.Counters()

@@ -18,6 +18,7 @@ var (
 	_ nbd.PinnedWriter  = arrayDevice{}
 	_ nbd.BlockStatuser = arrayDevice{}
 	_ nbd.MappedReader  = arrayDevice{}
+	_ nbd.PlacedWriter  = arrayDevice{}
 )
 
 // raidExtents pools BlockStatus's working slices (one per concurrent request).

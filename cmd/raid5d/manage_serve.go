@@ -80,7 +80,7 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 		SyncSpeedMin: s.SyncSpeedMin, SyncSpeedMax: s.SyncSpeedMax,
 		Counters: control.Counters{
 			FullStripeWrites: c.FullStripeWrites, RMWWrites: c.RMWWrites, RCWWrites: c.RCWWrites,
-			MemberBytesRead: c.MemberBytesRead, MappedBytesRead: c.MappedBytesRead, MemberBytesWritten: c.MemberBytesWritten, MappedBytesWritten: c.MappedBytesWritten, CopiedBytes: c.CopiedBytes,
+			MemberBytesRead: c.MemberBytesRead, MappedBytesRead: c.MappedBytesRead, MemberBytesWritten: c.MemberBytesWritten, MappedBytesWritten: c.MappedBytesWritten, PlacedBytes: c.PlacedBytes, CopiedBytes: c.CopiedBytes,
 			CacheHits: c.CacheHits, CacheMisses: c.CacheMisses, CacheEvictions: c.CacheEvictions,
 			WriteThroughs: c.WriteThroughs, CacheStripes: c.CacheStripes,
 		},

@@ -205,6 +205,7 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 		c.FullStripeWrites, c.RMWWrites, c.RCWWrites, c.WriteThroughs)
 	fmt.Fprintf(w, "  members: %d bytes read (%d sent from the mappings), %d bytes written (%d through the mappings); %d bytes copied into the cache\n",
 		c.MemberBytesRead, c.MappedBytesRead, c.MemberBytesWritten, c.MappedBytesWritten, c.CopiedBytes)
+	fmt.Fprintf(w, "  placed:  %d bytes of writes read from the socket straight into the members\n", c.PlacedBytes)
 	fmt.Fprintf(w, "  cache:   %d stripes, %d hits, %d misses, %d evictions\n",
 		c.CacheStripes, c.CacheHits, c.CacheMisses, c.CacheEvictions)
 }

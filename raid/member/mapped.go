@@ -187,8 +187,28 @@ func (m *File) writeMapped(p []byte, bufs [][]byte, off int64) (ok bool) {
 		copy(mp[o:], b)
 		o += int64(len(b))
 	}
+	return m.Covers(off + n)
+}
+
+// WritableRange (MappedWriter) returns mp[off:off+n] of the writable mapping mp when every page
+// of it is in memory, on tmpfs too (so that no store allocates a page: a hole on a full tmpfs
+// would fault); else nil. Whether the file still covers the range is the caller's to check
+// after its stores (Covers): before them it would prove nothing.
+func (m *File) WritableRange(off, n int64) []byte {
+	mp := m.Mapping()
+	if mp == nil || m.prot&unix.PROT_WRITE == 0 || off < 0 || n <= 0 || off > int64(len(mp))-n {
+		return nil
+	}
+	if !m.resident(mp[off : off+n]) {
+		return nil
+	}
+	return mp[off : off+n]
+}
+
+// Covers (MappedWriter) reports whether the file covers [0, end) now (fstat).
+func (m *File) Covers(end int64) bool {
 	now, err := m.sizeNow()
-	return err == nil && now >= off+n
+	return err == nil && now >= end
 }
 
 // resident reports whether every page of b, a slice of m's mapping, is in the page cache, with

@@ -101,6 +101,12 @@ type MappedWriter interface {
 	// WritevMapped is WriteMapped for bufs written one after another from off; false sends
 	// the caller to WritevAt.
 	WritevMapped(bufs [][]byte, off int64) bool
+	// WritableRange returns the n bytes at off of the writable mapping when its pages are all
+	// in memory, else nil. The caller writes them under the fault handling of its choice
+	// (SetPanicOnFault) and then checks with Covers that the file still covers them.
+	WritableRange(off, n int64) []byte
+	// Covers reports whether the file covers [0, end) now.
+	Covers(end int64) bool
 }
 
 // HoleFinder is a Member that can tell where its holes are (regular files, through lseek

@@ -148,11 +148,7 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 	if stable { // straight from q: forget what the head held, it is all overwritten
 		var P []byte
 		if h != nil {
-			wasDirty := h.nDirty > 0
-			h.reset()
-			if wasDirty {
-				c.cleaned(h)
-			}
+			c.forget(h)
 			P = h.buf[int64(c.nd)*c.chunk:]
 		}
 		ws := c.getWork()
@@ -234,11 +230,7 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 	for i := range n {
 		s := s0 + i
 		if h := c.lookup(s); h != nil {
-			wasDirty := h.nDirty > 0
-			h.reset()
-			if wasDirty {
-				c.cleaned(h)
-			}
+			c.forget(h)
 		}
 		q, P := src[i*ss:(i+1)*ss], b.par[i*C:(i+1)*C]
 		stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.backend.Missing(s)}) // Units nil: written whole
@@ -312,3 +304,30 @@ func (c *Cache) wholeRun(r stripe.Run, q, P []byte) []byte {
 	o := int64(r.Chunk) * c.chunk
 	return q[o+lo : o+hi]
 }
+
+// Overwritten records that the caller has written stripes [s0, s0+n) whole itself, data and
+// parity, under their locks (held): their heads, if any, are forgotten (everything they held
+// is overwritten), and the stripes count as full-stripe writes. (The array's placed writes,
+// whose payload is read straight into the members.)
+func (c *Cache) Overwritten(s0, n int64) {
+	for s := s0; s < s0+n; s++ {
+		if h := c.lookup(s); h != nil {
+			c.forget(h)
+		}
+	}
+	c.full.Add(uint64(n))
+}
+
+// forget empties h, a head whose stripe is being overwritten whole (its lock held).
+func (c *Cache) forget(h *head) {
+	wasDirty := h.nDirty > 0
+	h.reset()
+	if wasDirty {
+		c.cleaned(h)
+	}
+}
+
+// CheckStripes is the invariants build's check that stripes [s0, s0+n) (their locks held) have
+// parity matching their data, after a write the caller did itself (what names it); a no-op
+// otherwise.
+func (c *Cache) CheckStripes(s0, n int64, what string) { c.checkStripes(s0, n, what) }

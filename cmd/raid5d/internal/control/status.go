@@ -176,6 +176,7 @@ type Counters struct {
 	MappedBytesRead    uint64 `json:"mapped_bytes_read"` // of MemberBytesRead, sent from the members' mappings
 	MemberBytesWritten uint64 `json:"member_bytes_written"`
 	MappedBytesWritten uint64 `json:"mapped_bytes_written"` // of MemberBytesWritten, copied into the members' mappings
+	PlacedBytes        uint64 `json:"placed_bytes"`         // client bytes read from the socket straight into the members
 	CopiedBytes        uint64 `json:"bytes_copied"`
 	CacheHits          uint64 `json:"cache_hits"`
 	CacheMisses        uint64 `json:"cache_misses"`

@@ -1,0 +1,163 @@
+package raid_test
+
+import (
+	"bytes"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/raid"
+)
+
+// placedArray creates an array of 4 members on tmpfs with mapped writes and an hour's
+// write-back delay (partial writes stay dirty in the cache), writes every byte once (so every
+// member page is in memory: placement needs it) and returns it with its model.
+func placedArray(t *testing.T, opts raid.CreateOptions) (*raid.Array, []string, []byte) {
+	t.Helper()
+	const chunk, stripes = 16 << 10, 32
+	paths := memberPaths(modeDir(t, ioMode{shm: true}), 4)
+	opts.Chunk, opts.MemberSize = chunk, raid.DataOffset+stripes*chunk
+	opts.IOOptions.MappedWrites, opts.IOOptions.StablePages = true, true
+	opts.IOOptions.WriteBackDelay = time.Hour
+	a, err := raid.Create(paths, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	model := make([]byte, mustSize(a))
+	fill(newRand(31), model)
+	if _, err := a.WriteAt(model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return a, paths, model
+}
+
+// place writes p at off as a placed write, the first received bytes of it, and returns
+// CommitPlaced's error; it fails the test if the array declines.
+func place(t *testing.T, a *raid.Array, p []byte, off int64, received int) error {
+	t.Helper()
+	v, h, ok := a.PlaceWrite(off, len(p), nil)
+	if !ok {
+		t.Fatalf("PlaceWrite(%d, %d) declined", off, len(p))
+	}
+	n := 0
+	for _, b := range v {
+		n += copy(b, p[n:received])
+	}
+	if n != received {
+		t.Fatalf("PlaceWrite's slices hold %d of the %d bytes", n, received)
+	}
+	return a.CommitPlaced(h, received)
+}
+
+// TestPlacedWrite: a placed write (the payload stored by the caller straight into the members'
+// mappings) reads back byte for byte, supersedes the dirty cache heads of its stripes, leaves
+// every stripe's parity right (checked on the member files), and counts; one cut short
+// (received < n) leaves the stripes consistent with the part that arrived and keeps the dirty
+// data of the cache's heads, which was acknowledged.
+func TestPlacedWrite(t *testing.T) {
+	a, paths, model := placedArray(t, raid.CreateOptions{})
+	ss := a.Layout().StripeSize()
+	rng := newRand(32)
+
+	// Dirty heads in stripes 3 and 4 (an hour's delay: still in the cache), then a placed write
+	// of stripes 2-5 over them: it wins.
+	for _, off := range []int64{3*ss + 100, 4*ss + 20000} {
+		p := make([]byte, 5000)
+		fill(rng, p)
+		if _, err := a.WriteAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[off:], p)
+	}
+	p := make([]byte, 4*ss)
+	fill(rng, p)
+	if err := place(t, a, p, 2*ss, len(p)); err != nil {
+		t.Fatal(err)
+	}
+	copy(model[2*ss:], p)
+	compareArray(t, a, model)
+	if c := a.Counters(); c.PlacedBytes != uint64(len(p)) {
+		t.Fatalf("PlacedBytes = %d, want %d", c.PlacedBytes, len(p))
+	}
+
+	// A dirty head in stripe 10's last chunk, then a placed write of stripes 10-11 cut short
+	// after stripe 10's first chunk: that chunk holds the new bytes, the dirty head's bytes
+	// survive (written out by the Flush), the rest keeps the old bytes.
+	C := a.Layout().ChunkSize()
+	dirty := make([]byte, 4096)
+	fill(rng, dirty)
+	if _, err := a.WriteAt(dirty, 10*ss+2*C); err != nil {
+		t.Fatal(err)
+	}
+	copy(model[10*ss+2*C:], dirty)
+	fill(rng, p[:2*ss])
+	if err := place(t, a, p[:2*ss], 10*ss, int(C)); err != nil {
+		t.Fatal(err)
+	}
+	copy(model[10*ss:], p[:C])
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	compareArray(t, a, model)
+	if c := a.Counters(); c.PlacedBytes != uint64(4*ss) {
+		t.Fatalf("PlacedBytes = %d after a write cut short, want %d (only complete ones count)", c.PlacedBytes, 4*ss)
+	}
+	l := a.Layout()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkMembers(t, paths, l, model, -1)
+}
+
+// TestPlaceWriteDeclines: the array places only whole, aligned stripes of a healthy,
+// unjournaled array with mapped writes whose member pages are all in memory; anything else is
+// declined with nothing done, and the ordinary write that follows works.
+func TestPlaceWriteDeclines(t *testing.T) {
+	a, paths, model := placedArray(t, raid.CreateOptions{})
+	ss := a.Layout().StripeSize()
+	decline := func(what string, off int64, n int) {
+		t.Helper()
+		if v, _, ok := a.PlaceWrite(off, n, nil); ok || len(v) != 0 {
+			t.Fatalf("%s: PlaceWrite(%d, %d) placed", what, off, n)
+		}
+	}
+	decline("unaligned", ss+512, int(ss))
+	decline("part of a stripe", ss, int(ss-4096))
+	decline("past the end", int64(len(model))-ss, int(2*ss))
+	decline("empty", 0, 0)
+	// The declines took no lock: an ordinary write of the same stripes goes through.
+	p := bytes.Repeat([]byte{0xa5}, int(2*ss))
+	if _, err := a.WriteAt(p, ss); err != nil {
+		t.Fatal(err)
+	}
+	copy(model[ss:], p)
+	if err := a.Fail(paths[2]); err != nil {
+		t.Fatal(err)
+	}
+	decline("degraded", 0, int(ss))
+	compareArray(t, a, model)
+
+	// Pages not in memory: a fresh array's members are holes.
+	fresh := memberPaths(modeDir(t, ioMode{shm: true}), 4)
+	b, err := raid.Create(fresh, raid.CreateOptions{Chunk: 16 << 10, MemberSize: raid.DataOffset + 32*(16<<10),
+		IOOptions: raid.IOOptions{MappedWrites: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, _, ok := b.PlaceWrite(0, int(ss), nil); ok {
+		t.Fatal("PlaceWrite placed into holes (pages not in memory)")
+	}
+
+	// Journaled: the journal must log the data before the members see it.
+	dir := modeDir(t, ioMode{shm: true})
+	j, _, _ := placedArray(t, raid.CreateOptions{Consistency: raid.ConsistencyJournal,
+		JournalPath: filepath.Join(dir, "journal"), JournalSize: 2 << 20})
+	if _, _, ok := j.PlaceWrite(0, int(ss), nil); ok {
+		t.Fatal("PlaceWrite placed on a journaled array")
+	}
+}
