@@ -18,23 +18,41 @@ type Locks struct {
 // For returns the mutex of stripe s.
 func (l *Locks) For(s int64) *sync.Mutex { return &l.mu[s&(NumLocks-1)] }
 
-// LockSpan locks the stripes [s0, s0+n), n ≤ NumLocks, in ascending table order; UnlockSpan
-// releases them.
+// LockSpan locks the stripes [s0, s0+n), n ≥ 1, in ascending table order (every mutex once
+// when n ≥ NumLocks); UnlockSpan releases them.
 func (l *Locks) LockSpan(s0, n int64) {
-	for i := range int64(NumLocks) {
-		if (i-s0)&(NumLocks-1) < n {
-			l.mu[i].Lock()
-		}
+	lo, hi, wrap := span(s0, n)
+	for i := range wrap {
+		l.mu[i].Lock()
+	}
+	for i := lo; i < hi; i++ {
+		l.mu[i].Lock()
 	}
 }
 
 // UnlockSpan releases what LockSpan(s0, n) took.
 func (l *Locks) UnlockSpan(s0, n int64) {
-	for i := range int64(NumLocks) {
-		if (i-s0)&(NumLocks-1) < n {
-			l.mu[i].Unlock()
-		}
+	lo, hi, wrap := span(s0, n)
+	for i := range wrap {
+		l.mu[i].Unlock()
 	}
+	for i := lo; i < hi; i++ {
+		l.mu[i].Unlock()
+	}
+}
+
+// span returns the table indices of stripes [s0, s0+n): [lo, hi) and, where the span wraps
+// past the end of the table, [0, wrap) as well (wrap ≤ lo, so the two never overlap).
+func span(s0, n int64) (lo, hi, wrap int64) {
+	if n >= NumLocks {
+		return 0, NumLocks, 0
+	}
+	lo = s0 & (NumLocks - 1)
+	hi = lo + n
+	if hi > NumLocks {
+		return lo, NumLocks, hi - NumLocks
+	}
+	return lo, hi, 0
 }
 
 // SameLock reports whether stripes a and b share a mutex.
