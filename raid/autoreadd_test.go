@@ -309,3 +309,45 @@ func remoteOf(t *testing.T, st raid.Status, path string) *raid.MemberReport {
 	}
 	return st.Members[i].Remote
 }
+
+// TestAutoReAddMissingAtAssembly: a remote member whose host is down when the array is
+// assembled (missing: assembled degraded) and that comes back later is re-added by itself,
+// found through AutoReAddOptions.Specs, resyncing only what was written while it was away.
+func TestAutoReAddMissingAtAssembly(t *testing.T) {
+	a, hs, model := newRemoteArray(t)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	hs[1].down()
+	b, err := raid.Assemble(hostURIs(hs), raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	raid.StopBitmapCleaner(b)
+	if st := b.Status(); st.State != raid.StateDegraded || !slices.Equal(st.Missing, []int{1}) {
+		t.Fatalf("assembled without member 1's host: %v, missing %v; want degraded, [1]", st.State, st.Missing)
+	}
+	ss := b.Layout().StripeSize()
+	writeSpans(t, b, model, newRand(9), []span{{7*4*ss + 5, 2 * ss}, {30 * 4 * ss, 100}}, func(int) {}) // regions 7, 30
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.AutoReAdd(ctx, raid.AutoReAddOptions{Specs: hostURIs(hs), Interval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitStatus(t, b, "member 1 probed", func(st raid.Status) bool {
+		return len(st.AutoReAdd) == 1 && st.AutoReAdd[0].Member == hs[1].uri() && st.AutoReAdd[0].Probes > 0
+	})
+	hs[1].start()
+	st := waitStatus(t, b, "member 1 re-added by itself", func(st raid.Status) bool {
+		s, _ := memberState(st, hs[1].uri())
+		return s == raid.MemberActive && st.Sync == nil && st.LastRebuild != nil
+	})
+	if p := st.LastRebuild; !p.ReAdd || p.Resynced != 2*4*testChunk {
+		t.Fatalf("automatic re-add %+v, want a re-add of the 2 regions' chunks (%d bytes)", p, 2*4*testChunk)
+	}
+	raid.CleanBitmap(b, 0)
+	checkEachOut(t, b, hostURIs(hs), 1, model)
+}
