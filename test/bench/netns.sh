@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Issue 17's figures, side by side in one run: raid5d over 4 remote members vs over 4 local
+# files, and over 4 remote members with DELAY (5ms) added to every read and write (with one
+# connection per member, and with --member-conns CONNS), in a lab of network namespaces like the
+# e2e tests' (test/netns_test.go). Each member host runs three nbdkit file servers (--threads
+# 64), one plain and two behind the delay filter (delay-read and delay-write; the kernel here
+# has no sch_netem for `tc netem`), each on a file of its own in DIR; the raid5d host runs four
+# daemons, over each set of remote members and over 4 local files in DIR (the same
+# filesystem); the client host runs fio's nbd engine (test/fio/netns/bench.fio, one
+# connection, queue depth IODEPTH) against each over a veth link, taking turns job by job.
+#
+#   sudo test/bench/netns.sh        (needs root: ip netns)
+#
+# Environment: ROUNDS (3; the table shows medians, each round starting with the next
+# configuration), RUNTIME (seconds per job, 5), IODEPTH (32), MEMBER (member size, 128M), DELAY
+# (5ms), CONNS (4), DIR (/dev/shm/raid5d-netns), RAID5D (a raid5d binary instead of building one),
+# RAID5D_FLAGS (extra serve flags for the daemons). Bounded: every fio runs RUNTIME seconds under
+# a timeout; at the end every process in the lab's namespaces is killed by PID and the
+# namespaces (and so their veths) are deleted by name.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${ROUNDS:-3}
+export RUNTIME=${RUNTIME:-5} IODEPTH=${IODEPTH:-32}
+MEMBER=${MEMBER:-128M}
+DELAY=${DELAY:-5ms}
+CONNS=${CONNS:-4}
+DIR=${DIR:-/dev/shm/raid5d-netns}
+for t in ip nbdkit fio python3; do command -v $t >/dev/null || { echo "need $t (make deps)"; exit 1; }; done
+if [[ -z ${RAID5D:-} ]]; then
+  go build -o bin/raid5d ./cmd/raid5d
+  RAID5D=bin/raid5d
+fi
+RAID5D=$(realpath "$RAID5D")
+JOBFILE=$(realpath test/fio/netns/bench.fio)
+
+id=r5b-$$ # the lab's namespaces: r5b-PID-HOST; veths vPIDhK (hub end) and vPIDuK
+hub=$id-raid
+net=10.158
+pids=()
+daemons=()
+cleanup() {
+  set +e
+  for p in "${daemons[@]}"; do kill "$p" 2>/dev/null; done # the daemons first, then their members
+  for p in "${daemons[@]}"; do wait "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$id-"); do
+    for p in $(ip netns pids "$ns"); do kill -9 "$p" 2>/dev/null; done
+    while [[ -n $(ip netns pids "$ns") ]]; do sleep 0.05; done
+    ip netns del "$ns"
+  done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+rm -rf "$DIR"; mkdir -p "$DIR"
+ip netns add "$hub"
+ip -n "$hub" link set lo up
+host() { # host NAME K: namespace $id-NAME, linked to the hub on $net.K.0/24 (hub .1, host .2)
+  ip netns add "$id-$1"
+  ip -n "$id-$1" link set lo up
+  ip link add "v$$h$2" netns "$hub" type veth peer name "v$$u$2" netns "$id-$1"
+  ip -n "$hub" addr add "$net.$2.1/24" dev "v$$h$2"
+  ip -n "$id-$1" addr add "$net.$2.2/24" dev "v$$u$2"
+  ip -n "$hub" link set "v$$h$2" up
+  ip -n "$id-$1" link set "v$$u$2" up
+}
+on() { local ns=$1; shift; ip netns exec "$id-$ns" "$@"; } # on HOST CMD...
+up() { # up HOST PORT: wait until something on HOST (as seen from the hub) accepts on PORT
+  for _ in $(seq 200); do
+    ip netns exec "$hub" bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listening on $1:$2"; exit 1
+}
+
+host client 5
+remote=() delayed=() conns=()
+for k in 0 1 2 3; do
+  host "m$k" $((k + 1))
+  truncate -s "$MEMBER" "$DIR/m$k.img" "$DIR/d$k.img" "$DIR/e$k.img"
+  on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port 10809 file file="$DIR/m$k.img" 2>>"$DIR/nbdkit.log" &
+  pids+=($!)
+  for d in d:10810 e:10811; do
+    on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port "${d#*:}" --filter=delay \
+      file file="$DIR/${d%%:*}$k.img" delay-read="$DELAY" delay-write="$DELAY" 2>>"$DIR/nbdkit.log" &
+    pids+=($!)
+  done
+  remote+=("nbd://$net.$((k + 1)).2:10809/m$k")
+  delayed+=("nbd://$net.$((k + 1)).2:10810/d$k")
+  conns+=("nbd://$net.$((k + 1)).2:10811/e$k")
+done
+for k in 0 1 2 3; do for p in 10809 10810 10811; do up "$net.$((k + 1)).2" $p; done; done
+for a in remote delayed conns; do
+  declare -n ms=$a
+  ip netns exec "$hub" "$RAID5D" create --chunk 64K "${ms[@]}" >/dev/null
+done
+"$RAID5D" create --chunk 64K --size "$MEMBER" "$DIR"/l{0..3}.img >/dev/null
+
+serve() { # serve PORT CONTROL MEMBER...: a daemon on the hub for the client
+  local port=$1 ctl=$2; shift 2
+  ip netns exec "$hub" "$RAID5D" serve --listen "$net.5.1:$port" --control "$ctl" --log-level error \
+    ${RAID5D_FLAGS:-} "$@" &
+  daemons+=($!)
+  up "$net.5.1" "$port"
+}
+serve 10809 "$DIR/local.ctl" "$DIR"/l{0..3}.img
+serve 10810 "$DIR/remote.ctl" "${remote[@]}"
+serve 10811 "$DIR/delayed.ctl" "${delayed[@]}"
+serve 10812 "$DIR/conns.ctl" --member-conns "$CONNS" "${conns[@]}"
+results=$DIR/results
+: >"$results"
+run() { # run CONFIG URI JOB RW BS
+  local out=$DIR/fio.json
+  NBD_URI=$2 RW=$4 BS=$5 timeout $((RUNTIME + 60)) ip netns exec "$id-client" \
+    fio --output-format=json --output="$out" "$JOBFILE" >/dev/null
+  python3 - "$out" "$1" "$3" >>"$results" <<'PY'
+import json, sys
+out, config, job = sys.argv[1:]
+with open(out) as f:
+    text = f.read()
+j = json.loads(text[text.index("{"):])["jobs"][0]
+d = j["read"] if j["read"]["io_bytes"] > 0 else j["write"]
+print(config, job, d["bw_bytes"], d["iops"])
+PY
+}
+jobs=("seqwrite-1M write 1M" "seqread-1M read 1M" "randread-4k randread 4k" "randwrite-4k randwrite 4k")
+declare -A port=([local]=10809 [remote]=10810 [delayed]=10811 [conns]=10812)
+for round in $(seq "$ROUNDS"); do
+  for spec in "${jobs[@]}"; do
+    read -r job rw bs <<<"$spec"
+    configs=(local remote delayed conns)
+    configs=("${configs[@]:$((round % 4))}" "${configs[@]:0:$((round % 4))}")
+    for c in "${configs[@]}"; do run "$c" "nbd://$net.5.1:${port[$c]}/" "$job" "$rw" "$bs"; done
+  done
+  echo "round $round done" >&2
+done
+echo "raid5d over 4 nbdkit members on hosts of their own (netns, veth) vs over 4 local files ($DIR),"
+echo "fio nbd engine on a client host, 1 connection, iodepth $IODEPTH, ${RUNTIME}s per job, medians of $ROUNDS;"
+echo "latency: nbdkit's delay filter, $DELAY on every read and write of every member; load before: $(cut -d" " -f1-3 /proc/loadavg)"
+python3 - "$results" "$DELAY" "$CONNS" <<'PY'
+import sys, statistics
+rows = {}
+for line in open(sys.argv[1]):
+    config, job, bw, iops = line.split()
+    rows.setdefault(job, {}).setdefault(config, []).append((float(bw), float(iops)))
+delay, conns = sys.argv[2], sys.argv[3]
+def fmt(job, v):
+    if not v:
+        return "-"
+    return "%.0f MB/s" % (v[0] / 1e6) if job.endswith("1M") else "%.0f IOPS" % v[1]
+def ratio(a, b):
+    return "%.2f" % (a[1] / b[1]) if a and b and b[1] else "-"
+print("| job | local files | remote | remote / local | remote +%s | +%s / +0 | +%s, %s conns | / +0 |" % (delay, delay, delay, conns))
+print("|---|---|---|---|---|---|---|---|")
+for job in ["seqwrite-1M", "seqread-1M", "randread-4k", "randwrite-4k"]:
+    med = {c: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for c, v in rows.get(job, {}).items()}
+    l, m, d, c = (med.get(k) for k in ("local", "remote", "delayed", "conns"))
+    print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (job, fmt(job, l), fmt(job, m), ratio(m, l),
+          fmt(job, d), ratio(d, m), fmt(job, c), ratio(c, m)))
+PY
