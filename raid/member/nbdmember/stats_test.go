@@ -182,3 +182,13 @@ func BenchmarkReadAt4K(b *testing.B) {
 		}
 	})
 }
+
+// TestReportConns: a member with several connections (Options.Conns, a server that
+// advertises CAN_MULTI_CONN) reports them all, and multi_conn among the server's flags.
+func TestReportConns(t *testing.T) {
+	sock := serve(t, nbd.Export{Name: "m", Device: nbdtest.NewMemDevice(1 << 20)})
+	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{Conns: 3, Logger: quiet})
+	if r := m.Report(); r.Conns != 3 || r.State != member.LinkConnected || !slices.Contains(r.Features, "multi_conn") {
+		t.Errorf("report %+v, want 3 connections, connected, multi_conn", r)
+	}
+}
