@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -850,5 +851,75 @@ func TestSmallWritesFUA(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestWriteAllocs: in steady state a small write allocates nothing, its write-out included:
+// random 4 KiB writes (copied, and pinned with stable pages) and 512-byte ones (their unit read
+// in first) through a small cache whose write-out goroutines take them as they come (a 1 µs
+// write-back delay, and more than half the heads dirty) or that writes them through (no head
+// free), with every write-intent bit already set (the cleaner stopped: setting a bit writes the
+// bitmap, which allocates). The count covers every goroutine. A few allocations per run of
+// 2000 writes are allowed (a Pin or workspace more when more are out at once than ever
+// before); an allocation per write or per write-out makes a thousand or more.
+func TestWriteAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops items: allocations are not counted")
+	}
+	for _, w := range []struct {
+		name   string
+		size   int64
+		pinned bool
+	}{{"4k", 4 << 10, false}, {"4k-pinned", 4 << 10, true}, {"512", 512, false}} {
+		t.Run(w.name, func(t *testing.T) {
+			io := raid.IOOptions{StripeCache: 16, WriteBackDelay: time.Microsecond, StablePages: w.pinned}
+			a, _ := newCached(t, 4, 16<<10, 64, raid.AssembleOptions{IOOptions: io})
+			defer a.Close()
+			raid.StopBitmapCleaner(a)
+			rng := newRand(uint64(w.size))
+			p := make([]byte, w.size)
+			fill(rng, p)
+			n := mustSize(a) / w.size
+			release := func() {}
+			write := func() {
+				off := rng.Int64N(n) * w.size
+				var err error
+				if w.pinned {
+					_, err = a.WritePinned(p, off, release)
+				} else {
+					_, err = a.WriteAt(p, off)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Warm up: every bitmap region written, every head bound, the free lists filled.
+			if _, err := a.WriteAt(make([]byte, mustSize(a)), 0); err != nil {
+				t.Fatal(err)
+			}
+			for range 20000 {
+				write()
+			}
+			// No GC during the count: it would empty the array's sync.Pools (its member I/O
+			// batches), which then allocate again; the cache's own free lists survive one
+			// (TestAllocsAfterGC, package stripe/cache).
+			defer debug.SetGCPercent(debug.SetGCPercent(-1))
+			before := a.Counters()
+			const writes, runs, most = 2000, 5, 4
+			allocs := testing.AllocsPerRun(runs, func() {
+				for range writes {
+					write()
+				}
+			})
+			c := a.Counters()
+			outs := c.RMWWrites + c.RCWWrites + c.FullStripeWrites - before.RMWWrites - before.RCWWrites - before.FullStripeWrites
+			t.Logf("%v allocations per %d writes; %d write-outs during the runs (%d written through)", allocs, writes, outs, c.WriteThroughs-before.WriteThroughs)
+			if outs < writes {
+				t.Fatalf("only %d write-outs during %d writes: the write-outs were not measured", outs, (runs+1)*writes)
+			}
+			if allocs > most {
+				t.Errorf("%v allocations per %d writes and their write-outs, want at most %d", allocs, writes, most)
+			}
+		})
 	}
 }

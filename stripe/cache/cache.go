@@ -95,8 +95,8 @@ type Cache struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	work    sync.Pool // *workspace
-	spare   sync.Pool // *head, unbound, for write-through
+	work    freeList  // *workspace
+	spare   freeList  // *head, unbound, for write-through
 	batches sync.Pool // *batch
 	nBatch  int64     // most stripes in one batch (writeFulls); < 2: no batches
 
