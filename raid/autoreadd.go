@@ -207,16 +207,28 @@ func (a *Array) probe(ctx context.Context, ar *autoReAdder, p *AutoReAddProbe, o
 			m.Close()
 		}
 	}
+	away := true
+	if errors.Is(err, ErrCannotReAdd) {
+		// Refused because it is back already (an operator re-added it meanwhile)?
+		names, _ := a.awayRemote(opts.Specs)
+		away = slices.Contains(names, name)
+	}
 	now := time.Now()
 	ar.mu.Lock()
 	defer ar.mu.Unlock()
 	p.Probes++
+	drop := func() {
+		ar.probes = slices.DeleteFunc(ar.probes, func(x *AutoReAddProbe) bool { return x == p })
+		delete(ar.delay, name)
+	}
 	switch {
 	case err == nil:
 		ar.flaps[name] = append(ar.flaps[name], now)
-		ar.probes = slices.DeleteFunc(ar.probes, func(x *AutoReAddProbe) bool { return x == p })
-		delete(ar.delay, name)
+		drop()
 		a.log.Info("raid: auto-re-add: an away member answers again and was re-added; resyncing what the bitmap marked", "member", name, "probes", p.Probes)
+		return true
+	case !away:
+		drop()
 		return true
 	case errors.Is(err, ErrClosed), errors.Is(err, ErrReadOnly):
 		return false
