@@ -21,8 +21,8 @@
 //
 // The tests of members on other hosts (e2e_netns_test.go) run in a lab of network namespaces
 // made with ip(8) from iproute2 (netns_test.go): a host per member running nbdkit or
-// nbd-server on its file, the raid5d host, and a client host running fio, qemu-io or raid5d
-// bench, joined by veth pairs in 10.157.0.0/16 (traffic stays in the lab's namespaces). They
+// nbd-server on its file, the raid5d host, and a client host running fio, qemu-io, raid5d
+// bench or nbdfuse (under nsenter --net, so that its FUSE mount is the test's), joined by veth pairs in 10.157.0.0/16 (traffic stays in the lab's namespaces). They
 // need root (CAP_SYS_ADMIN) and skip without it (fail under RAID5D_REQUIRE_TOOLS=1). A test
 // removes every namespace and veth it made and stops every process it started there, by PID;
 // the namespaces of a test binary that died before its cleanups (a -timeout) are removed by

@@ -44,12 +44,19 @@ type loopDisk struct {
 // attaches a loop device to it. A cleanup detaches everything (see detach).
 func attachLoop(t *testing.T, uri string) *loopDisk {
 	t.Helper()
+	return attachLoopIn(t, nil, uri)
+}
+
+// attachLoopIn is attachLoop with nbdfuse run under prefix (see prefixed), which must leave
+// it in this mount namespace (netHost.netPrefix: a client on a lab's host).
+func attachLoopIn(t *testing.T, prefix []string, uri string) *loopDisk {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "r5fuse")
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &loopDisk{t: t, fuseDir: dir}
-	d.fuse = startProc(t, "nbdfuse", dir, uri)
+	d.fuse = startProcIn(t, prefix, "nbdfuse", dir, uri)
 	t.Cleanup(d.detach)
 	file := filepath.Join(dir, "nbd")
 	waitFor(t, "nbdfuse to expose "+file, startTimeout, d.fuse, func() bool {

@@ -185,6 +185,16 @@ func (h *netHost) prefix() []string {
 	return []string{"ip", "netns", "exec", h.ns}
 }
 
+// netPrefix is the command prefix that runs a command in h's network namespace only, in this
+// mount namespace (ip netns exec makes a mount namespace of its own): for nbdfuse, whose FUSE
+// mount the test uses. Nil (here) for a nil host.
+func (h *netHost) netPrefix() []string {
+	if h == nil {
+		return nil
+	}
+	return []string{"nsenter", "--net=" + filepath.Join(netnsDir, h.ns)}
+}
+
 // cut takes h off the network: its end of the veth pair goes down, so that packets to and from
 // it are dropped and nothing tells its peers (no reset, no close), as when a host loses power
 // or its cable.
