@@ -246,8 +246,11 @@ const readWorkers = 2
 
 // inlineWriteMax is the most bytes of member writes that Do writes in the calling goroutine,
 // one member after another, instead of concurrently on the members' I/O goroutines: a full
-// stripe of 16 KiB chunks takes 28% less CPU that way (BenchmarkFiles seqwrite-48k), while a
-// 1 MiB write's member writes finish 18% sooner concurrently.
+// stripe of 16 KiB chunks takes 28% less CPU that way when copied, 9% with stable pages
+// (BenchmarkFiles seqwrite-48k, against inlineWriteMax 0). A 1 MiB write's member writes
+// (1.33 MiB) were no faster concurrently: inline took 0.94× and 0.97× the CPU and 0.92× and
+// 1.07× the time, within the noise of a 2-core machine at load 12 (p > 0.48). They stay
+// concurrent, for machines with cores to spare.
 const inlineWriteMax = 256 << 10
 
 var ioBatches = sync.Pool{New: func() any { return new(ioBatch) }}
