@@ -345,14 +345,17 @@ type AssembleOptions struct {
 	// Force assembles a failed array (two or more roles without a current member) from the
 	// members that stopped only when it failed, as mdadm --assemble --force does: a member
 	// the others record as faulty is trusted if its own superblock already records another
-	// role faulty or being rebuilt (failedWithArray; its history agreeing with the freshest
-	// superblock), so the array had failed when it stopped and no write was acknowledged
-	// after. Never a member whose role another member holds or is being
-	// rebuilt into, nor one that failed while the array still had every role: it missed
-	// the writes acknowledged degraded. The trusted members get one events counter and the
-	// array is marked dirty, so the stripes being written at the failure are resynced (with
-	// the journal policy: the journal is replayed); stale members become spares and are
-	// rebuilt from the trusted ones, as with RebuildStale. The log says which members and
+	// role faulty or being rebuilt, or if it failed together with another role's member (the
+	// same events counter and history: the same batch of member writes failed both, and
+	// neither superblock records the other's failure), its history agreeing with the freshest
+	// superblock (stoppedWithArray): the array had failed when it stopped and no write was
+	// acknowledged after. Members that failed together are all trusted, none rebuilt from
+	// stripes the failing write may have torn. Never a member whose role another member holds
+	// or is being rebuilt into, nor one that failed alone while the array still had every
+	// role: it missed the writes acknowledged degraded. The trusted members get one events
+	// counter and the array is marked dirty, so the stripes being written at the failure are
+	// resynced (with the journal policy: the journal is replayed); stale members become
+	// spares and are rebuilt from the trusted ones, as with RebuildStale. The log says which members and
 	// events counters it trusts. Without Force such an array is refused with ErrNeedsForce
 	// (and ErrTooManyMissing), which says what Force would do. A no-op for an array that
 	// can be assembled without it. With ReadOnly nothing is written: the forced array can
@@ -538,11 +541,11 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 			byRole[m.sb.Role] = m
 		}
 		if !opts.Force {
-			return nil, fmt.Errorf("%w: roles %v of array %s have no current member; %w: %s stopped only when the array failed (its own superblock records the array already degraded, so no write was acknowledged after it stopped); Force (serve --force) would trust its data with that of %s, give them all one events counter, mark the array dirty, %s and resync the stripes being written at the failure",
-				ErrTooManyMissing, missing, ref.ArrayUUID, ErrNeedsForce, describeMembers(plan), fresh, forceRest(missingRoles(byRole), rest))
+			return nil, fmt.Errorf("%w: roles %v of array %s have no current member; %w: %s; Force (serve --force) would trust the data of %s with that of %s, give them all one events counter, mark the array dirty, %s and resync the stripes being written at the failure",
+				ErrTooManyMissing, missing, ref.ArrayUUID, ErrNeedsForce, forceWhy(plan, stale, ref), describeMembers(plan), fresh, forceRest(missingRoles(byRole), rest))
 		}
 		log.Warn("raid: FORCED assembly of a failed array: trusting the data of members that stopped only when the array failed, as they were then; the stripes being written at the failure are resynced",
-			"array", ref.ArrayUUID, "forced", describeMembers(plan), "trusted", fresh, "array_events", ref.Events,
+			"array", ref.ArrayUUID, "forced", describeMembers(plan), "trusted", fresh, "why", forceWhy(plan, stale, ref), "array_events", ref.Events,
 			"then", forceRest(missingRoles(byRole), rest), "read_only", opts.ReadOnly)
 		forced, stale, missing = plan, rest, missingRoles(byRole)
 		// The forced members are current from now on, and every stripe being written when
@@ -989,7 +992,8 @@ func presentMembers(byRole []*member) []*member {
 // forcePlan returns the stale members that AssembleOptions.Force may put back into their
 // roles, at most one per role (the one with the highest events counter): for each role that
 // the freshest superblock ref records as faulty and no member of byRole holds, a member of
-// that role that failedWithArray.
+// that role that stoppedWithArray. Members that failed together (the same events counter)
+// are all in it, as mdadm --assemble --force takes every device of the newest events counter.
 func forcePlan(ref *superblock, byRole []*member, stale []*member) []*member {
 	var plan []*member
 	for r, holder := range byRole {
@@ -998,7 +1002,7 @@ func forcePlan(ref *superblock, byRole []*member, stale []*member) []*member {
 		}
 		var best *member
 		for _, m := range stale {
-			if m.sb.Role == r && failedWithArray(m.sb, ref) && (best == nil || m.sb.Events > best.sb.Events) {
+			if m.sb.Role == r && stoppedWithArray(m, stale, ref) && (best == nil || m.sb.Events > best.sb.Events) {
 				best = m
 			}
 		}
@@ -1009,42 +1013,89 @@ func forcePlan(ref *superblock, byRole []*member, stale []*member) []*member {
 	return plan
 }
 
-// failedWithArray reports whether the member whose superblock is sb stopped only once the array
-// had failed, so that its data holds every write the array acknowledged. sb is the last
-// superblock update it received; the next one, which it missed, is the one that recorded it
-// faulty (a member misses a superblock update only by failing, or by being absent from an
-// assembly, which records it faulty the same way). If sb already records another
-// role faulty, the member's failure was the array's second loss: from then on every write was
-// refused (ErrArrayFailed), so nothing was written without it. A role it records as being
-// rebuilt counts as lost too (roleTable.lost: losing a member during a rebuild fails the array, so
-// the array took no writes after it; raid5d before that rule kept writing the stripes below
-// the rebuild's position). Its history must agree with ref's: every role it records faulty is
-// faulty or being rebuilt in ref, and every role it records rebuilding is still rebuilding (or
-// faulty) in ref. (Faulty then rebuilding: the update that started the rebuild was under way
-// when this member failed, and skipped it, since a member is marked faulty before its failure
-// is recorded; the role was lost all along, and a rebuild that has not finished restored
-// nothing.)
-func failedWithArray(sb, ref *superblock) bool {
-	lost := 0
+// stoppedWithArray reports whether stale member m stopped only once the array had failed, so
+// that its data holds every write the array acknowledged: m.sb is the last superblock update
+// it received, and the next one, which it missed, is the one that recorded it faulty (a member
+// misses a superblock update only by failing, or by being absent from an assembly, which
+// records it faulty the same way). Either m.sb already records another role lost (lostBefore):
+// m's failure was then the array's second loss, and from then on every write was refused
+// (ErrArrayFailed), so nothing was written without it; or m failed together with another role
+// (failedWith finds its members).
+func stoppedWithArray(m *member, stale []*member, ref *superblock) bool {
+	lost, ok := lostBefore(m.sb, ref)
+	return ok && (len(lost) > 0 || len(failedWith(m, stale, ref)) > 0)
+}
+
+// failedWith returns the stale members of other roles that failed together with m, in one
+// superblock update: ref records their roles faulty, and they stopped at m's events counter
+// with the same history (lostBefore agrees with ref). Neither then received the next update,
+// which recorded the first of them faulty: when it was written the others were faulty already
+// (a member is marked faulty before its failure is recorded, and one whose superblock cannot
+// record another's failure fails too), so it left two roles lost and the array failed with it.
+// A write that skips a failed member is acknowledged only after the record of its failure, and
+// is refused when that record leaves two roles lost; so no write was acknowledged without any
+// of them, and each holds every acknowledged write to its own chunks. This is two members
+// filling one filesystem in the same batch of member writes (TestForceTwoTogether).
+func failedWith(m *member, stale []*member, ref *superblock) []*member {
+	var with []*member
+	for _, o := range stale {
+		if r := o.sb.Role; r >= 0 && r != m.sb.Role && r < len(ref.States) && ref.States[r] == roleFaulty &&
+			o.sb.Events == m.sb.Events && o.sb.States == m.sb.States {
+			if _, ok := lostBefore(o.sb, ref); ok {
+				with = append(with, o)
+			}
+		}
+	}
+	return with
+}
+
+// lostBefore returns the roles other than its own that the superblock sb of a stale member
+// records as lost (faulty, or being rebuilt: losing a member during a rebuild fails the array,
+// so the array took no writes after it — roleTable.lost; raid5d before that rule kept writing
+// the stripes below the rebuild's position), and whether sb's history agrees with ref's: sb
+// records its own role active, every role it records faulty is faulty or being rebuilt in ref,
+// and every role it records rebuilding is still rebuilding (or faulty) in ref. (Faulty then
+// rebuilding: the update that started the rebuild was under way when this member failed, and
+// skipped it, since a member is marked faulty before its failure is recorded; the role was
+// lost all along, and a rebuild that has not finished restored nothing.) A role sb records
+// lost that ref records active was rebuilt since: writes went on without this member.
+func lostBefore(sb, ref *superblock) (lost []int, ok bool) {
 	for r := range sb.Members {
 		switch {
 		case r == sb.Role:
 			if sb.States[r] != roleActive {
-				return false
+				return nil, false
 			}
-		case sb.States[r] == roleRebuilding:
+		case sb.States[r] == roleRebuilding || sb.States[r] == roleFaulty:
 			if ref.States[r] == roleActive {
-				return false
+				return nil, false
 			}
-			lost++
-		case sb.States[r] == roleFaulty:
-			if ref.States[r] == roleActive { // rebuilt since: writes went on without this member
-				return false
-			}
-			lost++
+			lost = append(lost, r)
 		}
 	}
-	return lost > 0
+	return lost, true
+}
+
+// forceWhy says, for a log line or an error, why Force may trust each member of plan (a
+// forcePlan of the stale members stale).
+func forceWhy(plan, stale []*member, ref *superblock) string {
+	var parts []string
+	var told []*member
+	for _, m := range plan {
+		if slices.Contains(told, m) {
+			continue
+		}
+		if lost, _ := lostBefore(m.sb, ref); len(lost) > 0 {
+			parts = append(parts, fmt.Sprintf("%s stopped only when the array failed (its own superblock records roles %v already lost, so no write was acknowledged after it stopped)",
+				describeMembers([]*member{m}), lost))
+			continue
+		}
+		group := append([]*member{m}, failedWith(m, stale, ref)...)
+		told = append(told, group...)
+		parts = append(parts, fmt.Sprintf("%s failed together, in one batch of member writes (one events counter, neither superblock records the other's failure): the array failed with them and acknowledged no write without them, so each holds its own chunks of every acknowledged write; all are trusted (as mdadm --force takes every device of the newest events counter), none is rebuilt from stripes the failing write may have torn",
+			describeMembers(group)))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // describeMembers lists members for a log line or an error: "PATH (role R, events E), ...".

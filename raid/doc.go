@@ -135,13 +135,20 @@
 // already records another role faulty or rebuilding (agreeing with the freshest superblock:
 // a role being rebuilt counts as lost, see # Failure and rebuild), its failure was the
 // array's second loss: every later write was refused
-// (ErrArrayFailed), so its data holds every acknowledged write. Force trusts such members
-// with the fresh ones, gives them all one events counter, marks the array dirty and rebuilds
+// (ErrArrayFailed), so its data holds every acknowledged write. So does a member that failed
+// together with another role's, in one batch of member writes: both stopped at the same events
+// counter, neither superblock records the other's failure, and the update that recorded the
+// first left two roles lost, failing the array with them (a write that skips a failed member is
+// acknowledged only after that record, and refused when it leaves two roles lost). Force
+// trusts such members with the fresh ones — all of those that failed together, as mdadm --force
+// takes every device of the newest events counter: rebuilding one from stripes the failing
+// write tore would make its chunks wrong (TestForceTwoTogether) —, gives them all one events
+// counter, marks the array dirty and rebuilds
 // the stale members (the first to fail: it missed the writes taken degraded) as fresh spares;
 // the resync that follows a dirty assembly then fixes the stripes being written at the
 // failure (with the journal policy, the replay does). The WARN log line "FORCED assembly"
-// names every member trusted, forced and rebuilt, with its events counter. Never trusted: a
-// member that failed while the array had every role, one whose role another member holds or
+// names every member trusted, forced and rebuilt, with its events counter, and why. Never
+// trusted: a member that failed alone while the array had every role, one whose role another member holds or
 // is being rebuilt into. Without Force, Assemble refuses with ErrNeedsForce (and
 // ErrTooManyMissing), saying what Force would do; Force with ReadOnly writes nothing.
 // Trusting the first member to fail instead, as "XOR every member and recompute parity"

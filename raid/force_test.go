@@ -110,6 +110,86 @@ func compareExcept(t *testing.T, a *raid.Array, model []byte, skip, n int64) {
 	}
 }
 
+// refuseUnforced checks that Assemble without Force refuses ms with ErrNeedsForce and
+// ErrTooManyMissing, writing nothing, and returns the error.
+func refuseUnforced(t *testing.T, ms []*raidtest.Mem) error {
+	t.Helper()
+	before := make([][]byte, len(ms))
+	for i, m := range ms {
+		before[i] = bytes.Clone(m.Bytes())
+	}
+	_, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{})
+	if !errors.Is(err, raid.ErrNeedsForce) || !errors.Is(err, raid.ErrTooManyMissing) {
+		t.Fatalf("assemble without Force: %v; want ErrNeedsForce and ErrTooManyMissing", err)
+	}
+	t.Log(err)
+	for i, m := range ms {
+		if !bytes.Equal(before[i], m.Bytes()) {
+			t.Fatalf("the refused assembly wrote member %d", i)
+		}
+	}
+	return err
+}
+
+// assembleForced assembles ms with Force (and a fast resync) and returns the array (closed by
+// a cleanup) and the attributes of the one FORCED log line, after checking every byte but
+// [foff, foff+fn) against model.
+func assembleForced(t *testing.T, ms []*raidtest.Mem, io raid.IOOptions, model []byte, foff, fn int64) (*raid.Array, map[string]string) {
+	t.Helper()
+	var logs attrLog
+	opts := raid.AssembleOptions{Force: true, Logger: slog.New(&logs), IOOptions: io}
+	opts.SyncSpeedMin, opts.SyncSpeedMax = fastSync.SyncSpeedMin, fastSync.SyncSpeedMax
+	a, err := raid.AssembleMembers(asMembers(ms), opts)
+	if err != nil {
+		t.Fatalf("assemble with Force: %v", err)
+	}
+	t.Cleanup(func() { a.Close() })
+	compareExcept(t, a, model, foff, fn)
+	forced := logs.with("forced")
+	if len(forced) != 1 {
+		t.Fatalf("the forced assembly's log: %v; want one line naming what it trusts", forced)
+	}
+	return a, forced[0]
+}
+
+// awaitForced waits until the forced array a is whole, in sync and clean, and has run a
+// rebuild if rebuilt, then checks every byte but [foff, foff+fn) against model, closes a and
+// checks every stripe's parity on ms and that they assemble clean, with every byte again.
+func awaitForced(t *testing.T, a *raid.Array, ms []*raidtest.Mem, model []byte, foff, fn int64, rebuilt bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st := a.Status()
+		if st.State == raid.StateActive && st.Sync == nil && !st.Unclean && len(st.Missing) == 0 && (!rebuilt || st.LastRebuild != nil) {
+			if !rebuilt && st.LastRebuild != nil {
+				t.Fatalf("a rebuild ran (%+v); want none", st.LastRebuild)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no rebuild or resync after the forced assembly: %+v", st)
+		}
+	}
+	compareExcept(t, a, model, foff, fn)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		m.Reopen()
+	}
+	if bad := inconsistent(t, asMembers(ms), a.Layout()); len(bad) != 0 {
+		t.Fatalf("stripes %v have wrong parity after the forced assembly", bad)
+	}
+	b, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{})
+	if err != nil {
+		t.Fatalf("assemble after the forced one: %v", err)
+	}
+	defer b.Close()
+	if st := b.Status(); st.State != raid.StateClean || len(st.Members) != len(ms) {
+		t.Fatalf("after the forced assembly and a clean stop: %v, members %+v", st.State, st.Members)
+	}
+	compareExcept(t, b, model, foff, fn)
+}
+
 // TestForceAssemble (issue 13 item 6): after a two-member failure that lost nothing, Assemble
 // refuses with ErrNeedsForce (and ErrTooManyMissing), writing nothing; with Force it trusts
 // role 1 — which stopped only when the array failed — with roles 2 and 3, and rebuilds role 0,
@@ -120,68 +200,19 @@ func TestForceAssemble(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			ms, model, foff, fn := twoFailures(t, mode.io)
-			before := make([][]byte, len(ms))
-			for i, m := range ms {
-				before[i] = bytes.Clone(m.Bytes())
-			}
-			_, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{})
-			if !errors.Is(err, raid.ErrNeedsForce) || !errors.Is(err, raid.ErrTooManyMissing) {
-				t.Fatalf("assemble without Force: %v; want ErrNeedsForce and ErrTooManyMissing", err)
-			}
-			t.Log(err)
-			for i, m := range ms {
-				if !bytes.Equal(before[i], m.Bytes()) {
-					t.Fatalf("the refused assembly wrote member %d", i)
-				}
-			}
+			refuseUnforced(t, ms)
 			// RebuildStale alone does not force anything either.
 			if _, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{RebuildStale: true}); !errors.Is(err, raid.ErrNeedsForce) {
 				t.Fatalf("assemble with RebuildStale: %v; want ErrNeedsForce", err)
 			}
 
-			var logs attrLog
-			opts := raid.AssembleOptions{Force: true, Logger: slog.New(&logs), IOOptions: mode.io}
-			opts.SyncSpeedMin, opts.SyncSpeedMax = fastSync.SyncSpeedMin, fastSync.SyncSpeedMax
-			a, err := raid.AssembleMembers(asMembers(ms), opts)
-			if err != nil {
-				t.Fatalf("assemble with Force: %v", err)
-			}
-			defer a.Close()
-			compareExcept(t, a, model, foff, fn)
-			forced := logs.with("forced")
-			if len(forced) != 1 || !strings.Contains(forced[0]["forced"], ms[1].Name()+" (role 1, events ") ||
-				!strings.Contains(forced[0]["trusted"], ms[2].Name()) || !strings.Contains(forced[0]["trusted"], ms[3].Name()) ||
-				strings.Contains(forced[0]["trusted"], ms[0].Name()) || !strings.Contains(forced[0]["then"], ms[0].Name()) {
+			a, forced := assembleForced(t, ms, mode.io, model, foff, fn)
+			if !strings.Contains(forced["forced"], ms[1].Name()+" (role 1, events ") ||
+				!strings.Contains(forced["trusted"], ms[2].Name()) || !strings.Contains(forced["trusted"], ms[3].Name()) ||
+				strings.Contains(forced["trusted"], ms[0].Name()) || !strings.Contains(forced["then"], ms[0].Name()) {
 				t.Fatalf("the forced assembly's log: %v; want it to name what it trusts and what it rebuilds", forced)
 			}
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				st := a.Status()
-				if st.State == raid.StateActive && st.Sync == nil && !st.Unclean && st.LastRebuild != nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("no rebuild and resync after the forced assembly: %+v", st)
-				}
-			}
-			compareExcept(t, a, model, foff, fn)
-			if err := a.Close(); err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range ms {
-				m.Reopen()
-			}
-			if bad := inconsistent(t, asMembers(ms), a.Layout()); len(bad) != 0 {
-				t.Fatalf("stripes %v have wrong parity after the rebuild and resync", bad)
-			}
-			b, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{})
-			if err != nil {
-				t.Fatalf("assemble after the forced one: %v", err)
-			}
-			defer b.Close()
-			if st := b.Status(); st.State != raid.StateClean || len(st.Members) != 4 {
-				t.Fatalf("after the forced assembly and a clean stop: %v, members %+v", st.State, st.Members)
-			}
-			compareExcept(t, b, model, foff, fn)
+			awaitForced(t, a, ms, model, foff, fn, true)
 		})
 	}
 }
@@ -313,11 +344,10 @@ func TestWriteHoleReadOnly(t *testing.T) {
 	}
 }
 
-// TestExamineForceable: Examine of a failed array that Force can bring back names the members
-// Force would trust, as Assemble decides (offline status shows it); of the first member to
-// fail alone with the fresh ones, none.
-func TestExamineForceable(t *testing.T) {
-	ms, _, _, _ := twoFailures(t, raid.IOOptions{StripeCache: -1})
+// asFiles writes the contents of ms to files m0.img, m1.img... in a temporary directory, for
+// Examine, and returns their paths.
+func asFiles(t *testing.T, ms []*raidtest.Mem) []string {
+	t.Helper()
 	dir := t.TempDir()
 	paths := make([]string, len(ms))
 	for i, m := range ms {
@@ -326,6 +356,15 @@ func TestExamineForceable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return paths
+}
+
+// TestExamineForceable: Examine of a failed array that Force can bring back names the members
+// Force would trust, as Assemble decides (offline status shows it); of the first member to
+// fail alone with the fresh ones, none.
+func TestExamineForceable(t *testing.T) {
+	ms, _, _, _ := twoFailures(t, raid.IOOptions{StripeCache: -1})
+	paths := asFiles(t, ms)
 	rep, err := raid.Examine(paths)
 	if err != nil || rep.State != raid.StateFailed || !slices.Equal(rep.Forceable, []string{paths[1]}) {
 		t.Fatalf("Examine of the failed array: %v, %v, forceable %v; want failed, %s forceable", err, rep.State, rep.Forceable, paths[1])
@@ -373,23 +412,112 @@ func TestForceAssembleJournal(t *testing.T) {
 	}
 	defer b.Close()
 	compareExcept(t, b, model, foff, fn)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		st := b.Status()
-		if st.State == raid.StateActive && st.Sync == nil && st.LastRebuild != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no rebuild after the forced assembly: %+v", st)
+	awaitForced(t, b, ms, model, foff, fn, true)
+}
+
+// TestForceTwoTogether: roles 2 and 3 fail, either in one batch of member writes (a write
+// across many stripes reaching both, each failing with neither failure recorded in the other's
+// superblock: both stopped at the same events counter, as two members filling one filesystem
+// do) or in separate batches (role 2 first; the array takes writes degraded and a FLUSH; then
+// role 3). Either way nothing acknowledged is lost, and for each order Examine names the
+// members Force would trust, Assemble without Force refuses (ErrNeedsForce) writing nothing,
+// and Force brings the array back with every flushed byte, before and after its rebuild or
+// resync, parity right in every stripe afterwards. Failed together, both are trusted (md's
+// --force takes every device of the newest events counter): each holds every acknowledged
+// write to its own chunks, and rebuilding either from the stripes torn by the failing batch
+// could only make a chunk wrong. Failed one after the other, role 3 is trusted and role 2,
+// which missed the writes taken degraded, is rebuilt.
+func TestForceTwoTogether(t *testing.T) {
+	for _, order := range []string{"same batch", "separate batches"} {
+		for _, mode := range cacheModes {
+			t.Run(order+"/"+mode.name, func(t *testing.T) {
+				t.Parallel()
+				forceTwoTogether(t, order == "same batch", mode.io)
+			})
 		}
 	}
-	compareExcept(t, b, model, foff, fn)
-	if err := b.Close(); err != nil {
+}
+
+func forceTwoTogether(t *testing.T, together bool, io raid.IOOptions) {
+	const chunks = 64
+	a, fs, ms, model := faultyArray(t, 4, chunks, raid.AssembleOptions{IOOptions: io})
+	l := a.Layout()
+	S := l.StripeSize()
+	dataOnly := raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40}
+	// A write before the faults: the array is marked dirty, as a serving array is.
+	fill(newRand(19), model[:S])
+	if _, err := a.WriteAt(model[:S], 0); err != nil {
 		t.Fatal(err)
 	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if together {
+		// Data writes fail (ENOSPC on a full filesystem), and so do superblock writes:
+		// whichever member fails first, the record of its failure cannot reach the other,
+		// which fails with it, as when both are marked faulty before either failure is
+		// recorded. Bitmap writes succeed (their blocks were allocated long before).
+		for _, f := range fs[2:] {
+			f.Inject(dataOnly)
+			f.Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.SuperblockOffset, Len: raid.SuperblockSize})
+		}
+	} else {
+		fs[2].Inject(dataOnly)
+		rng := newRand(17)
+		for off := int64(0); off < 32*S; off += S / 2 { // partial and whole stripes
+			fill(rng, model[off:off+S/2])
+			if _, err := a.WriteAt(model[off:off+S/2], off); err != nil {
+				t.Fatalf("degraded write at %d: %v", off, err)
+			}
+		}
+		if err := a.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if st := a.Status(); st.State != raid.StateDegraded || !slices.Equal(st.Missing, []int{2}) {
+			t.Fatalf("after role 2 failed: %v, missing %v", st.State, st.Missing)
+		}
+		fs[3].Inject(dataOnly)
+	}
+	// 24 stripes, 384 KiB of member writes: a batch written concurrently on the members. It
+	// starts in stripe 1 at its second data chunk (role 0; parity on role 2), so the stripe's
+	// first data chunk (role 3) holds flushed data that the write does not cover: rebuilt
+	// from the stripe the failing write tore, it would be wrong.
+	foff, fn := S+l.ChunkSize(), 24*S
+	if _, err := a.WriteAtFUA(bytes.Repeat([]byte{0xEE}, int(fn)), foff); !errors.Is(err, raid.ErrArrayFailed) {
+		t.Fatalf("the write that fails the array: %v; want ErrArrayFailed", err)
+	}
+	if st := a.Status(); st.State != raid.StateFailed {
+		t.Fatalf("after roles 2 and 3 failed: %v", st.State)
+	}
+	a.Close()
 	for _, m := range ms {
 		m.Reopen()
 	}
-	if bad := inconsistent(t, asMembers(ms), b.Layout()); len(bad) != 0 {
-		t.Fatalf("stripes %v have wrong parity after the replay and rebuild", bad)
+	trusted := []int{3} // forced
+	if together {
+		trusted = []int{2, 3}
 	}
+
+	// Offline: failed, and Force can bring it back, trusting the same members.
+	paths := asFiles(t, ms)
+	var want []string
+	for _, r := range trusted {
+		want = append(want, paths[r])
+	}
+	if rep, err := raid.Examine(paths); err != nil || rep.State != raid.StateFailed || !slices.Equal(rep.Forceable, want) {
+		t.Fatalf("Examine of the failed array: %v, %v, forceable %v; want failed, %v forceable", err, rep.State, rep.Forceable, want)
+	}
+
+	refuseUnforced(t, ms)
+
+	b, forced := assembleForced(t, ms, io, model, foff, fn)
+	for r, m := range ms {
+		isForced, rebuilt := slices.Contains(trusted, r), r == 2 && !together
+		if strings.Contains(forced["forced"], m.Name()+" (role") != isForced ||
+			strings.Contains(forced["trusted"], m.Name()+" (role") != (r < 2) ||
+			strings.Contains(forced["then"], m.Name()+" (role") != rebuilt {
+			t.Fatalf("the forced assembly's log: %v; want role %d forced %v, rebuilt %v", forced, r, isForced, rebuilt)
+		}
+	}
+	awaitForced(t, b, ms, model, foff, fn, !together)
 }
