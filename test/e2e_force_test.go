@@ -2,11 +2,16 @@ package test
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,11 +44,16 @@ func tmpfsDir(t *testing.T, size int64) string {
 }
 
 // TestForceAfterENOSPC: four members share a small tmpfs; writes fill it until the members
-// fail with ENOSPC, two or more together, and the array fails. The data flushed before is all
-// on disk. After space is freed, serve refuses (naming --force and what it would do) and
-// writes nothing; serve --force comes up, trusting the members that stopped only with the
-// array and rebuilding the one that failed first; every flushed byte reads back through NBD
-// before and after the rebuild and resync, and scrub check then finds 0 mismatches.
+// fail with ENOSPC, two or more, and the array fails. The data flushed before is all on disk.
+// They fail in one of two orders, as the member writes of a batch race: one member first (the
+// array goes on degraded until the next batch fails another), or two together in one batch,
+// neither failure recorded in the other's superblock (the same events counter). After space
+// is freed, offline status says failed and names what serve --force would trust, serve refuses
+// (naming --force and what it would do) and writes nothing; serve --force comes up, trusting
+// the members that stopped only with the array — both of those that failed together, or the
+// second to fail — and rebuilding the one that failed first, if one did; every flushed byte
+// reads back through NBD before and after the rebuild and resync, and scrub check then finds
+// 0 mismatches. raid's TestForceTwoTogether makes each order happen on purpose.
 func TestForceAfterENOSPC(t *testing.T) {
 	needRaid5d(t)
 	if standin {
@@ -106,10 +116,30 @@ func TestForceAfterENOSPC(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Offline status says the array failed and that serve --force can assemble it.
-	if out, err := runToolErr(raid5dBin, append([]string{"status"}, a.members...)...); err == nil ||
-		!strings.Contains(out, "failed") || !strings.Contains(out, "serve --force can assemble it") {
-		t.Errorf("offline status of the failed array: %v; want failed, naming serve --force\n%s", err, out)
+	// Which order the failures took decides what --force does: the stale members with the
+	// lowest events counter failed first and are rebuilt, unless every stale member has that
+	// counter (they failed together); the others stopped only with the array and are trusted.
+	var trusted, rebuilt []string
+	stale := offlineEvents(t, a.members, "stale")
+	first := slices.Min(slices.Collect(maps.Values(stale)))
+	together := !slices.ContainsFunc(slices.Collect(maps.Values(stale)), func(e uint64) bool { return e != first })
+	for _, m := range a.members {
+		if e, ok := stale[m]; ok && (together || e > first) {
+			trusted = append(trusted, m)
+		} else if ok {
+			rebuilt = append(rebuilt, m)
+		}
+	}
+	t.Logf("stale members (path: events) %v: failed together %v; --force should trust %v and rebuild %v", stale, together, trusted, rebuilt)
+	if len(trusted) == 0 || len(stale) < 2 {
+		t.Fatalf("stale members %v: want two or more, and one at least that stopped only with the array", stale)
+	}
+
+	// Offline status says the array failed and that serve --force can assemble it, trusting them.
+	out, err := runToolErr(raid5dBin, append([]string{"status"}, a.members...)...)
+	if err == nil || !strings.Contains(out, "failed") || !strings.Contains(out, "serve --force can assemble it") ||
+		slices.ContainsFunc(trusted, func(m string) bool { return !strings.Contains(out, m+" stopped only") && !strings.Contains(out, m+",") }) {
+		t.Errorf("offline status of the failed array: %v; want failed, naming serve --force and %v\n%s", err, trusted, out)
 	}
 	// Without --force: refused, saying what --force would do; nothing is written.
 	var sums [][32]byte
@@ -117,9 +147,10 @@ func TestForceAfterENOSPC(t *testing.T) {
 		sums = append(sums, fileSum(t, m))
 	}
 	ctl := filepath.Join(dir, "refused.sock")
-	out, err := runToolErr(raid5dBin, append([]string{"serve", "--socket", filepath.Join(dir, "refused-nbd.sock"), "--control", ctl}, a.members...)...)
-	if err == nil || !strings.Contains(out, "--force") || !strings.Contains(out, "would trust") {
-		t.Fatalf("serve of the failed array without --force: %v; want a refusal naming --force and what it would do\n%s", err, out)
+	out, err = runToolErr(raid5dBin, append([]string{"serve", "--socket", filepath.Join(dir, "refused-nbd.sock"), "--control", ctl}, a.members...)...)
+	if err == nil || !strings.Contains(out, "--force") || !strings.Contains(out, "would trust") ||
+		slices.ContainsFunc(append(trusted, rebuilt...), func(m string) bool { return !strings.Contains(out, m) }) {
+		t.Fatalf("serve of the failed array without --force: %v; want a refusal naming --force and what it would do with %v and %v\n%s", err, trusted, rebuilt, out)
 	}
 	for i, m := range a.members {
 		if fileSum(t, m) != sums[i] {
@@ -128,8 +159,11 @@ func TestForceAfterENOSPC(t *testing.T) {
 	}
 
 	s = a.serve(t, append(flags, "--force")...)
-	if !strings.Contains(s.out.String(), "FORCED assembly") {
-		t.Errorf("serve --force logged no forced assembly naming what it trusts:\n%s", s.out.String())
+	forced := regexp.MustCompile(`FORCED assembly[^\n]*"forced":"([^"]*)"`).FindStringSubmatch(s.out.String())
+	if forced == nil || slices.ContainsFunc(a.members, func(m string) bool {
+		return strings.Contains(forced[1], m+" (role") != slices.Contains(trusted, m)
+	}) {
+		t.Errorf("serve --force logged no forced assembly naming what it trusts (%v):\n%s", trusted, s.out.String())
 	}
 	c, err = wireConnect(s.sock)
 	if err != nil {
@@ -154,8 +188,40 @@ func TestForceAfterENOSPC(t *testing.T) {
 		return s.status().healthy() && cs.Sync == nil && !cs.Unclean
 	})
 	readBack("after the rebuild and resync")
+	if lr := s.status().LastRebuild; (lr != nil) != (len(rebuilt) > 0) {
+		t.Errorf("after the forced assembly: last rebuild %+v; want one only if a member failed first (%v)", lr, rebuilt)
+	}
 	s.scrubClean()
 	c.disconnect()
+}
+
+// offlineEvents returns the events counter of each member at paths whose state offline
+// `raid5d status --json` reports as state, by path. The status may exit non-zero (a failed
+// array); its JSON is on stdout.
+func offlineEvents(t *testing.T, paths []string, state string) map[string]uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), toolTimeout)
+	defer cancel()
+	args := append([]string{"status", "--json", "--control", filepath.Join(t.TempDir(), "none.sock")}, paths...)
+	out, err := exec.CommandContext(ctx, raid5dBin, args...).Output()
+	var st struct {
+		Source  string `json:"source"`
+		Members []struct {
+			Path   string `json:"path"`
+			State  string `json:"state"`
+			Events uint64 `json:"events"`
+		} `json:"members"`
+	}
+	if jerr := json.Unmarshal(out, &st); jerr != nil || st.Source != "offline" {
+		t.Fatalf("offline raid5d status --json: %v, %v, source %q\n%s", err, jerr, st.Source, out)
+	}
+	evs := map[string]uint64{}
+	for _, m := range st.Members {
+		if m.State == state {
+			evs[m.Path] = m.Events
+		}
+	}
+	return evs
 }
 
 // TestConfigAfterFailure (issue 13 item 11): a configuration file lists every member; one
