@@ -115,14 +115,73 @@ func TestForceAfterENOSPC(t *testing.T) {
 	if err := os.Remove(ballast); err != nil {
 		t.Fatal(err)
 	}
+	forceBack(t, a, flags, data, piece)
+}
 
+// TestForceTogether: members 2 and 3 fail in one batch of member writes (1 MiB of them, run
+// concurrently), neither failure recorded in the other's superblock — TestForceAfterENOSPC's
+// race, made certain: faulty: specs fail their data and superblock writes once a control file
+// exists, so whichever fails first cannot record it on the other. Both stopped at one events
+// counter; offline status names both, serve refuses naming both, serve --force trusts both
+// and rebuilds neither, and every flushed byte reads back, before and after the resync.
+func TestForceTogether(t *testing.T) {
+	needRaid5d(t)
+	if standin {
+		t.Skip("raid5d only")
+	}
+	a := newArray(t)
+	ctl := filepath.Join(a.dir, "faults-on")
+	faulty := a
+	for _, i := range []int{2, 3} {
+		faulty = faulty.withSpec(i, "faulty:"+a.members[i]+"?ctl="+ctl+"&wfail=all&wfail=4K+4K") // the superblock
+	}
+	flags := []string{"--sync-speed-min", "200M", "--sync-speed-max", "1G"}
+	s := faulty.serve(t, flags...)
+	c, err := wireConnect(s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const piece = 4 * stripeData
+	data := make([]byte, 4*piece)
+	for i := range data {
+		data[i] = byte(i*29 + i/4093)
+	}
+	if err := c.writeAt(data, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.flush(); err != nil {
+		t.Fatal(err)
+	}
+	touch(t, ctl)
+	if err := c.writeAt(bytes.Repeat([]byte{0xEE}, piece), uint64(len(data)), true); !errors.Is(err, nbdErrno(syscall.EIO)) {
+		t.Fatalf("the write that fails members 2 and 3: %v; want EIO", err)
+	}
+	if st := s.status(); st.State != "failed" {
+		t.Fatalf("after members 2 and 3 failed: array %q, missing %v; want failed", st.State, st.Missing)
+	}
+	c.Close()
+	s.crash()
+	if !forceBack(t, a, flags, data, piece) {
+		t.Fatal("members 2 and 3 did not fail together")
+	}
+}
+
+// forceBack brings back a's array, failed by two or more members and left as the failure left
+// it, with serve --force (and flags), checking first that offline status and serve without
+// --force say what it would do (and that the refusal writes nothing), then that every byte of
+// data (flushed from offset 0, in pieces of piece bytes) reads back through NBD before and after
+// the rebuild or resync and that scrub check finds nothing. It reports whether the stale
+// members failed together (one events counter: all trusted, nothing rebuilt).
+func forceBack(t *testing.T, a *array, flags []string, data []byte, piece int) (together bool) {
+	t.Helper()
+	flushed := len(data)
 	// Which order the failures took decides what --force does: the stale members with the
 	// lowest events counter failed first and are rebuilt, unless every stale member has that
 	// counter (they failed together); the others stopped only with the array and are trusted.
 	var trusted, rebuilt []string
 	stale := offlineEvents(t, a.members, "stale")
 	first := slices.Min(slices.Collect(maps.Values(stale)))
-	together := !slices.ContainsFunc(slices.Collect(maps.Values(stale)), func(e uint64) bool { return e != first })
+	together = !slices.ContainsFunc(slices.Collect(maps.Values(stale)), func(e uint64) bool { return e != first })
 	for _, m := range a.members {
 		if e, ok := stale[m]; ok && (together || e > first) {
 			trusted = append(trusted, m)
@@ -146,8 +205,8 @@ func TestForceAfterENOSPC(t *testing.T) {
 	for _, m := range a.members {
 		sums = append(sums, fileSum(t, m))
 	}
-	ctl := filepath.Join(dir, "refused.sock")
-	out, err = runToolErr(raid5dBin, append([]string{"serve", "--socket", filepath.Join(dir, "refused-nbd.sock"), "--control", ctl}, a.members...)...)
+	ctl := filepath.Join(a.dir, "refused.sock")
+	out, err = runToolErr(raid5dBin, append([]string{"serve", "--socket", filepath.Join(a.dir, "refused-nbd.sock"), "--control", ctl}, a.members...)...)
 	if err == nil || !strings.Contains(out, "--force") || !strings.Contains(out, "would trust") ||
 		slices.ContainsFunc(append(trusted, rebuilt...), func(m string) bool { return !strings.Contains(out, m) }) {
 		t.Fatalf("serve of the failed array without --force: %v; want a refusal naming --force and what it would do with %v and %v\n%s", err, trusted, rebuilt, out)
@@ -158,14 +217,14 @@ func TestForceAfterENOSPC(t *testing.T) {
 		}
 	}
 
-	s = a.serve(t, append(flags, "--force")...)
+	s := a.serve(t, append(flags, "--force")...)
 	forced := regexp.MustCompile(`FORCED assembly[^\n]*"forced":"([^"]*)"`).FindStringSubmatch(s.out.String())
 	if forced == nil || slices.ContainsFunc(a.members, func(m string) bool {
 		return strings.Contains(forced[1], m+" (role") != slices.Contains(trusted, m)
 	}) {
 		t.Errorf("serve --force logged no forced assembly naming what it trusts (%v):\n%s", trusted, s.out.String())
 	}
-	c, err = wireConnect(s.sock)
+	c, err := wireConnect(s.sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +232,7 @@ func TestForceAfterENOSPC(t *testing.T) {
 	readBack := func(when string) {
 		t.Helper()
 		for off := 0; off < flushed; off += piece {
-			got, err := c.readAt(uint64(off), piece)
+			got, err := c.readAt(uint64(off), uint32(piece))
 			if err != nil {
 				t.Fatalf("%s: read at %d: %v", when, off, err)
 			}
@@ -193,6 +252,7 @@ func TestForceAfterENOSPC(t *testing.T) {
 	}
 	s.scrubClean()
 	c.disconnect()
+	return together
 }
 
 // offlineEvents returns the events counter of each member at paths whose state offline
