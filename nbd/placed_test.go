@@ -66,20 +66,25 @@ func (d *placedDevice) CommitPlaced(h any, received int) error {
 // TestPlacedWrites: over TCP and a unix socket, WRITEs the device places are stored through
 // its slices and read back byte for byte by a pipelined client (many requests in flight, so
 // payloads often wait in the socket, and some requests are not placed: unaligned, or not yet
-// arrived).
+// arrived); the replies held back to go out together never hold up the connection, even at
+// an in-flight bound of one request.
 func TestPlacedWrites(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		serve func(testing.TB, nbdtest.Server) string
-		uri   func(string) string
+		name     string
+		serve    func(testing.TB, nbdtest.Server) string
+		uri      func(string) string
+		inFlight int // the server's MaxInFlightRequests: held replies count, and must never block it
 	}{
-		{"tcp", nbdtest.ServeTCP, func(a string) string { return "nbd://" + a }},
-		{"unix", nbdtest.ServeUnix, func(p string) string { return "nbd+unix:///?socket=" + p }},
+		{"tcp", nbdtest.ServeTCP, func(a string) string { return "nbd://" + a }, 0},
+		{"unix", nbdtest.ServeUnix, func(p string) string { return "nbd+unix:///?socket=" + p }, 0},
+		{"unix-inflight-1", nbdtest.ServeUnix, func(p string) string { return "nbd+unix:///?socket=" + p }, 1},
+		{"unix-inflight-3", nbdtest.ServeUnix, func(p string) string { return "nbd+unix:///?socket=" + p }, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const size = 8 << 20
 			dev := &placedDevice{mem: make([]byte, size)}
-			s, err := nbd.NewServer(nbd.Options{Exports: []nbd.Export{{Name: "", Device: dev}}})
+			s, err := nbd.NewServer(nbd.Options{Exports: []nbd.Export{{Name: "", Device: dev}},
+				MaxInFlightRequests: tc.inFlight})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -106,7 +106,20 @@ func (c *conn) reply(req *request, errno uint32, errOff int64, payload []byte) {
 	req.payload = payload
 	c.qmu.Lock()
 	c.replyQ = append(c.replyQ, req)
-	others := c.serving.Add(-1) > 0
+	c.writeQueued(c.serving.Add(-1) > 0)
+}
+
+// replyAll queues reqs, whose headers are encoded, and writes the queue as reply does.
+func (c *conn) replyAll(reqs []*request) {
+	c.qmu.Lock()
+	c.replyQ = append(c.replyQ, reqs...)
+	c.writeQueued(c.serving.Add(-int32(len(reqs))) > 0)
+}
+
+// writeQueued, called with qmu held (it releases it), becomes the writer unless a worker is
+// writing already, and writes the queue until it is empty; others says whether requests are
+// still being performed (see reply).
+func (c *conn) writeQueued(others bool) {
 	if c.writing {
 		c.qmu.Unlock()
 		return // the writer will pick it up before it stops

@@ -135,7 +135,12 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 func (c *conn) readRequests() error {
 	var hb [wire.RequestHeaderSize]byte
 	direct := false // the last request was a large WRITE: see readHeader
+	defer c.flushDeferred()
 	for {
+		if !c.placed.keep {
+			c.flushDeferred() // the header may not be here yet: answer the held writes first
+		}
+		c.placed.keep = false
 		h, err := c.readHeader(&hb, direct)
 		if err != nil {
 			return err
@@ -163,6 +168,7 @@ func (c *conn) readRequests() error {
 				continue
 			}
 		}
+		c.flushDeferred() // before waiting for the in-flight bound or a payload
 		req, err := c.acquire(&h)
 		if err != nil {
 			// No memory for the buffer: refuse this request, keep the stream in sync.
