@@ -55,10 +55,7 @@ func (a *Array) memberWrite(m *member, role int, buf []byte, off int64) (int, er
 		return 0, errGateShut
 	}
 	m.begin()
-	n, err := len(buf), error(nil)
-	if !a.writeMapped(m, buf, nil, off) {
-		n, err = m.WriteAt(buf, off)
-	}
+	n, err := m.WriteAt(buf, off)
 	m.end()
 	a.roles.leave(role)
 	return n, err

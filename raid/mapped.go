@@ -198,41 +198,6 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 // ReleaseMapped ends a successful ReadMapped: its slices are no longer read.
 func (a *Array) ReleaseMapped() { a.mapMu.RUnlock() }
 
-// Mapped writes (IOOptions.MappedWrites): a member data write copies into the member's mapping
-// (member.File.WriteMapped) instead of calling pwrite, where the mapping takes it. The write is
-// otherwise the same one: under the same stripe lock, inside the write gate, timed by the
-// watchdog, counted; a write the mapping declines goes to pwrite. The mappings are the ones
-// mapped reads use, and are replaced (remapAll) after remapEvery bytes of reads and writes.
-
-// writeMapped writes bufs (or p, if bufs is nil) at off of m through its mapping, if the array
-// writes through mappings, and reports whether it did.
-func (a *Array) writeMapped(m *member, p []byte, bufs [][]byte, off int64) bool {
-	if !a.mapWrite {
-		return false
-	}
-	fm, ok := m.Member.(mapWriter)
-	if !ok {
-		return false
-	}
-	n := int64(len(p))
-	if bufs == nil {
-		ok = fm.WriteMapped(p, off)
-	} else {
-		ok = fm.WritevMapped(bufs, off)
-		for _, b := range bufs {
-			n += int64(len(b))
-		}
-	}
-	if !ok {
-		return false
-	}
-	a.ctr.mappedWrit.Add(uint64(n))
-	if a.mapServed.Add(n) >= remapEvery {
-		a.remapAll()
-	}
-	return true
-}
-
 // remapAll replaces every member's mapping (remap), at most one caller at a time.
 func (a *Array) remapAll() {
 	if !a.remapMu.TryLock() {

@@ -194,14 +194,7 @@ func (a *Array) memberWritev(role int, op *stripe.MemberOp, iov []unix.Iovec) er
 		return fmt.Errorf("%w (stripes %d-%d, role %d)", errGateShut, s0, s1, role)
 	}
 	m.begin()
-	n, err := 0, error(nil)
-	if a.writeMapped(m, nil, bufs, off) {
-		for _, b := range bufs {
-			n += len(b)
-		}
-	} else {
-		n, err = writev(m.Member, bufs, off, iov)
-	}
+	n, err := writev(m.Member, bufs, off, iov)
 	m.end()
 	a.roles.leave(role)
 	a.ctr.memberWrit.Add(uint64(n))

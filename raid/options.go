@@ -27,13 +27,12 @@ type IOOptions struct {
 	// it has read through the mappings. Members opened with O_DIRECT (member.SetDirect) have
 	// no mapping and are read with pread.
 	MappedReads bool
-	// MappedWrites writes member files and block devices through writable memory mappings of
-	// them where their pages are in the page cache (always, on tmpfs): a member write is then
-	// a copy into the mapping instead of a pwrite, about half the cost (see
-	// member.File.WriteMapped). Writes the mapping declines (pages not in memory, a fault, a
-	// file truncated under the array) go to pwrite, which reports the error, so errors are
-	// handled as without it. Writes with FUA, superblocks, the bitmap and the journal always
-	// use pwrite, and so does every write to a member opened with O_DIRECT.
+	// MappedWrites lets the caller place writes of whole stripes (PlaceWrite, placed.go): read
+	// their payload straight into writable memory mappings of the member files where every
+	// page is in the page cache, the parity XORed from there. Every other member write is a
+	// pwrite (and every write to a member opened with O_DIRECT, which has no mapping): a copy
+	// in user space into a mapping could be cut anywhere by the daemon's death, tearing a
+	// 4 KiB unit, which pwrite (it copies page by page) never does.
 	MappedWrites bool
 	// StripeCache is the stripe cache's capacity in stripes: > 0 that many; 0 the default
 	// (DefaultCacheStripes); < 0 no write-back caching: every write is written to the members
@@ -89,7 +88,7 @@ type Counters struct {
 	MemberBytesRead    uint64 // data-area bytes read from members (superblocks not counted)
 	MemberBytesWritten uint64 // data-area bytes written to members
 	MappedBytesRead    uint64 // of MemberBytesRead, bytes handed out from the members' mappings (ReadMapped)
-	MappedBytesWritten uint64 // of MemberBytesWritten, bytes copied into the members' mappings (MappedWrites)
+	MappedBytesWritten uint64 // of MemberBytesWritten, bytes written through the members' mappings (placed writes: data and parity)
 	PlacedBytes        uint64 // bytes of placed writes (PlaceWrite): read by the caller straight into the members' mappings
 	CopiedBytes        uint64 // bytes of writes copied into the stripe cache
 	CacheHits          uint64 // read pieces (one chunk's worth at most) served from the cache alone

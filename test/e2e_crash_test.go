@@ -196,12 +196,11 @@ func (c crashLoop) run(t *testing.T) {
 		}
 		rounds++
 		log := filepath.Join(dir, fmt.Sprintf("round%02d.vlog", i))
-		// Half the rounds mix block sizes across stripe boundaries; all flush every 16 writes
-		// per job, two jobs on two connections.
-		bs := "4K"
-		if i%2 == 1 {
-			bs = "36K"
-		}
+		// A third of the rounds mix block sizes across stripe boundaries, a third write whole
+		// stripes (the daemon reads those straight into the members' mappings when they have
+		// arrived: placed writes); all flush every 16 writes per job, two jobs on two
+		// connections.
+		bs := []string{"4K", "36K", fmt.Sprintf("%dK", stripeData>>10)}[i%3]
 		bench := startProcIn(t, client, raid5dBin, "bench", s.uri, "--rw", "randwrite", "--bs", bs,
 			"--iodepth", "8", "--jobs", "2", "--size", fmt.Sprint(crashBenchSize), "--time", "30s",
 			"--flush-every", "16", "--seed", fmt.Sprint(1000+i), "--verify-log", log)

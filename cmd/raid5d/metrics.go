@@ -350,7 +350,7 @@ var arrayMetricDefs = []metricDef{
 	{"raid5d_rcw_writes_total", "Partial-stripe writes by reconstruct-write.", nil},
 	{"raid5d_member_read_bytes_total", "Data-area bytes read from members.", nil},
 	{"raid5d_member_mapped_read_bytes_total", "Of the member bytes read, those sent to clients straight from the members' mappings (--mapped-reads).", nil},
-	{"raid5d_member_mapped_written_bytes_total", "Of the member bytes written, those copied into the members' mappings instead of written with pwrite (--mapped-writes).", nil},
+	{"raid5d_member_mapped_written_bytes_total", "Of the member bytes written, those written through the members' mappings (placed writes' data and parity, --mapped-writes).", nil},
 	{"raid5d_placed_write_bytes_total", "Bytes of client writes whose payload was read from the socket straight into the members' mappings (--mapped-writes).", nil},
 	{"raid5d_member_written_bytes_total", "Data-area bytes written to members.", nil},
 	{"raid5d_cache_copied_bytes_total", "Bytes of writes copied into the stripe cache.", nil},

@@ -53,10 +53,11 @@ the cache holds, or on missing members are read as usual, so read errors still f
 and are rebuilt from parity. The daemon's resident memory then counts the mapped page cache it
 has read (shared file pages, not its own). Off over TLS.
 
-Mapped writes (--mapped-writes, on by default): a member write whose pages are in the page cache
-(on tmpfs, any) is a copy into the member mapped into memory instead of a pwrite, about half the
-cost; durability is the same (FLUSH still fdatasyncs every member). Anything else, and any write
-that faults or meets a truncated member, goes to pwrite, which reports the error as usual.
+Mapped writes (--mapped-writes, on by default): a WRITE of whole stripes whose payload has
+already arrived (no TLS, no FUA) is read from the socket straight into the member files mapped
+into memory, where all of its pages are resident, and its parity XORed there: one copy instead
+of three. Durability is the same (FLUSH still fdatasyncs every member); degraded stripes,
+journaled arrays and every other write take the ordinary path (pwrite).
 
 Management: the daemon answers raid5d status, fail, remove, add, replace, scrub and rebuild on a
 control socket (permission 0600, owner only). It refuses to start if another daemon answers
@@ -91,8 +92,8 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	stablePages := fs.Bool("stable-pages", true, "zero-copy writes from pinned, immutable request buffers (see above); =false copies every write")
 	mappedReads := fs.Bool("mapped-reads", true, "answer reads of 64 KiB and more from the members' page cache mapped into memory, without\n"+
 		"copying it into a buffer first (not over TLS; see above)")
-	mappedWrites := fs.Bool("mapped-writes", true, "write member files and block devices by copying into their page cache mapped into memory\n"+
-		"where it is resident (always on tmpfs), instead of pwrite (see above)")
+	mappedWrites := fs.Bool("mapped-writes", true, "read whole-stripe writes whose payload has arrived straight from the socket into the\n"+
+		"member files mapped into memory, where their pages are resident (placed writes; see above)")
 	var cacheFlag cacheSizeFlag
 	fs.Var(&cacheFlag, "stripe-cache", "stripe cache `size`: a number of stripes (256), a size in bytes with a unit (64M), or off\n"+
 		"(write-through, no cache); memory used is stripes × members × chunk. Default: 64M worth of stripes, 16 to 256")

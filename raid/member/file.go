@@ -29,7 +29,6 @@ type File struct {
 	path  string
 	size  int64
 	block bool
-	tmpfs bool // a file on tmpfs: its page cache is all there is (WriteMapped)
 
 	direct  bool          // opened with O_DIRECT (initDirect)
 	align   int64         // direct: the alignment of memory, offsets and lengths its calls need
@@ -83,8 +82,6 @@ func newFileMember(f *os.File, path string) (*File, error) {
 	switch {
 	case st.Mode().IsRegular():
 		m.size = st.Size()
-		var fs unix.Statfs_t
-		m.tmpfs = unix.Fstatfs(m.fd, &fs) == nil && fs.Type == unix.TMPFS_MAGIC
 	case st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
 		sz, err := unix.IoctlGetUint64(m.fd, unix.BLKGETSIZE64)
 		if err != nil {

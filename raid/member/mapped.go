@@ -9,8 +9,8 @@ import (
 )
 
 // File's Mapper and MappedWriter: the file mapped into memory in full, for the array's mapped
-// reads (raid/mapped.go says what keeps them correct) and its mapped writes (WriteMapped). The
-// mapping is writable when the file is open for writing, read-only otherwise.
+// reads (raid/mapped.go says what keeps them correct) and its placed writes (raid/placed.go).
+// The mapping is writable when the file is open for writing, read-only otherwise.
 
 // maxMapped bounds the address space the members' mappings of one array take; an array whose
 // members add up to more is not read through mappings.
@@ -19,7 +19,8 @@ const maxMapped = 16 << 40
 // Mapping (Mapper) returns the member file mapped in full, mapping it at the first call, or nil
 // if it cannot be mapped (empty, too big, or mmap refused) or must not be: a direct member's
 // bytes are not in the page cache a mapping reads and writes, and its own I/O bypasses it.
-// Close unmaps it. The caller only reads it: WriteMapped is the one writer.
+// Close unmaps it. The caller only reads it: the array's placed writes, through
+// WritableRange, are its one writer.
 func (m *File) Mapping() []byte {
 	m.mapOnce.Do(func() {
 		if m.size <= 0 || m.size > maxMapped || m.direct {
@@ -133,61 +134,6 @@ func (m *File) InFile(mp []byte, end int64) (ok bool) {
 		}
 	}(debug.SetPanicOnFault(true))
 	return m.covers(mp, end)
-}
-
-// WriteMapped (MappedWriter) writes p at off by copying it into the
-// member's mapping, and reports whether it did; false sends the caller to pwrite, which does the
-// write (again, in full) and reports its errors. A copy into page-cache pages already in memory
-// costs about half of what pwrite's copy into the same pages does (no system call, no page
-// lookups: test/bench/mapped-writes.sh measures it); durability is the same, since the pages are
-// the file's page cache either way and fdatasync writes back pages dirtied through a mapping.
-//
-// It declines (false), before writing anything: a file not mapped writable or the range outside
-// the mapping; a range with a page not in the page cache, on anything but tmpfs (a write fault on
-// such a page would first read it from the disk, which pwrite of whole pages does not; on tmpfs
-// an absent page is a hole, filled with a zeroed page at no cost). And after the copy: a page
-// that faults (a file truncated under the array, ENOSPC filling a hole, a device error — the
-// fault is recovered, SetPanicOnFault), or a file that no longer covers the range (fstat after
-// the copy: a page the new end of a truncated file falls in takes stores past that end without
-// a fault, and they are never written to the file). pwrite then writes the range as it would
-// have without the mapping, extending a truncated file or failing with ENOSPC.
-func (m *File) WriteMapped(p []byte, off int64) bool {
-	return m.writeMapped(p, nil, off)
-}
-
-// WritevMapped (MappedWriter) is WriteMapped for bufs written one after another from off.
-func (m *File) WritevMapped(bufs [][]byte, off int64) bool {
-	return m.writeMapped(nil, bufs, off)
-}
-
-// writeMapped is WriteMapped of p followed by bufs.
-func (m *File) writeMapped(p []byte, bufs [][]byte, off int64) (ok bool) {
-	mp := m.Mapping()
-	if mp == nil || m.prot&unix.PROT_WRITE == 0 {
-		return false
-	}
-	n := int64(len(p))
-	for _, b := range bufs {
-		n += int64(len(b))
-	}
-	if off < 0 || n == 0 || off > int64(len(mp))-n {
-		return false
-	}
-	if !m.tmpfs && !m.resident(mp[off:off+n]) {
-		return false
-	}
-	defer func(old bool) {
-		debug.SetPanicOnFault(old)
-		if recover() != nil {
-			ok = false
-		}
-	}(debug.SetPanicOnFault(true))
-	o := off + int64(copy(mp[off:], p))
-	for _, b := range bufs {
-		copy(mp[o:], b)
-		o += int64(len(b))
-	}
-	return m.Covers(off + n)
 }
 
 // WritableRange (MappedWriter) returns mp[off:off+n] of the writable mapping mp when every page

@@ -2,9 +2,7 @@ package member_test
 
 import (
 	"bytes"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -68,61 +66,58 @@ func readBack(t *testing.T, path string, off int64, want []byte) {
 	}
 }
 
-// TestWriteMapped: on tmpfs every write goes through the mapping and lands in the file (read
-// back with pread, every byte); on a disk's filesystem a page not in the page cache is
-// declined (nothing written) and one that is taken; a read-only member declines.
-func TestWriteMapped(t *testing.T) {
-	t.Run("tmpfs", func(t *testing.T) {
-		m, path := openSparse(t, shmDir(t), 1<<20)
-		p := pattern(3*4096+123, 1)
-		if !m.WriteMapped(p, 4096+77) {
-			t.Fatal("WriteMapped declined a write into a tmpfs file")
-		}
-		readBack(t, path, 4096+77, p)
-		bufs := [][]byte{pattern(16<<10, 2), pattern(100, 3), pattern(8192, 4)}
-		if !m.WritevMapped(bufs, 200<<10) {
-			t.Fatal("WritevMapped declined a write into a tmpfs file")
-		}
-		readBack(t, path, 200<<10, bytes.Join(bufs, nil))
-		if m.WriteMapped(p, 1<<20-100) {
-			t.Fatal("WriteMapped took a write past the member's end")
-		}
-	})
-	t.Run("disk", func(t *testing.T) {
-		dir := t.TempDir()
-		var fs unix.Statfs_t
-		if err := unix.Statfs(dir, &fs); err != nil || fs.Type == unix.TMPFS_MAGIC {
-			t.Skip("the temporary directory is on tmpfs")
-		}
-		m, path := openSparse(t, dir, 1<<20)
-		p := pattern(8192, 5)
-		// Evict the file's pages: a fresh sparse file has none cached, but be sure.
-		if err := unix.Fadvise(fdOf(t, path), 0, 0, unix.FADV_DONTNEED); err != nil {
-			t.Fatal(err)
-		}
-		if m.WriteMapped(p, 64<<10) {
-			t.Fatal("WriteMapped took a write to pages not in the page cache")
-		}
-		readBack(t, path, 64<<10, make([]byte, len(p)))                    // declined: nothing written
-		if _, err := m.WriteAt(make([]byte, len(p)), 64<<10); err != nil { // now cached
-			t.Fatal(err)
-		}
-		if !m.WriteMapped(p, 64<<10) {
-			t.Fatal("WriteMapped declined a write to pages in the page cache")
-		}
-		readBack(t, path, 64<<10, p)
-		if err := m.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Fadvise(fdOf(t, path), 0, 0, unix.FADV_DONTNEED); err != nil {
-			t.Fatal(err)
-		}
-		readBack(t, path, 64<<10, p) // from the disk: Sync wrote back the mapped write
-	})
+// TestWritableRange: the writable range a placed write stores into is handed out only where
+// every page is in memory (a tmpfs hole is not: a store there would allocate, and fault on a
+// full tmpfs); what is stored into it is in the file (read back with pread, every byte); a
+// member opened read-only has none; Covers sees a truncation.
+func TestWritableRange(t *testing.T) {
+	for _, dir := range []string{"tmpfs", "disk"} {
+		t.Run(dir, func(t *testing.T) {
+			d := t.TempDir()
+			if dir == "tmpfs" {
+				d = shmDir(t)
+			}
+			m, path := openSparse(t, d, 1<<20)
+			if r := m.WritableRange(64<<10, 8192); r != nil {
+				t.Fatal("WritableRange handed out pages not in memory (a hole)")
+			}
+			if _, err := m.WriteAt(make([]byte, 8192), 64<<10); err != nil { // now in memory
+				t.Fatal(err)
+			}
+			r := m.WritableRange(64<<10, 8192)
+			if len(r) != 8192 {
+				t.Fatalf("WritableRange of resident pages = %d bytes, want 8192", len(r))
+			}
+			p := pattern(8192, 5)
+			copy(r, p)
+			readBack(t, path, 64<<10, p)
+			if err := m.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Fadvise(fdOf(t, path), 0, 0, unix.FADV_DONTNEED); err != nil {
+				t.Fatal(err)
+			}
+			readBack(t, path, 64<<10, p) // Sync wrote back the pages stored through the mapping
+			if m.WritableRange(1<<20-4096, 8192) != nil {
+				t.Fatal("WritableRange past the member's end")
+			}
+			if !m.Covers(1<<20) || m.Covers(1<<20+1) {
+				t.Fatal("Covers is wrong for the file's own size")
+			}
+			if err := os.Truncate(path, 8192+100); err != nil {
+				t.Fatal(err)
+			}
+			if m.Covers(64<<10 + 8192) {
+				t.Fatal("Covers missed a truncation")
+			}
+		})
+	}
 	t.Run("read-only", func(t *testing.T) {
-		dir := shmDir(t)
-		path := filepath.Join(dir, "m.img")
+		path := filepath.Join(shmDir(t), "m.img")
 		if err := member.CreateFile(path, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, make([]byte, 1<<20), 0o600); err != nil { // resident
 			t.Fatal(err)
 		}
 		m, err := member.OpenFile(path, member.Shared)
@@ -130,8 +125,8 @@ func TestWriteMapped(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		if m.WriteMapped(pattern(4096, 6), 0) {
-			t.Fatal("WriteMapped wrote to a member opened read-only")
+		if m.WritableRange(0, 4096) != nil {
+			t.Fatal("WritableRange of a member opened read-only")
 		}
 	})
 }
@@ -145,59 +140,4 @@ func fdOf(t *testing.T, path string) int {
 	}
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
-}
-
-// TestWriteMappedTruncated: a member file truncated under the array. A write wholly past the
-// new end faults and one into the page the new end falls in (which takes stores past the end
-// without a fault, never written to the file) is caught by the size check: both are declined,
-// and pwrite then writes them, as it would have without the mapping.
-func TestWriteMappedTruncated(t *testing.T) {
-	m, path := openSparse(t, shmDir(t), 1<<20)
-	before := pattern(8192, 7)
-	if !m.WriteMapped(before, 0) {
-		t.Fatal("WriteMapped declined")
-	}
-	const end = 8192 + 100
-	if err := os.Truncate(path, end); err != nil {
-		t.Fatal(err)
-	}
-	p := pattern(200, 8)
-	if m.WriteMapped(p, end+50) {
-		t.Fatal("WriteMapped took a write past the end of a truncated file, within its last page")
-	}
-	if m.WriteMapped(p, 64<<10) {
-		t.Fatal("WriteMapped took a write to pages past the end of a truncated file")
-	}
-	if st, err := os.Stat(path); err != nil || st.Size() != end {
-		t.Fatalf("size after declined writes: %v, %v; want %d", st.Size(), err, end)
-	}
-	readBack(t, path, 0, before)
-	if _, err := m.WriteAt(p, end+50); err != nil { // what the array does next
-		t.Fatal(err)
-	}
-	readBack(t, path, end+50, p)
-}
-
-// TestWriteMappedFull: holes of a file on a full tmpfs cannot be filled: the mapped write
-// faults, is declined, and pwrite reports ENOSPC. Needs root (mount).
-func TestWriteMappedFull(t *testing.T) {
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k", "raid5d-test", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a small tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() })
-	m, _ := openSparse(t, dir, 1<<20)
-	p := pattern(64<<10, 9)
-	var off int64
-	for ; off < 1<<20; off += int64(len(p)) {
-		if !m.WriteMapped(p, off) {
-			break
-		}
-	}
-	if off >= 1<<20 {
-		t.Fatal("a 256 KiB tmpfs took 1 MiB of mapped writes")
-	}
-	if _, err := m.WriteAt(p, off); !errors.Is(err, unix.ENOSPC) {
-		t.Fatalf("pwrite after the declined mapped write: %v, want ENOSPC", err)
-	}
 }

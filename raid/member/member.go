@@ -91,16 +91,12 @@ type Mapper interface {
 	InFile(mp []byte, end int64) bool
 }
 
-// MappedWriter is a Member that can take writes as copies into a mapping of it (File's
-// WriteMapped): the array's mapped writes (IOOptions.MappedWrites).
+// MappedWriter is a Member whose bytes can be written through a writable mapping of it: the
+// array's placed writes (IOOptions.MappedWrites), whose payload the kernel copies from the
+// socket straight into the mapping. Nothing copies into it in user space: a copy there can be
+// cut anywhere by the daemon's death (SIGKILL), tearing a 4 KiB unit, where the kernel's
+// copies (pwrite's, a socket read's) stop only between pages.
 type MappedWriter interface {
-	// WriteMapped writes p at off through the mapping and reports whether it did; false
-	// (nothing written that counts) sends the caller to WriteAt, which writes p and reports
-	// any error.
-	WriteMapped(p []byte, off int64) bool
-	// WritevMapped is WriteMapped for bufs written one after another from off; false sends
-	// the caller to WritevAt.
-	WritevMapped(bufs [][]byte, off int64) bool
 	// WritableRange returns the n bytes at off of the writable mapping when its pages are all
 	// in memory, else nil. The caller writes them under the fault handling of its choice
 	// (SetPanicOnFault) and then checks with Covers that the file still covers them.
