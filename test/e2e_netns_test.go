@@ -166,6 +166,8 @@ func netHostReturns(t *testing.T, auto bool) {
 	}
 	n.members[away].host.restore(t)
 	if !auto {
+		// As an operator would, once the host answers again.
+		waitFor(t, "the host to answer again", time.Minute, s.proc, n.members[away].reachable)
 		s.mustManage("re-add", n.uris[away])
 	}
 	lr := s.waitStatus("the re-add to finish", 2*time.Minute, func(st *r5Status) bool {

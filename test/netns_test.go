@@ -58,12 +58,13 @@ type lab struct {
 
 // netHost is one host of a lab.
 type netHost struct {
-	lab   *lab
-	name  string // the test's name for it: raid, m0, client...
-	ns    string // its network namespace
-	ip    string // its address on its link to the hub ("" for the hub)
-	hubIP string // the hub's address on that link
-	dev   string // its end of the veth pair
+	lab    *lab
+	name   string // the test's name for it: raid, m0, client...
+	ns     string // its network namespace
+	ip     string // its address on its link to the hub ("" for the hub)
+	hubIP  string // the hub's address on that link
+	dev    string // its end of the veth pair
+	hubDev string // the hub's end
 }
 
 // newLab makes a lab with its hub, or skips the test (fails it under RAID5D_REQUIRE_TOOLS=1)
@@ -99,8 +100,8 @@ func (l *lab) host(t testing.TB, name string) *netHost {
 	k := len(l.hosts) + 1
 	h := &netHost{lab: l, name: name, ns: l.id + "-" + name,
 		ip: fmt.Sprintf("%s.%d.2", labNet, k), hubIP: fmt.Sprintf("%s.%d.1", labNet, k),
-		dev: fmt.Sprintf("v%su%d", l.short, k)}
-	hubDev := fmt.Sprintf("v%sh%d", l.short, k)
+		dev: fmt.Sprintf("v%su%d", l.short, k), hubDev: fmt.Sprintf("v%sh%d", l.short, k)}
+	hubDev := h.hubDev
 	l.ip(t, "netns", "add", h.ns)
 	l.hosts = append(l.hosts, h) // destroy deletes it from here on
 	l.ip(t, "-n", h.ns, "link", "set", "lo", "up")
@@ -204,9 +205,13 @@ func (h *netHost) cut(t testing.TB) {
 }
 
 // restore brings h back on the network after cut: the same address, its processes as they were.
+// The hub forgets what it learnt of h's link-layer address while h was away (a failed
+// resolution makes the next connect fail with EHOSTUNREACH until it is probed again), as
+// a host that reboots announces itself.
 func (h *netHost) restore(t testing.TB) {
 	t.Helper()
 	h.lab.ip(t, "-n", h.ns, "link", "set", h.dev, "up")
+	h.lab.ip(t, "-n", h.lab.hub.ns, "neigh", "flush", "dev", h.hubDev)
 }
 
 // dial connects to addr from inside h's namespace: a socket made on a thread that has joined
