@@ -136,7 +136,7 @@ for round in $(seq "$ROUNDS"); do
 done
 echo "raid5d over 4 nbdkit members on hosts of their own (netns, veth) vs over 4 local files ($DIR),"
 echo "fio nbd engine on a client host, 1 connection, iodepth $IODEPTH, ${RUNTIME}s per job, medians of $ROUNDS;"
-echo "latency: nbdkit's delay filter, $DELAY on every read and write of every member; load before: $(cut -d" " -f1-3 /proc/loadavg)"
+echo "latency: nbdkit's delay filter, $DELAY on every read and write of every member; load at the end: $(cut -d" " -f1-3 /proc/loadavg)"
 python3 - "$results" "$DELAY" "$CONNS" <<'PY'
 import sys, statistics
 rows = {}
