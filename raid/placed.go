@@ -7,9 +7,10 @@ import (
 	"github.com/raid5d/raid5d/stripe"
 )
 
-// Placed writes (PlaceWrite, CommitPlaced): a write of whole stripes whose payload the caller
-// reads straight into the members' mappings, where the bytes will live, instead of into a
-// buffer that is then copied there. The NBD server does it for a WRITE whose payload has
+// Placed writes (PlaceWrite, CommitPlaced): a write whose whole stripes the caller reads
+// straight into the members' mappings, where the bytes will live, instead of into a buffer
+// that is then copied there (the parts before the first whole stripe and after the last go to
+// a scratch buffer and are written as ordinary writes after the stripes). The NBD server does it for a WRITE whose payload has
 // already arrived in the socket (nbd.PlacedWriter): the kernel's copy out of the socket is then
 // the only copy of the data, and the parity of each stripe is computed from the mapped data
 // into the parity member's mapping. With mapped writes (IOOptions.MappedWrites) the data would
@@ -40,10 +41,16 @@ import (
 //     afterwards: the stripes' parity is then rewritten from the members through pread and
 //     pwrite (scrubSpan's repair), which meet the truncation as errors.
 
-// placement is one placed write: stripes [s0, s0+k), their locks held.
+// placement is one placed write: stripes [s0, s0+k), their locks held, and the parts of the
+// write before and after them (head, tail: shorter than a stripe each), which the caller reads
+// into edge and CommitPlaced writes as ordinary writes after the stripes.
 type placement struct {
 	a       *Array
 	s0, k   int64
+	off     int64  // where the write begins: the head's offset
+	head    int    // bytes before stripe s0
+	tail    int    // bytes after stripe s0+k-1
+	edge    []byte // scratch for the head and the tail, two stripes long
 	entered uint64 // roles whose write gate was entered
 	begun   bool   // the bitmap's Begin was called
 	// By role: the member's mapping of the span's chunks (contiguous on a member) and the
@@ -55,14 +62,19 @@ type placement struct {
 
 var placements = sync.Pool{New: func() any { return new(placement) }}
 
-// PlaceWrite prepares a write of the n bytes at off, whole stripes, whose payload the caller
-// will read straight into the members' mappings: it appends to vec the slices that take the
-// bytes, in order, and returns them with a handle for CommitPlaced, which must follow exactly
-// once, from any goroutine. ok false: the caller writes the bytes with WriteAt (or
-// WritePinned) as usual; nothing was done. See "Placed writes" above for what it requires.
+// PlaceWrite prepares a write of the n bytes at off, at least one whole stripe of them, whose
+// payload the caller will read straight into the members' mappings: it appends to vec the
+// slices that take the bytes, in order, and returns them with a handle for CommitPlaced,
+// which must follow exactly once, from any goroutine. The parts before the first whole stripe
+// and after the last go to scratch slices and are written as ordinary writes by CommitPlaced
+// (a 1 MiB write of 48 KiB stripes: 21 stripes placed, and a piece at either end). ok false:
+// the caller writes the bytes with WriteAt (or WritePinned) as usual; nothing was done. See
+// "Placed writes" above for what it requires.
 func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, ok bool) {
 	ss := a.layout.StripeSize()
-	if !a.mapWrite || a.journaled() || n <= 0 || off%ss != 0 || int64(n)%ss != 0 || a.check(off, int64(n)) != nil {
+	end := off + int64(n)
+	s0, s1 := (off+ss-1)/ss, end/ss // the whole stripes: [s0, s1)
+	if !a.mapWrite || a.journaled() || n <= 0 || s1 <= s0 || a.check(off, int64(n)) != nil {
 		return vec, nil, false
 	}
 	a.opMu.RLock()
@@ -71,11 +83,19 @@ func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, o
 		return vec, nil, false
 	}
 	pl := placements.Get().(*placement)
-	pl.a, pl.s0, pl.k = a, off/ss, int64(n)/ss
+	pl.a, pl.s0, pl.k = a, s0, s1-s0
+	pl.off, pl.head, pl.tail = off, int(s0*ss-off), int(end-s1*ss)
 	a.locks.LockSpan(pl.s0, pl.k)
 	if !pl.prepare() {
-		pl.release()
+		pl.unlock()
+		pl.put()
 		return vec, nil, false
+	}
+	if int64(cap(pl.edge)) < 2*ss {
+		pl.edge = make([]byte, 2*ss)
+	}
+	if pl.head > 0 {
+		vec = append(vec, pl.edge[:pl.head])
 	}
 	C, D := a.layout.ChunkSize(), a.layout.DataMembers()
 	for i := range pl.k {
@@ -84,12 +104,15 @@ func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, o
 			vec = append(vec, pl.ranges[a.layout.DataMember(s, d)][i*C:(i+1)*C])
 		}
 	}
+	if pl.tail > 0 {
+		vec = append(vec, pl.edge[ss:ss+int64(pl.tail)])
+	}
 	a.clientOps.Add(1)
 	return vec, pl, true
 }
 
 // prepare finds every role's mapped range and enters the gates and the bitmap, or reports
-// false; release undoes what it did either way.
+// false; unlock undoes what it did either way.
 func (pl *placement) prepare() bool {
 	a := pl.a
 	C := a.layout.ChunkSize()
@@ -123,8 +146,8 @@ func (pl *placement) prepare() bool {
 	return true
 }
 
-// release leaves the bitmap and the gates, unlocks the stripes and returns pl to the pool.
-func (pl *placement) release() {
+// unlock leaves the bitmap and the gates and unlocks the stripes and opMu.
+func (pl *placement) unlock() {
 	a := pl.a
 	if pl.begun {
 		a.bm.End(pl.s0, pl.k)
@@ -136,6 +159,10 @@ func (pl *placement) release() {
 	}
 	a.locks.UnlockSpan(pl.s0, pl.k)
 	a.opMu.RUnlock()
+}
+
+// put returns pl to the pool.
+func (pl *placement) put() {
 	clear(pl.ranges[:])
 	clear(pl.mw[:])
 	clear(pl.shards)
@@ -150,10 +177,34 @@ func (pl *placement) release() {
 // consistent, or the error that kept them from it.
 func (a *Array) CommitPlaced(h any, received int) error {
 	pl := h.(*placement)
-	defer a.awaitRecord() // after release: a failure the repair ran into is recorded
-	defer pl.release()
+	defer pl.put()
+	ss := a.layout.StripeSize()
+	n := pl.head + int(pl.k*ss) + pl.tail
+	err := pl.commit(received == n)
+	pl.unlock()
+	a.awaitRecord() // a failure the repair ran into is recorded
+	if err != nil || received < n {
+		return err // cut short: the head and tail were never acknowledged, so not written
+	}
+	// The ends, as ordinary writes (their stripes are not locked by the placement).
+	if pl.head > 0 {
+		if _, err := a.writeAt(pl.edge[:pl.head], pl.off, nil); err != nil {
+			return err
+		}
+	}
+	if pl.tail > 0 {
+		if _, err := a.writeAt(pl.edge[ss:ss+int64(pl.tail)], (pl.s0+pl.k)*ss, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commit makes the placed stripes' parity match their data, complete saying whether all of
+// the payload arrived; the stripes are still locked.
+func (pl *placement) commit(complete bool) error {
+	a := pl.a
 	C := a.layout.ChunkSize()
-	complete := int64(received) == pl.k*a.layout.StripeSize()
 	if complete {
 		a.cache.Overwritten(pl.s0, pl.k)
 	}
@@ -170,7 +221,7 @@ func (a *Array) CommitPlaced(h any, received int) error {
 	}
 	if complete {
 		a.cache.CheckStripes(pl.s0, pl.k, "placed write")
-		a.ctr.placed.Add(uint64(received))
+		a.ctr.placed.Add(uint64(pl.k * a.layout.StripeSize()))
 	}
 	b := uint64(pl.k * C * int64(a.roles.n()))
 	a.ctr.memberWrit.Add(b)

@@ -84,6 +84,28 @@ func TestPlacedWrite(t *testing.T) {
 		t.Fatalf("PlacedBytes = %d, want %d", c.PlacedBytes, len(p))
 	}
 
+	// Not aligned to stripes (a 1 MiB write of 48 KiB stripes is not): the whole stripes in
+	// the middle are placed, the ends written as ordinary writes, into stripes with dirty heads.
+	q := make([]byte, 3*ss+5000)
+	fill(rng, q)
+	qoff := 20*ss + 9000
+	for _, off := range []int64{20*ss + 100, 23*ss + 30000} {
+		p := make([]byte, 3000)
+		fill(rng, p)
+		if _, err := a.WriteAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[off:], p)
+	}
+	if err := place(t, a, q, qoff, len(q)); err != nil {
+		t.Fatal(err)
+	}
+	copy(model[qoff:], q)
+	compareArray(t, a, model)
+	if c := a.Counters(); c.PlacedBytes != uint64(len(p)+2*int(ss)) { // stripes 21 and 22
+		t.Fatalf("PlacedBytes = %d, want %d", c.PlacedBytes, len(p)+2*int(ss))
+	}
+
 	// A dirty head in stripe 10's last chunk, then a placed write of stripes 10-11 cut short
 	// after stripe 10's first chunk: that chunk holds the new bytes, the dirty head's bytes
 	// survive (written out by the Flush), the rest keeps the old bytes.
@@ -103,8 +125,8 @@ func TestPlacedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	compareArray(t, a, model)
-	if c := a.Counters(); c.PlacedBytes != uint64(4*ss) {
-		t.Fatalf("PlacedBytes = %d after a write cut short, want %d (only complete ones count)", c.PlacedBytes, 4*ss)
+	if c := a.Counters(); c.PlacedBytes != uint64(6*ss) {
+		t.Fatalf("PlacedBytes = %d after a write cut short, want %d (only complete ones count)", c.PlacedBytes, 6*ss)
 	}
 	l := a.Layout()
 	if err := a.Close(); err != nil {
