@@ -7,14 +7,17 @@ import (
 	"github.com/raid5d/raid5d/stripe"
 )
 
-// Placed writes (PlaceWrite, CommitPlaced): a write whose whole stripes the caller reads
-// straight into the members' mappings, where the bytes will live, instead of into a buffer
-// that is then copied there (the parts before the first whole stripe and after the last go to
-// a scratch buffer and are written as ordinary writes after the stripes). The NBD server does it for a WRITE whose payload has
-// already arrived in the socket (nbd.PlacedWriter): the kernel's copy out of the socket is then
-// the only copy of the data, and the parity of each stripe is computed from the mapped data
-// into the parity member's mapping. With mapped writes (IOOptions.MappedWrites) the data would
-// be copied twice (socket → buffer → mapping); placed, once.
+// Placed writes (PlaceWrite, CommitPlaced; IOOptions.MappedWrites): a write whose whole stripes
+// the caller reads straight into the members' mappings, where the bytes will live, instead of
+// into a buffer that is then copied there (the parts before the first whole stripe and after
+// the last go to a scratch buffer and are written as ordinary writes after the stripes). The
+// NBD server does it for a WRITE whose payload has already arrived in the socket
+// (nbd.PlacedWriter): the kernel's copy out of the socket is then the only copy of the data,
+// and the parity of each stripe is computed from the mapped data into the parity member's
+// mapping. An ordinary write copies the data twice (socket → request buffer, and pwrite's
+// copy into the page cache); placed, once. Only the kernel copies into the mappings: a copy
+// in user space could be cut anywhere by the daemon's death (SIGKILL) and tear a 4 KiB unit,
+// where a socket read whose data has all arrived stops only at a page it cannot map.
 //
 // What keeps it correct — a placed write is a full-stripe write like any other, only where the
 // bytes are read from differs:

@@ -44,7 +44,7 @@ func TestBench(t *testing.T) {
 
 // benchTable turns bench.sh's RESULT lines into the table: per workload, the median of the
 // rounds for each config (MB/s for sequential jobs, IOPS for random ones), then the ratios of
-// raid5d's configs (raid5d, raid5d+msk) to each of the others.
+// raid5d's configs (raid5d, raid5d+msk, raid5d-pc) to each of the others.
 func benchTable(console string) (string, error) {
 	samples := map[[2]string][]float64{} // config, workload -> figures
 	var configs, workloads []string
@@ -85,7 +85,7 @@ func benchTable(console string) (string, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nmedians of %d rounds; sequential jobs in MB/s, random ones in IOPS\n\n", rounds)
-	// raid5d's configs (raid5d, raid5d+msk) against each of the others
+	// raid5d's configs (raid5d, raid5d+msk, raid5d-pc) against each of the others
 	var ours, others []string
 	for _, c := range configs {
 		if strings.HasPrefix(c, "raid5d") {

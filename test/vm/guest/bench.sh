@@ -2,7 +2,8 @@
 # (16 KiB chunks, --assume-clean) with and without skip_copy, raid5d (16 KiB chunks) through the
 # kernel's nbd client, and md exported by nbdkit's file plugin through the same client; and
 # raid5d+msk, raid5d with the nbd device's max_sectors_kb raised from the kernel's 128 to 1024,
-# so that 1 MiB requests reach the server whole. fio with
+# so that 1 MiB requests reach the server whole; and raid5d-pc, raid5d with the RAM disks through
+# the page cache (--direct off; block devices are opened O_DIRECT by default). fio with
 # libaio and O_DIRECT, each job time-bounded. Prints one RESULT line per round, config and
 # workload: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
 #
@@ -12,7 +13,7 @@
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
 SIZE=${SIZE:-256}
-CONFIGS=${CONFIGS:-md md-skip_copy md+nbdkit raid5d raid5d+msk}
+CONFIGS=${CONFIGS:-md md-skip_copy md+nbdkit raid5d raid5d+msk raid5d-pc}
 NBDKIT_SOCK=/run/nbdkit.sock
 MD=/dev/md0
 SPACE=$IFS
@@ -51,12 +52,14 @@ setup() {
 		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
 		DEV=$NBD
 		;;
-	raid5d | raid5d+msk)
+	raid5d | raid5d+msk | raid5d-pc)
+		# raid5d-pc: the RAM disks through the page cache (--direct off) instead of O_DIRECT
+		# (the default for block devices), so whole-stripe writes can be placed.
 		md_down
 		create --chunk 16K
-		serve >/dev/null
+		if [ "$1" = raid5d-pc ]; then serve --direct off >/dev/null; else serve >/dev/null; fi
 		attach >/dev/null
-		[ "$1" = raid5d ] || echo 1024 >/sys/block/nbd0/queue/max_sectors_kb
+		[ "$1" != raid5d+msk ] || echo 1024 >/sys/block/nbd0/queue/max_sectors_kb
 		DEV=$NBD
 		;;
 	*) die "unknown config $1" ;;
@@ -70,7 +73,7 @@ teardown() {
 		kill "$(cat /run/nbdkit.pid)"
 		wait_for 30 "nbdkit to exit" sh -c '! kill -0 $(cat /run/nbdkit.pid)'
 		;;
-	raid5d | raid5d+msk)
+	raid5d | raid5d+msk | raid5d-pc)
 		detach
 		stop_daemon
 		;;
