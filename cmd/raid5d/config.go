@@ -26,8 +26,9 @@ import (
 // Values take the TOML type of the setting: booleans for switches (stable-pages = true),
 // integers for counts (max-connections = 64), strings for everything else (durations "30s",
 // sizes "64M" or plain integers, paths); repeatable flags (allow-client, allow-uid) take an
-// array. Relative paths (members, socket, control, journal, tls-*; the PATH of a member or
-// journal spec) are relative to the file's directory.
+// array. Relative paths (members, socket, control, journal, tls-*, member-tls-*; the PATH of
+// a member or journal spec, a member URI's socket= and tls-certificates=) are relative to the
+// file's directory.
 // A flag given on the command line wins over the file; the file wins over the defaults.
 
 // configMembersKey is the one key that is not a flag: the member paths.
@@ -37,7 +38,8 @@ const configMembersKey = "members"
 // configuration file is taken relative to the file's directory.
 func isPathKey(name string) bool {
 	switch name {
-	case "socket", "control", "tls-cert", "tls-key", "tls-client-ca", "journal":
+	case "socket", "control", "tls-cert", "tls-key", "tls-client-ca", "journal",
+		"member-tls-ca", "member-tls-cert", "member-tls-key":
 		return true
 	}
 	return false

@@ -182,3 +182,30 @@ func TestConfigErrors(t *testing.T) {
 		t.Errorf("missing file: exit %d, %s", code, errOut)
 	}
 }
+
+// TestConfigRemotePaths: the remote members' TLS files (member-tls-ca, -cert, -key) and the
+// paths inside a member URI (socket=, tls-certificates=) resolve against the file's directory
+// as member paths do; absolute paths, hosts and the rest of a URI stay as written.
+func TestConfigRemotePaths(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "r.toml")
+	writeFile(t, cfg, `members = ["nbd+unix:///a?socket=run/a.sock", "nbds+unix:///b?socket=/abs/b.sock&tls-certificates=pki", "nbds://host:10809/c?tls-certificates=/etc/pki", "nbd://host/d"]
+member-tls-ca = "pki/ca-cert.pem"
+member-tls-cert = "pki/client-cert.pem"
+member-tls-key = "/etc/pki/client-key.pem"
+`)
+	code, out, errOut := runCLI(t, "serve", "--config", cfg, "--print-config")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{
+		`members = ["nbd+unix:///a?socket=` + dir + `/run/a.sock", "nbds+unix:///b?socket=/abs/b.sock&tls-certificates=` + dir + `/pki", "nbds://host:10809/c?tls-certificates=/etc/pki", "nbd://host/d"]  # ` + cfg,
+		`member-tls-ca = "` + dir + `/pki/ca-cert.pem"  # ` + cfg,
+		`member-tls-cert = "` + dir + `/pki/client-cert.pem"  # ` + cfg,
+		`member-tls-key = "/etc/pki/client-key.pem"  # ` + cfg,
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("--print-config lacks %q:\n%s", want, out)
+		}
+	}
+}

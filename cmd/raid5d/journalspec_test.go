@@ -22,6 +22,8 @@ func TestAbsMemberSpecs(t *testing.T) {
 		"volatile:j.log":               "volatile:" + wd + "/j.log",
 		"volatile:sub/j.log?delay=1ms": "volatile:" + wd + "/sub/j.log?delay=1ms",
 		"volatile:/abs/j.log":          "volatile:/abs/j.log",
+		"nbd+unix:///x?socket=s.sock":  "nbd+unix:///x?socket=" + wd + "/s.sock",
+		"nbd://host/x":                 "nbd://host/x",
 	} {
 		if got, err := absMember(in); err != nil || got != want {
 			t.Errorf("absMember(%q) = %q, %v; want %q", in, got, err, want)

@@ -61,8 +61,9 @@
 // (WRITE_ZEROES where offered, else written zeroes), Sync is FLUSH, and a member that
 // disappears mid-call returns an error within its deadline rather than hanging. It may add
 // capabilities (nbdmember has DSyncWriter, as FUA or WRITE+FLUSH); it has no local file, so
-// Kind.Path and Kind.MapPath stay nil (SpecPath "": no lock, no file to make or compare),
-// and Use only says read-write or read-only.
+// Kind.Path stays nil (SpecPath "": no lock, no file to make or compare), its MapPath maps
+// only the local paths in the URI's query (socket=, tls-certificates=), and Use only says
+// read-write or read-only.
 //
 // # Exclusive use
 //

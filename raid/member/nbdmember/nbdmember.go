@@ -126,7 +126,7 @@ func Register(opts func() Options) {
 			return nil, err // not a nil *Member in a Member
 		}
 		return m, nil
-	}}
+	}, MapPath: mapPaths}
 	for _, p := range Prefixes {
 		member.Register(p, k)
 	}
