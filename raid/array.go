@@ -80,11 +80,7 @@ type Array struct {
 
 	// Mapped reads (mapped.go): each successful ReadMapped holds mapMu for reading until its
 	// ReleaseMapped; Close takes it for writing before the members (and their mappings) go.
-	// mapServed counts the bytes served and written through the mappings since they were
-	// last replaced (remapAll, under remapMu).
-	mapMu     sync.RWMutex
-	mapServed atomic.Int64
-	remapMu   sync.Mutex
+	mapMu sync.RWMutex
 
 	// mgmtMu serialises the management methods (Fail, Remove, AddSpare, Replace), so that what
 	// one checks before a change (would it fail the array?) still holds when it makes it.

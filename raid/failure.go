@@ -234,6 +234,7 @@ func (a *Array) readMember(m *member, buf []byte, off int64) (int, error) {
 func (a *Array) readMemberNow(m *member, buf []byte, off int64) (int, error) {
 	if a.mapReads && len(buf) <= MappedCopyMax {
 		if fm, ok := m.Member.(mapper); ok && fm.CopyMapped(buf, off) {
+			a.touchMapped(m, off, int64(len(buf)))
 			return len(buf), nil
 		}
 	}

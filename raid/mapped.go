@@ -62,12 +62,6 @@ const MappedCopyMax = 64 << 10
 // what the residency check that replaces it does.
 const MappedReadMin = 64 << 10
 
-// remapEvery is how many bytes the mapped reads of an array serve between replacements of its
-// mappings. A mapping keeps a page-table page for every 2 MiB it has touched until it goes,
-// and after a pass over a large array that is memory: replacing the mappings from time to time
-// bounds it to about remapEvery/512 (8 MiB).
-const remapEvery = 4 << 30
-
 // mappedState is the scratch space of one ReadMapped, pooled.
 type mappedState struct {
 	cached []uint64                    // bit i: stripe s0+i has a cache head
@@ -189,8 +183,10 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 	a.clientOps.Add(1)
 	a.ctr.memberRead.Add(uint64(mapped))
 	a.ctr.mappedRead.Add(uint64(mapped))
-	if a.mapServed.Add(mapped) >= remapEvery {
-		a.remapAll()
+	for r, sp := range st.span[:a.roles.n()] {
+		if st.src[r] != nil {
+			a.touchMapped(st.mem[r], a.dataOffset+sp[0], sp[1]-sp[0])
+		}
 	}
 	return v, true
 }
@@ -198,25 +194,12 @@ func (a *Array) ReadMapped(p []byte, off int64, v [][]byte) (_ [][]byte, ok bool
 // ReleaseMapped ends a successful ReadMapped: its slices are no longer read.
 func (a *Array) ReleaseMapped() { a.mapMu.RUnlock() }
 
-// remapAll replaces every member's mapping (remap), at most one caller at a time.
-func (a *Array) remapAll() {
-	if !a.remapMu.TryLock() {
-		return
-	}
-	defer a.remapMu.Unlock()
-	if a.mapServed.Load() < remapEvery {
-		return
-	}
-	a.mapServed.Store(0)
-	for r := range a.roles.n() {
-		m := a.roles.member(r)
-		if m == nil {
-			continue
-		}
-		if fm, ok := m.Member.(mapper); ok {
-			if err := fm.Remap(); err != nil {
-				a.log.Warn("raid: replacing a member's read mapping failed", "member", m.Name(), "err", err)
-			}
+// touchMapped tells m's mapping that the n bytes at off of it were used (Touch), which
+// replaces the mapping when its page tables call for it, and logs a replacement that failed.
+func (a *Array) touchMapped(m *member, off, n int64) {
+	if fm, ok := m.Member.(mapper); ok {
+		if err := fm.Touch(off, n); err != nil {
+			a.log.Warn("raid: replacing a member's mapping failed", "member", m.Name(), "err", err)
 		}
 	}
 }

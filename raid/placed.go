@@ -57,8 +57,9 @@ type placement struct {
 	entered uint64 // roles whose write gate was entered
 	begun   bool   // the bitmap's Begin was called
 	// By role: the member's mapping of the span's chunks (contiguous on a member) and the
-	// member as a mapWriter.
+	// member, also as a mapWriter.
 	ranges [stripe.MaxMembers][]byte
+	mem    [stripe.MaxMembers]*member
 	mw     [stripe.MaxMembers]mapWriter
 	shards [][]byte // scratch for one stripe's chunks
 }
@@ -132,7 +133,7 @@ func (pl *placement) prepare() bool {
 		if pl.ranges[r] = mw.WritableRange(off, n); pl.ranges[r] == nil {
 			return false
 		}
-		pl.mw[r] = mw
+		pl.mem[r], pl.mw[r] = m, mw
 	}
 	for r := range a.roles.n() {
 		if !a.roles.enter(r) {
@@ -167,6 +168,7 @@ func (pl *placement) unlock() {
 // put returns pl to the pool.
 func (pl *placement) put() {
 	clear(pl.ranges[:])
+	clear(pl.mem[:])
 	clear(pl.mw[:])
 	clear(pl.shards)
 	pl.a, pl.entered, pl.begun = nil, 0, false
@@ -229,8 +231,8 @@ func (pl *placement) commit(complete bool) error {
 	b := uint64(pl.k * C * int64(a.roles.n()))
 	a.ctr.memberWrit.Add(b)
 	a.ctr.mappedWrit.Add(b)
-	if a.mapServed.Add(int64(b)) >= remapEvery {
-		a.remapAll()
+	for r := range a.roles.n() {
+		a.touchMapped(pl.mem[r], a.dataOffset+pl.s0*C, pl.k*C)
 	}
 	return nil
 }

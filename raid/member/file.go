@@ -40,6 +40,12 @@ type File struct {
 	mapOnce sync.Once
 	mapped  []byte
 	prot    int
+	// The mapping's page-table regions touched since it was made (Touch): a bit per
+	// ptRegion of the file, their count, and the remaps Touch has done.
+	touched  []atomic.Uint64
+	nTouched atomic.Int64
+	remapMu  sync.Mutex
+	remaps   atomic.Uint64
 }
 
 // OpenFile opens a regular file or a block device as a member, for use (see Use): it holds a

@@ -141,3 +141,67 @@ func fdOf(t *testing.T, path string) int {
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
 }
+
+// TestTouchRemaps: a mapping is replaced once it has touched RemapRegions page-table regions,
+// not for the bytes that go through it: a client that keeps writing the same few hundred MiB
+// must not have the mappings pulled from under it (each replacement refaults every page).
+func TestTouchRemaps(t *testing.T) {
+	R := int64(member.PtRegion)
+	m, path := openSparse(t, t.TempDir(), (member.RemapRegions+8)*R)
+	p := pattern(8192, 9)
+	if _, err := m.WriteAt(p, 3*R-4096); err != nil { // across a region boundary
+		t.Fatal(err)
+	}
+	mp := m.Mapping()
+	if mp == nil {
+		t.Skip("the file could not be mapped")
+	}
+	// 64 GiB through 32 regions: never replaced.
+	for range 1024 {
+		if err := m.Touch(0, 32*R); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Touch(5*R+100, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := member.Remaps(m); n != 0 {
+		t.Fatalf("touching the same 32 regions over and over replaced the mapping %d times", n)
+	}
+	// The rest, one region at a time: replaced at the RemapRegions-th distinct region.
+	for r := int64(32); r < member.RemapRegions-1; r++ {
+		if err := m.Touch(r*R, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := member.Remaps(m); n != 0 {
+		t.Fatalf("replaced after %d of %d regions", member.RemapRegions-1, member.RemapRegions)
+	}
+	if err := m.Touch((member.RemapRegions-1)*R, 2*R); err != nil { // two more: the bound and one
+		t.Fatal(err)
+	}
+	if n := member.Remaps(m); n != 1 {
+		t.Fatalf("after %d regions the mapping was replaced %d times, want 1", member.RemapRegions+1, n)
+	}
+	// Forgotten with the old mapping: touching them again starts the count afresh.
+	for r := int64(0); r < member.RemapRegions/2; r++ {
+		if err := m.Touch(r*R, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := member.Remaps(m); n != 1 {
+		t.Fatalf("the count was not reset by the replacement (%d replacements)", n)
+	}
+	// The new mapping shows the file: what was written before, and what is written now.
+	if !bytes.Equal(mp[3*R-4096:3*R+4096], p) {
+		t.Fatal("the replaced mapping does not show the file's bytes")
+	}
+	q := pattern(4096, 3)
+	if _, err := m.WriteAt(q, 7*R); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(mp[7*R:7*R+4096], q) {
+		t.Fatal("the replaced mapping does not show a later write")
+	}
+	readBack(t, path, 3*R-4096, p)
+}

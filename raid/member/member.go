@@ -81,6 +81,10 @@ type Mapper interface {
 	// Remap replaces the mapping with a fresh one at the same address, releasing the page
 	// tables the old one accumulated; readers of the old one are unaffected.
 	Remap() error
+	// Touch records that the caller has used the n bytes at off of the mapping (read or
+	// written them, or handed them to the kernel), and replaces the mapping (Remap) when
+	// the page tables it has accumulated call for it; the error is Remap's.
+	Touch(off, n int64) error
 	// CopyMapped copies the member's bytes at off into p from the mapping and reports
 	// whether it could; false (a fault, a range past the end of the file) sends the caller
 	// to ReadAt, which reports the error.
