@@ -52,6 +52,8 @@ type MemberStatus struct {
 	Device      UUID
 	ReadErrors  uint64 // failed reads (served by reconstruction)
 	WriteErrors uint64
+	// Direct: opened with O_DIRECT (memberpkg.IsDirect, as memberpkg.SetDirect chose).
+	Direct bool
 	// Remote is what a remote member says of its server and its link (memberpkg.Reporter:
 	// the export, connections, requests in flight, latency, reconnects); nil for a member
 	// that says nothing (a file or block device).
@@ -163,6 +165,7 @@ func (a *Array) Status() Status {
 	for i, m := range v.members {
 		ms := v.status[i]
 		ms.ReadErrors, ms.WriteErrors = m.readErrs.Load(), m.writeErrs.Load()
+		ms.Direct = memberpkg.IsDirect(m.Member)
 		if r, ok := memberpkg.Base(m.Member).(memberpkg.Reporter); ok {
 			rep := r.Report()
 			ms.Remote = &rep

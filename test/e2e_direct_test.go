@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -46,6 +47,22 @@ func directLoops(t *testing.T, n int) []string {
 		devs = append(devs, dev)
 	}
 	return devs
+}
+
+// statusDirect returns, by path, whether `raid5d status --json` says each member is open
+// with O_DIRECT.
+func statusDirect(s *server) map[string]bool {
+	s.t.Helper()
+	out, errOut, code := s.manageSplit("status", "--json")
+	var st r5Remote
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		s.t.Fatalf("raid5d status --json: exit %d: %v\n%s%s", code, err, out, errOut)
+	}
+	direct := map[string]bool{}
+	for _, m := range st.Members {
+		direct[m.Path] = m.Direct
+	}
+	return direct
 }
 
 // openedDirect reports, from /proc/PID/fdinfo, whether process pid has path open and whether
@@ -103,9 +120,13 @@ func TestDirectMembers(t *testing.T) {
 			runTool(t, raid5dBin, append(args, a.members...)...)
 			withSpare := &array{dir: a.dir, members: append(a.members[:4:4], spare)}
 			s := withSpare.serve(t, "--sync-speed-min", "200M")
+			shown := statusDirect(s)
 			for _, dev := range append(a.members, spare) {
 				if open, direct := openedDirect(t, s.cmd.Process.Pid, dev); !open || !direct {
 					t.Fatalf("%s: open %v, O_DIRECT %v; want a direct member", dev, open, direct)
+				}
+				if !shown[dev] {
+					t.Errorf("status --json: %s not direct (%v)", dev, shown)
 				}
 			}
 			if journal {
@@ -210,6 +231,9 @@ func TestDirectMembers(t *testing.T) {
 			s = b.serve(t, "--direct", "off")
 			if _, direct := openedDirect(t, s.cmd.Process.Pid, b.members[0]); direct {
 				t.Fatalf("--direct off: %s is open with O_DIRECT", b.members[0])
+			}
+			if shown := statusDirect(s); shown[b.members[0]] {
+				t.Errorf("--direct off: status --json says %s is direct (%v)", b.members[0], shown)
 			}
 			if c, err = wireConnect(s.sock); err != nil {
 				t.Fatal(err)

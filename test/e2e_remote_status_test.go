@@ -19,10 +19,12 @@ type r5Remote struct {
 type r5RemoteMember struct {
 	Path   string `json:"path"`
 	State  string `json:"state"`
+	Direct bool   `json:"direct"`
 	Remote *struct {
 		Kind        string   `json:"kind"`
 		State       string   `json:"state"`
 		Export      string   `json:"export"`
+		ServerName  string   `json:"server_name"`
 		Flags       []string `json:"flags"`
 		MaxBlock    int64    `json:"max_block"`
 		Connections int      `json:"connections"`
@@ -61,7 +63,7 @@ func (s *server) remoteStatus() *r5Remote {
 
 // TestRemoteStatus: `raid5d status` (text and --json) and the metrics of a daemon whose
 // members are served by nbdkit (file plugin, unix sockets) and nbd-server (TCP) show per
-// member its export's name, the server's flags, one connection, the requests it answered
+// member its export's name (and the name the server reports, where it sends one), the server's flags, one connection, the requests it answered
 // (more after the client's I/O), their time and the link's state: connected, and down once
 // that member's server is SIGKILLed, the member failed and no request waits for it.
 func TestRemoteStatus(t *testing.T) {
@@ -93,6 +95,17 @@ func TestRemoteStatus(t *testing.T) {
 
 	st := s.remoteStatus()
 	for i, m := range ms {
+		// nbdkit names the export in NBD_INFO_NAME; nbd-server sends none (3.2x).
+		want := "m" + string(rune('0'+i))
+		if m.nbdServer {
+			want = ""
+		}
+		if got := st.member(t, m.uri).Remote.ServerName; got != want {
+			t.Errorf("member %s: server_name %q, want %q", m.uri, got, want)
+		}
+		if st.member(t, m.uri).Direct {
+			t.Errorf("remote member %s: direct true", m.uri)
+		}
 		r, was := st.member(t, m.uri).Remote, before.member(t, m.uri).Remote
 		if r.Kind != "nbd" || r.State != "connected" || r.Export != "m"+string(rune('0'+i)) || r.Connections != 1 ||
 			!slices.Contains(r.Flags, "flush") || !slices.Contains(r.Flags, "fua") || r.MaxBlock <= 0 {

@@ -95,7 +95,7 @@ func statusOf(a *raid.Array, d control.Daemon) control.Status {
 	for _, m := range s.Members {
 		st.Members = append(st.Members, control.MemberStatus{
 			Path: m.Path, Role: m.Role, State: m.State, Events: m.Events, Device: m.Device.String(),
-			ReadErrors: m.ReadErrors, WriteErrors: m.WriteErrors, Remote: remoteOf(m.Remote),
+			ReadErrors: m.ReadErrors, WriteErrors: m.WriteErrors, Direct: m.Direct, Remote: remoteOf(m.Remote),
 		})
 	}
 	if s.AutoReAdd != nil {
@@ -121,7 +121,7 @@ func remoteOf(r *raid.MemberReport) *control.Remote {
 	}
 	l := r.Latency
 	return &control.Remote{
-		Kind: r.Kind, State: r.State, Export: r.Server, Flags: r.Features,
+		Kind: r.Kind, State: r.State, Export: r.Server, ServerName: r.ServerName, Flags: r.Features,
 		MinBlock: r.MinBlock, PreferredBlock: r.PreferredBlock, MaxBlock: r.MaxBlock,
 		Connections: r.Conns, Reconnects: r.Reconnects, InFlight: r.InFlight,
 		Requests: r.Requests, Errors: r.Errors, RequestSeconds: r.RequestTime.Seconds(),

@@ -177,7 +177,7 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 		formatRate(st.SyncSpeedMin), formatRate(st.SyncSpeedMax))
 	fmt.Fprintln(w, "members:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  ROLE\tPATH\tSTATE\tEVENTS\tREAD-ERRORS\tWRITE-ERRORS\tDEVICE")
+	fmt.Fprintln(tw, "  ROLE\tPATH\tSTATE\tEVENTS\tREAD-ERRORS\tWRITE-ERRORS\tDEVICE\tIO")
 	for _, m := range st.Members {
 		role := "-"
 		if m.Role >= 0 {
@@ -187,7 +187,7 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 		if m.State == control.StateRebuilding {
 			state = fmt.Sprintf("rebuilding into role %d", m.Role)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%d\t%s\n", role, m.Path, state, m.Events, m.ReadErrors, m.WriteErrors, m.Device)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", role, m.Path, state, m.Events, m.ReadErrors, m.WriteErrors, m.Device, ioMode(m))
 	}
 	tw.Flush()
 	if len(st.Missing) > 0 {
@@ -208,6 +208,18 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 	fmt.Fprintf(w, "  placed:  %d bytes of writes read from the socket straight into the members\n", c.PlacedBytes)
 	fmt.Fprintf(w, "  cache:   %d stripes, %d hits, %d misses, %d evictions\n",
 		c.CacheStripes, c.CacheHits, c.CacheMisses, c.CacheEvictions)
+}
+
+// ioMode is the members table's IO column: direct (O_DIRECT), buffered (through the page
+// cache), or a remote member's kind (nbd), which has no local file.
+func ioMode(m control.MemberStatus) string {
+	switch {
+	case m.Remote != nil:
+		return m.Remote.Kind
+	case m.Direct:
+		return "direct"
+	}
+	return "buffered"
 }
 
 func onlineNote(st *control.Status) string {
@@ -252,8 +264,12 @@ func printRemote(w io.Writer, st *control.Status) {
 		if flags == "" {
 			flags = "none"
 		}
-		fmt.Fprintf(w, "    server:   %s export %q, flags %s; block sizes min %s, preferred %s, max %s\n",
-			r.Kind, r.Export, flags, formatRate(r.MinBlock), formatRate(r.PreferredBlock), formatRate(r.MaxBlock))
+		named := ""
+		if r.ServerName != "" && r.ServerName != r.Export {
+			named = fmt.Sprintf(" (the server names it %q)", r.ServerName)
+		}
+		fmt.Fprintf(w, "    server:   %s export %q%s, flags %s; block sizes min %s, preferred %s, max %s\n",
+			r.Kind, r.Export, named, flags, formatRate(r.MinBlock), formatRate(r.PreferredBlock), formatRate(r.MaxBlock))
 		fmt.Fprintf(w, "    requests: %d in flight, %d answered (%d failed)\n", r.InFlight, r.Requests, r.Errors)
 		l := r.Latency
 		over := "over the last " + formatLatency(seconds(l.WindowSeconds))

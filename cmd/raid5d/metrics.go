@@ -329,7 +329,8 @@ var arrayMetricDefs = []metricDef{
 	{"raid5d_member_state", "1 for each member's current state, 0 for the others.", []string{"member", "state"}},
 	{"raid5d_member_read_errors_total", "Failed member reads (served by reconstruction).", []string{"member"}},
 	{"raid5d_member_write_errors_total", "Failed member writes.", []string{"member"}},
-	{"raid5d_remote_member_info", "1 for each remote member, with its kind, its export's name on the server and the server's transmission flags.", []string{"member", "kind", "export", "flags"}},
+	{"raid5d_member_direct", "1 for a member opened with O_DIRECT (--direct), 0 for one through the page cache or remote.", []string{"member"}},
+	{"raid5d_remote_member_info", "1 for each remote member, with its kind, its export's name as the URI asks for it, the server's transmission flags and the name the server reports for the export (NBD_INFO_NAME, empty if none).", []string{"member", "kind", "export", "flags", "server_name"}},
 	{"raid5d_remote_member_link", "1 for each remote member's current link state, 0 for the others.", []string{"member", "state"}},
 	{"raid5d_remote_member_block_size_bytes", "A remote member's server's block sizes (size: min, preferred, max).", []string{"member", "size"}},
 	{"raid5d_remote_member_connections", "Connections open to a remote member's server.", []string{"member"}},
@@ -410,8 +411,9 @@ func (c *arrayCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		emit("raid5d_member_read_errors_total", counter, float64(m.ReadErrors), m.Path)
 		emit("raid5d_member_write_errors_total", counter, float64(m.WriteErrors), m.Path)
+		emit("raid5d_member_direct", gauge, boolValue(m.Direct), m.Path)
 		if r := m.Remote; r != nil {
-			emit("raid5d_remote_member_info", gauge, 1, m.Path, r.Kind, r.Server, strings.Join(r.Features, ","))
+			emit("raid5d_remote_member_info", gauge, 1, m.Path, r.Kind, r.Server, strings.Join(r.Features, ","), r.ServerName)
 			for _, s := range linkStates {
 				emit("raid5d_remote_member_link", gauge, boolValue(r.State == s), m.Path, s)
 			}

@@ -25,7 +25,7 @@ import (
 var documentedMetrics = []string{
 	"raid5d_array_state", "raid5d_array_size_bytes", "raid5d_array_dirty", "raid5d_array_write_hole",
 	"raid5d_array_missing_roles", "raid5d_array_members",
-	"raid5d_member_state", "raid5d_member_read_errors_total", "raid5d_member_write_errors_total",
+	"raid5d_member_state", "raid5d_member_read_errors_total", "raid5d_member_write_errors_total", "raid5d_member_direct",
 	"raid5d_sync_running", "raid5d_sync_done_bytes", "raid5d_sync_total_bytes", "raid5d_sync_mismatches",
 	"raid5d_full_stripe_writes_total", "raid5d_rmw_writes_total", "raid5d_rcw_writes_total",
 	"raid5d_member_read_bytes_total", "raid5d_member_mapped_read_bytes_total", "raid5d_member_written_bytes_total",
@@ -218,9 +218,9 @@ func TestMetricsScrape(t *testing.T) {
 	st := raid.Status{
 		State: raid.StateDegraded, Size: 3 << 20, Dirty: true, Missing: []int{2},
 		Members: []raid.MemberStatus{
-			{Path: "/m0", State: raid.MemberActive, ReadErrors: 3},
+			{Path: "/m0", State: raid.MemberActive, ReadErrors: 3, Direct: true},
 			{Path: "/m1", State: raid.MemberActive, WriteErrors: 1, Remote: &raid.MemberReport{
-				Kind: "nbd", State: member.LinkReconnecting, Server: "x1", Features: []string{"flush", "fua"},
+				Kind: "nbd", State: member.LinkReconnecting, Server: "x1", ServerName: "canonical-x1", Features: []string{"flush", "fua"},
 				MinBlock: 1, PreferredBlock: 4096, MaxBlock: 32 << 20, Conns: 2, Reconnects: 3, InFlight: 4,
 				Requests: 100, Errors: 5, RequestTime: 2 * time.Second,
 				Latency: member.Latency{Window: 10 * time.Second, Requests: 50, Mean: 3 * time.Millisecond, Max: 40 * time.Millisecond},
@@ -339,7 +339,10 @@ func TestMetricsScrape(t *testing.T) {
 		{"raid5d_request_bytes_total", []string{"cmd", "trim"}, 1 << 20},
 		{"raid5d_request_bytes_total", []string{"cmd", "write_zeroes"}, 65536},
 		{"raid5d_request_errors_total", []string{"cmd", "read"}, 0},
-		{"raid5d_remote_member_info", []string{"member", "/m1", "kind", "nbd", "export", "x1", "flags", "flush,fua"}, 1},
+		{"raid5d_member_direct", []string{"member", "/m0"}, 1},
+		{"raid5d_member_direct", []string{"member", "/m1"}, 0},
+		{"raid5d_member_direct", []string{"member", "/m3"}, 0},
+		{"raid5d_remote_member_info", []string{"member", "/m1", "kind", "nbd", "export", "x1", "flags", "flush,fua", "server_name", "canonical-x1"}, 1},
 		{"raid5d_remote_member_link", []string{"member", "/m1", "state", "reconnecting"}, 1},
 		{"raid5d_remote_member_link", []string{"member", "/m1", "state", "connected"}, 0},
 		{"raid5d_remote_member_block_size_bytes", []string{"member", "/m1", "size", "preferred"}, 4096},

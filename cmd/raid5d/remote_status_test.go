@@ -14,16 +14,20 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
+	"github.com/raid5d/raid5d/internal/aligned"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
 	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/member"
 )
 
-// TestRemoteMemberStatus: an array over four exports served by nbdtest, written and read
-// through, as `raid5d status` (text and --json, through the daemon's control server) and the
-// metrics show it: per remote member its export's name, the server's flags (decoded) and
-// block sizes, one connection, requests counted (more after more I/O), latency, no reconnects,
-// link connected; the local-only fields stay absent for a member that is a file.
+// TestRemoteMemberStatus: an array over three exports served by nbdtest and a file opened
+// with O_DIRECT, written and read through, as `raid5d status` (text and --json, through the
+// daemon's control server) and the metrics show it: per remote member its export's name as
+// the URI asks for it and as the server reports it (NBD_INFO_NAME: the first URI asks for the
+// default export, which the server names), the server's flags (decoded) and block sizes, one
+// connection, requests counted (more after more I/O), latency, no reconnects, link connected;
+// the local-only fields stay absent for a member that is a file; which member is direct.
 func TestRemoteMemberStatus(t *testing.T) {
 	dir, err := os.MkdirTemp("", "r5rs") // unix socket paths are limited to 108 bytes
 	if err != nil {
@@ -31,6 +35,12 @@ func TestRemoteMemberStatus(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	const memberSize = raid.DataOffset + 64*4096
+	export := func(i int) string { // the name the URI asks for: member 0 the server's default
+		if i == 0 {
+			return ""
+		}
+		return fmt.Sprintf("disk%d", i)
+	}
 	var specs []string
 	for i := range 3 {
 		dev := nbdtest.FUADevice{MemDevice: nbdtest.NewMemDevice(memberSize)}
@@ -39,16 +49,18 @@ func TestRemoteMemberStatus(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		specs = append(specs, fmt.Sprintf("nbd+unix:///disk%d?socket=%s", i, nbdtest.ServeUnix(t, srv)))
+		specs = append(specs, fmt.Sprintf("nbd+unix:///%s?socket=%s", export(i), nbdtest.ServeUnix(t, srv)))
 	}
 	local := filepath.Join(dir, "m3.img")
 	specs = append(specs, local)
+	member.SetDirect(member.DirectOn) // the file direct (the temporary directory's file system permitting)
 	a, err := raid.Create(specs, raid.CreateOptions{Chunk: 4096, MemberSize: memberSize, IOOptions: raid.IOOptions{StripeCache: -1}})
+	member.SetDirect(member.DirectAuto)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	p := make([]byte, 3*4096*8)
+	p := aligned.Make(3 * 4096 * 8)
 	if _, err := a.WriteAt(p, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -90,13 +102,19 @@ func TestRemoteMemberStatus(t *testing.T) {
 			if r != nil {
 				t.Errorf("the local member %s has a remote report %+v", m.Path, r)
 			}
+			if !m.Direct {
+				t.Errorf("the local member %s opened with DirectOn: direct false", m.Path)
+			}
 			continue
 		}
 		if r == nil {
 			t.Fatalf("member %s: no remote report in %+v", m.Path, m)
 		}
-		if r.Kind != "nbd" || r.State != "connected" || r.Export != fmt.Sprintf("disk%d", i) || r.Connections != 1 || r.Reconnects != 0 {
-			t.Errorf("member %s: %+v, want nbd, connected, export disk%d, 1 connection, no reconnects", m.Path, r, i)
+		if m.Direct {
+			t.Errorf("remote member %s: direct true", m.Path)
+		}
+		if r.Kind != "nbd" || r.State != "connected" || r.Export != export(i) || r.ServerName != fmt.Sprintf("disk%d", i) || r.Connections != 1 || r.Reconnects != 0 {
+			t.Errorf("member %s: %+v, want nbd, connected, export %q named disk%d by the server, 1 connection, no reconnects", m.Path, r, export(i), i)
 		}
 		for _, f := range []string{"flush", "fua", "trim", "write_zeroes"} {
 			if !slices.Contains(r.Flags, f) {
@@ -129,9 +147,26 @@ func TestRemoteMemberStatus(t *testing.T) {
 	}
 	for i := range 3 {
 		if !regexpLine(out, specs[i], fmt.Sprintf("role %d", i), "active", "connected", "1 connection", "0 reconnects") ||
-			!regexpLine(out, "server:", fmt.Sprintf(`export "disk%d"`, i), "flush fua", "write_zeroes", "min 512, preferred 4K, max 1M") {
+			!regexpLine(out, "server:", fmt.Sprintf(`export %q`, export(i)), "flush fua", "write_zeroes", "min 512, preferred 4K, max 1M") {
 			t.Errorf("status has no lines for remote member %d:\n%s", i, out)
 		}
+	}
+	// The members table's IO column (ROLE PATH STATE EVENTS READ-ERRORS WRITE-ERRORS DEVICE IO).
+	ioOf := func(path string) string {
+		for _, l := range strings.Split(out, "\n") {
+			if f := strings.Fields(l); len(f) == 8 && f[1] == path {
+				return f[7]
+			}
+		}
+		return ""
+	}
+	for i, want := range []string{"nbd", "nbd", "nbd", "direct"} {
+		if got := ioOf(specs[i]); got != want {
+			t.Errorf("members table: IO of %s is %q, want %q:\n%s", specs[i], got, want, out)
+		}
+	}
+	if !regexpLine(out, `server:`, `export "" (the server names it "disk0"),`) || strings.Contains(out, `export "disk1" (the server names it`) {
+		t.Errorf("status does not show the server's name of the default export (only where it differs from the URI's):\n%s", out)
 	}
 	if !regexpLine(out, "requests:", "0 in flight", "answered (0 failed)") || !regexpLine(out, "latency:", "mean", "max", "over the last") {
 		t.Errorf("status shows no requests or latency:\n%s", out)
@@ -161,7 +196,8 @@ func TestRemoteMemberStatus(t *testing.T) {
 			labels []string
 			want   float64
 		}{
-			{"raid5d_remote_member_info", []string{"member", m, "kind", "nbd", "export", fmt.Sprintf("disk%d", i)}, 1},
+			{"raid5d_remote_member_info", []string{"member", m, "kind", "nbd", "export", export(i), "server_name", fmt.Sprintf("disk%d", i)}, 1},
+			{"raid5d_member_direct", []string{"member", m}, 0},
 			{"raid5d_remote_member_link", []string{"member", m, "state", "connected"}, 1},
 			{"raid5d_remote_member_link", []string{"member", m, "state", "down"}, 0},
 			{"raid5d_remote_member_block_size_bytes", []string{"member", m, "size", "max"}, 1 << 20},
@@ -177,6 +213,9 @@ func TestRemoteMemberStatus(t *testing.T) {
 		if v := value(t, fams, "raid5d_remote_member_request_seconds_total", "member", m); v <= 0 {
 			t.Errorf("%s: request_seconds_total %v", m, v)
 		}
+	}
+	if v := value(t, fams, "raid5d_member_direct", "member", local); v != 1 {
+		t.Errorf("raid5d_member_direct of the direct file %s = %v, want 1", local, v)
 	}
 	for _, mf := range fams["raid5d_remote_member_info"].GetMetric() {
 		for _, lp := range mf.GetLabel() {

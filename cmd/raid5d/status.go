@@ -18,8 +18,8 @@ import (
 func runStatus(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("status", "[flags] [MEMBER...]",
 		`Reports the array. Online: when a daemon answers at the control socket, it reports the running
-array as /proc/mdstat and mdadm --detail would: state, members with their roles, states and
-read/write errors, a rebuild or scrub in progress with a progress bar, speed and ETA, the last
+array as /proc/mdstat and mdadm --detail would: state, members with their roles, states,
+read/write errors and how each is open (IO: direct, buffered, or a remote member's kind), a rebuild or scrub in progress with a progress bar, speed and ETA, the last
 scrub's mismatch count, the speed limits and the I/O counters. Offline: when no daemon answers and
 MEMBERs are given, it reads their superblocks (never writes) and prints the geometry, each member's
 role, events counter and state, and what is missing or stale. The first line says which.

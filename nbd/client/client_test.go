@@ -66,9 +66,16 @@ func TestHandshakeGo(t *testing.T) {
 	if c.Flags()&want != want || c.Flags()&client.FlagReadOnly != 0 {
 		t.Errorf("Flags = %#x, want %#x set and read-only clear", c.Flags(), want)
 	}
-	// The empty name is the server's default export.
-	if size, _ := dial(t, "nbd+unix:///?socket="+sock).Size(); size != 4096 {
+	if n := c.ExportName(); n != "b" {
+		t.Errorf("ExportName = %q, want the server's NBD_INFO_NAME \"b\"", n)
+	}
+	// The empty name is the server's default export, which the server names.
+	def := dial(t, "nbd+unix:///?socket="+sock)
+	if size, _ := def.Size(); size != 4096 {
 		t.Errorf("default export size = %d, want 4096", size)
+	}
+	if n := def.ExportName(); n != "a" {
+		t.Errorf("default export: ExportName = %q, want the server's name for it, \"a\"", n)
 	}
 
 	ro := dial(t, "nbd+unix:///ro?socket="+sock)
@@ -291,6 +298,9 @@ func TestExportNameFallback(t *testing.T) {
 	defer c.Close()
 	if size, _ := c.Size(); size != 8192 {
 		t.Errorf("size %d, want 8192", size)
+	}
+	if n := c.ExportName(); n != "" {
+		t.Errorf("ExportName %q after NBD_OPT_EXPORT_NAME, want \"\" (no NBD_INFO_NAME)", n)
 	}
 	p := make([]byte, 512)
 	if _, err := c.ReadAt(p, 0); err != nil || !bytes.Equal(p, bytes.Repeat([]byte{7}, 512)) {

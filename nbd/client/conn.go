@@ -178,6 +178,10 @@ func (c *Conn) Size() (int64, error) { return c.info.size, nil }
 // Flags returns the transmission flags the server sent (FlagReadOnly, FlagSendFlush, ...).
 func (c *Conn) Flags() uint16 { return c.info.flags }
 
+// ExportName returns the name the server reported for the export (NBD_INFO_NAME, its canonical
+// name: for the default export "" the one it stands for), or "" if the server sent none.
+func (c *Conn) ExportName() string { return c.info.name }
+
 // BlockSize returns the server's minimum, preferred and maximum block sizes (1, 4096 and
 // 32 MiB when it sent none).
 func (c *Conn) BlockSize() (minimum, preferred, maximum uint32) {

@@ -13,7 +13,8 @@
 // NBD_FLAG_C_FIXED_NEWSTYLE and, when the server offers it, NBD_FLAG_C_NO_ZEROES; for an nbds
 // URI (or Options.TLSConfig) it sends NBD_OPT_STARTTLS and runs the TLS handshake (crypto/tls,
 // TLS 1.2 or later; LoadTLSConfig reads the CA, client certificate and key), then it sends
-// NBD_OPT_GO with an NBD_INFO_BLOCK_SIZE request, and falls back to NBD_OPT_EXPORT_NAME when
+// NBD_OPT_GO with NBD_INFO_BLOCK_SIZE and NBD_INFO_NAME requests (the name the server reports
+// is Conn.ExportName), and falls back to NBD_OPT_EXPORT_NAME when
 // the server answers NBD_REP_ERR_UNSUP (or speaks plain, unfixed newstyle). Transmission uses
 // simple replies: READ, WRITE (optionally with NBD_CMD_FLAG_FUA), FLUSH, TRIM, WRITE_ZEROES
 // (optionally NO_HOLE) and DISC. A request the server did not advertise (FLUSH without

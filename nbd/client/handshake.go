@@ -17,6 +17,7 @@ type exportInfo struct {
 	size                          int64
 	flags                         uint16
 	minBlock, prefBlock, maxBlock uint32
+	name                          string // NBD_INFO_NAME: the server's name of the export ("" if none sent)
 }
 
 // handshake negotiates export on nc (read through r): greeting, client flags, NBD_OPT_STARTTLS
@@ -140,8 +141,9 @@ const maxOptionReply = 64 << 10
 func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok bool, err error) {
 	data := binary.BigEndian.AppendUint32(nil, uint32(len(export)))
 	data = append(data, export...)
-	data = binary.BigEndian.AppendUint16(data, 1)
+	data = binary.BigEndian.AppendUint16(data, 2)
 	data = binary.BigEndian.AppendUint16(data, wire.InfoBlockSize)
+	data = binary.BigEndian.AppendUint16(data, wire.InfoName)
 	if err := writeOption(w, wire.OptGo, data); err != nil {
 		return info, false, err
 	}
@@ -201,8 +203,10 @@ func optionGo(r *bufio.Reader, w io.Writer, export string) (info exportInfo, ok 
 				if info.minBlock == 0 || info.maxBlock < info.minBlock {
 					return info, false, fmt.Errorf("%w: block sizes min %d max %d", ErrHandshake, info.minBlock, info.maxBlock)
 				}
+			case wire.InfoName:
+				info.name = string(d[2:])
 			}
-			// Other information (name, description) is ignored.
+			// Other information (the description) is ignored.
 		case typ == wire.RepErrUnsup:
 			return info, false, nil
 		case typ&wire.RepErrBit != 0:

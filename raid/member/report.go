@@ -21,10 +21,14 @@ type Report struct {
 	// State is the link to the server as the kind sees it: LinkConnected, LinkReconnecting or
 	// LinkDown.
 	State string
-	// Server is what the server calls the member (an NBD export name); Features what it
-	// offers for it, in the kind's words (NBD's transmission flags: flush, fua, trim, ...).
+	// Server is the name the member asks the server for (an NBD URI's export name; "" is the
+	// server's default); Features what the server offers for it, in the kind's words (NBD's
+	// transmission flags: flush, fua, trim, ...).
 	Server   string
 	Features []string
+	// ServerName is the name the server itself reports for it (NBD_INFO_NAME: the export's
+	// canonical name, also of the default export), "" where the server sends none.
+	ServerName string
 	// MinBlock, PreferredBlock and MaxBlock are the server's block sizes in bytes.
 	MinBlock, PreferredBlock, MaxBlock int64
 	// Conns is the number of connections open now; Reconnects how many times one was

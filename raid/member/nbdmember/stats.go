@@ -127,8 +127,8 @@ func (m *Member) Report() member.Report {
 	g := m.cur.Load()
 	minB, prefB, maxB := g.conns[0].c.BlockSize()
 	r := member.Report{
-		Kind: "nbd", State: member.LinkConnected, Server: m.uri.Export, Features: FlagNames(m.flags),
-		MinBlock: int64(minB), PreferredBlock: int64(prefB), MaxBlock: int64(maxB),
+		Kind: "nbd", State: member.LinkConnected, Server: m.uri.Export, ServerName: g.conns[0].c.ExportName(),
+		Features: FlagNames(m.flags), MinBlock: int64(minB), PreferredBlock: int64(prefB), MaxBlock: int64(maxB),
 		Conns: len(g.conns), Reconnects: uint64(m.reconnects.Load()), InFlight: m.stats.inFlight.Load(),
 		Errors: m.stats.errors.Load(), Latency: m.stats.win.latency(time.Now()),
 	}

@@ -39,8 +39,12 @@ func TestReport(t *testing.T) {
 	var _ member.Reporter = m
 
 	r := m.Report()
-	if r.Kind != "nbd" || r.State != member.LinkConnected || r.Server != "disk0" || r.Conns != 1 {
-		t.Errorf("report %+v, want kind nbd, connected, export disk0, 1 connection", r)
+	if r.Kind != "nbd" || r.State != member.LinkConnected || r.Server != "disk0" || r.ServerName != "disk0" || r.Conns != 1 {
+		t.Errorf("report %+v, want kind nbd, connected, export disk0 (so named by the server), 1 connection", r)
+	}
+	// The default export: the URI asks for "", the server reports the name it stands for.
+	if d := open(t, uri(sock, ""), member.Inspect, nbdmember.Options{}).Report(); d.Server != "" || d.ServerName != "disk0" {
+		t.Errorf("default export: Server %q, ServerName %q; want \"\" and the server's NBD_INFO_NAME \"disk0\"", d.Server, d.ServerName)
 	}
 	for _, f := range []string{"flush", "fua", "trim", "write_zeroes"} {
 		if !slices.Contains(r.Features, f) {

@@ -97,6 +97,9 @@ type MemberStatus struct {
 	Device      string `json:"device_uuid"`
 	ReadErrors  uint64 `json:"read_errors"`
 	WriteErrors uint64 `json:"write_errors"`
+	// Direct: opened with O_DIRECT (serve --direct), not through the page cache; false for a
+	// remote member and in an offline report.
+	Direct bool `json:"direct"`
 	// Remote is a remote member's server and link; absent for local members.
 	Remote *Remote `json:"remote,omitempty"`
 }
@@ -105,7 +108,7 @@ type MemberStatus struct {
 type Remote struct {
 	Kind           string   `json:"kind"`   // nbd
 	State          string   `json:"state"`  // connected, reconnecting, down
-	Export         string   `json:"export"` // the export's name on its server
+	Export         string   `json:"export"` // the export's name on its server, as the URI asks for it ("": the default)
 	Flags          []string `json:"flags"`  // the server's transmission flags: flush, fua, trim, write_zeroes, multi_conn, ...
 	MinBlock       int64    `json:"min_block"`
 	PreferredBlock int64    `json:"preferred_block"`
@@ -117,6 +120,9 @@ type Remote struct {
 	Errors         uint64   `json:"request_errors"`  // of them, failed
 	RequestSeconds float64  `json:"request_seconds"` // their total time
 	Latency        Latency  `json:"latency"`         // over the last interval (about 10 s)
+	// ServerName is the name the server reports for the export (NBD_INFO_NAME: its canonical
+	// name, also of the default export ""); absent where the server sends none.
+	ServerName string `json:"server_name,omitempty"`
 }
 
 // Latency is how long a remote member's requests took over an interval.
