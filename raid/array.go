@@ -250,8 +250,12 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 		if opts.StripeCache == 0 {
 			stripes = DefaultCacheStripes(layout)
 		}
+		wb := opts.WriteBackers
+		if wb == 0 && a.remote() {
+			wb = waitWriteBackers
+		}
 		a.cache = cache.New(layout, coder, cacheBackend{a}, &a.locks, cache.Options{
-			Stripes: stripes, WriteBackDelay: opts.WriteBackDelay, WriteBackers: opts.WriteBackers, Logger: log,
+			Stripes: stripes, WriteBackDelay: opts.WriteBackDelay, WriteBackers: wb, Logger: log,
 			MustReconstruct: a.needsRCW,
 		})
 	}

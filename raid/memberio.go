@@ -103,9 +103,10 @@ func (m cacheBackend) do(ops []stripe.MemberOp) error {
 	// Member writes to the page cache are copies: a small batch is a few that the calling
 	// goroutine does as fast as the member goroutines would, without the hand-offs. Reads may
 	// wait for a disk, and so does every write to a member opened with O_DIRECT (member
-	// doc # Direct I/O), and large batches gain from running on several cores: those run
-	// concurrently, the first role here, the others on their members' goroutines.
-	inline := writes && bytes <= inlineWriteMax && !a.anyDirect(roles)
+	// doc # Direct I/O) or to a remote one (a round trip each: member.Waits), and large
+	// batches gain from running on several cores: those run concurrently, the first role
+	// here, the others on their members' goroutines.
+	inline := writes && bytes <= inlineWriteMax && !a.anyMember(roles, memberpkg.Waits)
 	first := -1
 	for r := range a.roles.n() {
 		switch {
@@ -136,16 +137,20 @@ func (m cacheBackend) do(ops []stripe.MemberOp) error {
 	return err
 }
 
-// anyDirect reports whether the member of a role in the bitmask roles does direct I/O: its
-// writes wait for the device, so that a batch's writes are worth running concurrently.
-func (a *Array) anyDirect(roles uint64) bool {
+// anyMember reports whether f is true of the member of a role in the bitmask roles
+// (memberpkg.Waits: its writes wait for a device or a network, so that a batch's writes are
+// worth running concurrently).
+func (a *Array) anyMember(roles uint64, f func(memberpkg.Member) bool) bool {
 	for r := range a.roles.n() {
-		if m := a.roles.member(r); roles&(1<<r) != 0 && m != nil && memberpkg.IsDirect(m.Member) {
+		if m := a.roles.member(r); roles&(1<<r) != 0 && m != nil && f(m.Member) {
 			return true
 		}
 	}
 	return false
 }
+
+// remote reports whether a member of the array (at assembly) is remote (memberpkg.IsWaiter).
+func (a *Array) remote() bool { return a.anyMember(1<<a.roles.n()-1, memberpkg.IsWaiter) }
 
 // runRole runs b's ops for role in order, stopping at the first error.
 func (a *Array) runRole(b *ioBatch, role int) {
@@ -232,6 +237,15 @@ type ioJob struct {
 // several stripes' reads and writes to one member can be in flight at once.
 const ioWorkers = 4
 
+// waitWriteBackers is the stripe cache's write-out goroutines (IOOptions.WriteBackers when
+// 0), and waitIOWorkers replaces ioWorkers, for an array with a remote member
+// (member.IsWaiter): a write-out there is round trips, not copies, and the throughput of
+// random writes is the write-outs in flight over their time.
+const (
+	waitWriteBackers = 32
+	waitIOWorkers    = 32
+)
+
 // readWorkers is the number of read workers per role: goroutines that take the members of a
 // ReadAt other than the first (handOff), so that a read across members reaches them
 // concurrently without starting a goroutine per member per request.
@@ -263,9 +277,13 @@ func (a *Array) startIO() {
 			}
 		})
 	}
+	workers := ioWorkers
+	if a.remote() {
+		workers = waitIOWorkers
+	}
 	for r := range n {
 		a.ioq[r] = make(chan ioJob)
-		for range ioWorkers {
+		for range workers {
 			a.ioWG.Go(func() {
 				for j := range a.ioq[r] {
 					a.runRole(j.b, j.role)

@@ -168,6 +168,26 @@ func IsDirect(m Member) bool {
 	return ok && f.direct
 }
 
+// Waiter is a Member whose every read and write waits for something far slower than a copy
+// through the page cache — a network round trip (raid/member/nbdmember) — so that its
+// throughput is bounded by how many requests are in flight to it, not by a CPU.
+type Waiter interface {
+	// Waits reports whether the member's I/O waits so; it never changes.
+	Waits() bool
+}
+
+// IsWaiter reports whether m, under its wrappers (Base), is a Waiter that says it waits: the
+// array keeps more write-outs and member I/O in flight for an array with such a member.
+func IsWaiter(m Member) bool {
+	w, ok := Base(m).(Waiter)
+	return ok && w.Waits()
+}
+
+// Waits reports whether m's reads and writes wait for a device or a network rather than copy
+// to or from the page cache: a direct File (IsDirect) or a Waiter (IsWaiter). The array runs
+// such members' shares of a batch of writes concurrently rather than one after another.
+func Waits(m Member) bool { return IsDirect(m) || IsWaiter(m) }
+
 // Bounced returns how many I/O calls of a direct member went through a bounce buffer because
 // their memory, offset or length was not aligned. The array's own buffers are aligned, so it
 // counts only requests at odd offsets or of odd sizes; tests check that it stays 0 for the rest.

@@ -203,6 +203,7 @@ func newGeneration(conns []*conn) *generation {
 var (
 	_ member.DSyncWriter = (*Member)(nil)
 	_ member.Vectored    = (*Member)(nil)
+	_ member.Waiter      = (*Member)(nil)
 )
 
 // testHookMaskFlags clears transmission flags from every handshake, as a server that lacks
@@ -402,6 +403,9 @@ func (m *Member) Name() string { return m.name }
 
 // Size is the export's size as the server announced it.
 func (m *Member) Size() int64 { return m.size }
+
+// Waits (member.Waiter) is true: every request is at least a round trip to the server.
+func (m *Member) Waits() bool { return true }
 
 // Close disconnects (DISC) and closes the connections; requests waiting for a reconnect fail.
 func (m *Member) Close() error {

@@ -77,6 +77,9 @@ func TestRegistered(t *testing.T) {
 	if _, ok := m.(member.DSyncWriter); !ok {
 		t.Error("not a DSyncWriter")
 	}
+	if !member.Waits(m) {
+		t.Error("member.Waits false: the array would write its batches one member after another")
+	}
 }
 
 // TestSplitAtMaxBlock: requests longer than the server's maximum block size are split at it
