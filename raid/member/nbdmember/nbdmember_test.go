@@ -433,24 +433,31 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
-// TestTLS: an nbds member reaches a TLS-only server that wants a client certificate with the
-// files of Options or those of a tls-certificates=DIR query key (Name keeps the key); a
-// server whose certificate another CA signed, and a plaintext URI, are refused with errors
-// that say so and are not a missing member.
-func TestTLS(t *testing.T) {
+// tlsSetup makes a PKI and returns it with the options of a server of exports that serves
+// only over TLS, with the PKI's server certificate, and wants a client certificate its CA
+// signed, and the member options that reach that server (the PKI's CA and client files).
+func tlsSetup(t testing.TB, exports ...nbd.Export) (*testpki.PKI, nbd.Options, nbdmember.Options) {
+	t.Helper()
 	p := testpki.New(t)
 	conf, err := nbd.LoadTLSConfig(p.Path(testpki.ServerCert), p.Path(testpki.ServerKey), p.Path(testpki.CACert))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev := nbdtest.NewMemDevice(1 << 20)
-	srv, err := nbd.NewServer(nbd.Options{TLSConfig: conf, TLSMode: nbd.TLSRequire,
-		Exports: []nbd.Export{{Name: "x", Device: dev}}, Logger: slog.New(slog.DiscardHandler)})
+	return p, nbd.Options{TLSConfig: conf, TLSMode: nbd.TLSRequire, Exports: exports, Logger: quiet},
+		nbdmember.Options{TLSCA: p.Path(testpki.CACert), TLSCert: p.Path(testpki.ClientCert), TLSKey: p.Path(testpki.ClientKey)}
+}
+
+// TestTLS: an nbds member reaches a TLS-only server that wants a client certificate with the
+// files of Options or those of a tls-certificates=DIR query key (Name keeps the key); a
+// server whose certificate another CA signed, and a plaintext URI, are refused with errors
+// that say so and are not a missing member.
+func TestTLS(t *testing.T) {
+	p, so, files := tlsSetup(t, nbd.Export{Name: "x", Device: nbdtest.NewMemDevice(1 << 20)})
+	srv, err := nbd.NewServer(so)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sock, addr := nbdtest.ServeUnix(t, srv), nbdtest.ServeTCP(t, srv)
-	files := nbdmember.Options{TLSCA: p.Path(testpki.CACert), TLSCert: p.Path(testpki.ClientCert), TLSKey: p.Path(testpki.ClientKey)}
 	data := random(64 << 10)
 	for _, tc := range []struct {
 		spec string

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/raid5d/raid5d/internal/testpki"
 	"github.com/raid5d/raid5d/nbd"
 	"github.com/raid5d/raid5d/nbd/client"
 	"github.com/raid5d/raid5d/nbd/nbdtest"
@@ -420,22 +419,17 @@ func TestReconnectSizeChanged(t *testing.T) {
 // TestReconnectTLS: an nbds member reconnects over TLS with the files it was opened with, to a
 // server that serves only over TLS.
 func TestReconnectTLS(t *testing.T) {
-	p := testpki.New(t)
-	conf, err := nbd.LoadTLSConfig(p.Path(testpki.ServerCert), p.Path(testpki.ServerKey), p.Path(testpki.CACert))
-	if err != nil {
-		t.Fatal(err)
-	}
 	dev := newCacheDevice(1 << 20)
+	_, so, opts := tlsSetup(t, nbd.Export{Name: "m", Device: dev})
 	srv := newKillable(t, func(int) *nbd.Server {
-		srv, err := nbd.NewServer(nbd.Options{TLSConfig: conf, TLSMode: nbd.TLSRequire,
-			Exports: []nbd.Export{{Name: "m", Device: dev}}, Logger: quiet})
+		srv, err := nbd.NewServer(so)
 		if err != nil {
 			t.Error(err)
 		}
 		return srv
 	})
-	m := open(t, "nbds+unix:///m?socket="+srv.path, member.Exclusive, nbdmember.Options{Timeout: 30 * time.Second, Logger: quiet,
-		TLSCA: p.Path(testpki.CACert), TLSCert: p.Path(testpki.ClientCert), TLSKey: p.Path(testpki.ClientKey)})
+	opts.Timeout, opts.Logger = 30*time.Second, quiet
+	m := open(t, "nbds+unix:///m?socket="+srv.path, member.Exclusive, opts)
 	data := random(64 << 10)
 	mustWrite(t, m, data, 0, "before the restart")
 	if err := m.Sync(); err != nil {
