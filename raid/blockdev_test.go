@@ -7,11 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/raid5d/raid5d/internal/looptest"
 	"github.com/raid5d/raid5d/raid"
 )
 
@@ -147,11 +147,9 @@ func TestBlockDevices(t *testing.T) {
 // attachLoop attaches img to a free loop device, detached when the test ends, and returns it.
 func attachLoop(t *testing.T, img string) string {
 	t.Helper()
-	out, err := exec.Command("losetup", "-f", "--show", img).Output()
+	dev, err := looptest.Attach(t, img, looptest.Options{})
 	if err != nil {
-		t.Fatalf("losetup: %v", err)
+		t.Fatal(err)
 	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
 	return dev
 }

@@ -2,15 +2,12 @@ package raid_test
 
 import (
 	"bytes"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/raid5d/raid5d/internal/aligned"
+	"github.com/raid5d/raid5d/internal/looptest"
 	"github.com/raid5d/raid5d/raid"
 	"github.com/raid5d/raid5d/raid/member"
 )
@@ -24,27 +21,9 @@ func directLoops(t *testing.T, n int, size int64) []string {
 	if member.DirectMode() != member.DirectAuto {
 		t.Fatalf("member.DirectMode() = %v, want auto", member.DirectMode())
 	}
-	dir := t.TempDir()
-	devs := make([]string, n)
-	for i := range devs {
-		img := filepath.Join(dir, fmt.Sprintf("direct%d.img", i))
-		if err := os.WriteFile(img, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(img, size); err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.Command("losetup", "--direct-io=on", "-f", "--show", img).CombinedOutput()
-		if err != nil {
-			t.Skipf("cannot attach a loop device here (needs root, losetup and the loop driver): %v: %s", err, bytes.TrimSpace(out))
-		}
-		dev := strings.TrimSpace(string(out))
-		t.Cleanup(func() {
-			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-				t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-			}
-		})
-		devs[i] = dev
+	devs, err := looptest.AttachSparse(t, n, size, looptest.Options{DirectIO: true})
+	if err != nil {
+		t.Skip(err)
 	}
 	return devs
 }

@@ -7,13 +7,12 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/raid5d/raid5d/internal/aligned"
+	"github.com/raid5d/raid5d/internal/looptest"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,26 +33,15 @@ func directImage(t *testing.T, size int64) string {
 	return path
 }
 
-// loopDevice attaches img to a free loop device with direct I/O on (losetup --direct-io=on;
-// with sectorSize > 0 that logical block size) and detaches it, by name, when the test ends.
-// It skips the test when loop devices cannot be attached here (not root, no loop driver).
+// loopDevice attaches img to a free loop device with direct I/O on (with sectorSize > 0 that
+// logical block size), detached when the test ends. It skips the test when loop devices
+// cannot be attached here (not root, no loop driver).
 func loopDevice(t *testing.T, img string, sectorSize int) string {
 	t.Helper()
-	args := []string{"--direct-io=on", "-f", "--show"}
-	if sectorSize > 0 {
-		args = append(args, "--sector-size", fmt.Sprint(sectorSize))
-	}
-	out, err := exec.Command("losetup", append(args, img)...).CombinedOutput()
+	dev, err := looptest.Attach(t, img, looptest.Options{DirectIO: true, SectorSize: sectorSize})
 	if err != nil {
-		t.Skipf("cannot attach a loop device here (needs root, losetup and the loop driver): losetup %s: %v: %s",
-			strings.Join(args, " "), err, bytes.TrimSpace(out))
+		t.Skip(err)
 	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
 	return dev
 }
 
