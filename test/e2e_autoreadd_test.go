@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"strings"
@@ -117,11 +116,8 @@ func TestAutoReAdd(t *testing.T) {
 		if state, _, _ := s.status().member(m.uri); state != "faulty" {
 			t.Fatalf("member %d failed by request: %q, want faulty (not re-added automatically)", j, state)
 		}
-		for off := 0; off < size; off += 1 << 20 {
-			got, err := c.readAt(uint64(off), 1<<20)
-			if err != nil || !bytes.Equal(got, model[off:off+1<<20]) {
-				t.Fatalf("member %d failed: read at %d: %v, equal %v", j, off, err, bytes.Equal(got, model[off:off+1<<20]))
-			}
+		if err := checkModel(c, model); err != nil {
+			t.Fatalf("member %d failed: %v", j, err)
 		}
 		s.mustManage("re-add", m.uri)
 		s.waitStatus("member re-added", time.Minute, (*r5Status).healthy)

@@ -1,17 +1,16 @@
 package test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/raid5d/raid5d/internal/looptest"
 )
 
 // directLoops attaches n loop devices with direct I/O on and 4 KiB logical blocks (losetup
@@ -24,27 +23,9 @@ func directLoops(t *testing.T, n int) []string {
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "loop devices need root (euid %d)", os.Geteuid())
 	}
-	dir := t.TempDir()
-	var devs []string
-	for i := range n {
-		img := filepath.Join(dir, fmt.Sprintf("disk%d.img", i))
-		if err := os.WriteFile(img, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(img, memberSize); err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.Command("losetup", "--direct-io=on", "--sector-size", "4096", "-f", "--show", img).CombinedOutput()
-		if err != nil {
-			skipOrFail(t, "losetup --direct-io=on --sector-size 4096 -f --show %s: %v: %s", img, err, bytes.TrimSpace(out))
-		}
-		dev := strings.TrimSpace(string(out))
-		t.Cleanup(func() {
-			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-				t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-			}
-		})
-		devs = append(devs, dev)
+	devs, err := looptest.AttachSparse(t, n, memberSize, looptest.Options{DirectIO: true, SectorSize: 4096})
+	if err != nil {
+		skipOrFail(t, "%v", err)
 	}
 	return devs
 }
@@ -268,18 +249,10 @@ func writeModelAt(t *testing.T, c *wireClient, model []byte, rng *rand.Rand, off
 	copy(model[off:], p)
 }
 
-// readModel reads the whole export through c, 4 MiB at a time, and compares every byte.
+// readModel reads the whole export through c and compares every byte (checkModel).
 func readModel(t *testing.T, c *wireClient, model []byte) {
 	t.Helper()
-	const piece = 4 << 20
-	for off := 0; off < len(model); off += piece {
-		n := min(piece, len(model)-off)
-		got, err := c.readAt(uint64(off), uint32(n))
-		if err != nil {
-			t.Fatalf("read at %d: %v", off, err)
-		}
-		if i := firstDiff(got, model[off:off+n]); i >= 0 {
-			t.Fatalf("byte %d differs from what was written", off+i)
-		}
+	if err := checkModel(c, model); err != nil {
+		t.Fatal(err)
 	}
 }

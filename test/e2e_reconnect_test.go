@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"syscall"
@@ -55,14 +54,8 @@ func TestRemoteMemberRestart(t *testing.T) {
 	defer c.Close()
 	verify := func(what string) {
 		t.Helper()
-		for off := 0; off < size; off += 1 << 20 {
-			got, err := c.readAt(uint64(off), 1<<20)
-			if err != nil {
-				t.Fatalf("%s: read at %d: %v", what, off, err)
-			}
-			if !bytes.Equal(got, model[off:off+1<<20]) {
-				t.Fatalf("%s: wrong data at byte %d", what, off+firstDiff(got, model[off:off+1<<20]))
-			}
+		if err := checkModel(c, model); err != nil {
+			t.Fatalf("%s: %v", what, err)
 		}
 	}
 	write := func(from, to int) {

@@ -144,6 +144,23 @@ func newRemoteMembers(t *testing.T) []*remoteMember {
 	return ms
 }
 
+// checkModel reads the export's first len(model) bytes through c, a MiB at a time, and
+// compares every byte with model; the error names the offset of the read that failed or of
+// the first byte that differs. It does not touch t, so a test's other goroutines can use it.
+func checkModel(c *wireClient, model []byte) error {
+	for off := 0; off < len(model); off += 1 << 20 {
+		n := min(1<<20, len(model)-off)
+		got, err := c.readAt(uint64(off), uint32(n))
+		if err != nil {
+			return fmt.Errorf("read at %d: %w", off, err)
+		}
+		if i := firstDiff(got, model[off:off+n]); i >= 0 {
+			return fmt.Errorf("wrong data at byte %d", off+i)
+		}
+	}
+	return nil
+}
+
 func freePort(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -202,14 +219,8 @@ func remoteMemberLost(t *testing.T, sig syscall.Signal) {
 	const step = stripeData + 4096 // not stripe-aligned: partial stripes too
 	verify := func(c *wireClient, what string, size int) {
 		t.Helper()
-		for off := 0; off < size; off += 1 << 20 {
-			got, err := c.readAt(uint64(off), 1<<20)
-			if err != nil {
-				t.Fatalf("%s: read at %d: %v", what, off, err)
-			}
-			if !bytes.Equal(got, model[off:off+1<<20]) {
-				t.Fatalf("%s: wrong data at byte %d", what, off+firstDiff(got, model[off:off+1<<20]))
-			}
+		if err := checkModel(c, model[:size]); err != nil {
+			t.Fatalf("%s: %v", what, err)
 		}
 	}
 	for off := 0; off < size/2; off += step {
@@ -270,16 +281,9 @@ func remoteMemberLost(t *testing.T, sig syscall.Signal) {
 		}
 		defer rc.Close()
 		for {
-			for off := 0; off < size/2; off += 1 << 20 {
-				got, err := rc.readAt(uint64(off), 1<<20)
-				if err != nil {
-					readErr <- fmt.Errorf("read at %d: %w", off, err)
-					return
-				}
-				if !bytes.Equal(got, model[off:off+1<<20]) {
-					readErr <- fmt.Errorf("wrong data at byte %d", off+firstDiff(got, model[off:off+1<<20]))
-					return
-				}
+			if err := checkModel(rc, model[:size/2]); err != nil {
+				readErr <- err
+				return
 			}
 			select {
 			case <-stop:
