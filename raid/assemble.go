@@ -281,11 +281,11 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	}
 	roles := make([]*member, len(members))
 	for r, m := range members {
-		roles[r] = &member{Member: m, sb: &superblock{
+		roles[r] = newMember(m, &superblock{
 			ArrayUUID: arrayUUID, DeviceUUID: newUUID(), Level: level5, Layout: layout.Algorithm(), Chunk: chunk,
 			Members: len(members), Role: r, DataOffset: DataOffset, DataSize: dataSize, Created: now,
 			Features: features, BitmapOff: bmOff, BitmapSize: bmSize, BitmapRegion: bmRegion, JournalPath: jpath,
-		}}
+		})
 	}
 	a, err := newArray(layout, roles, nil, false, nil, opts.IOOptions)
 	if err != nil {
@@ -496,7 +496,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	byRole := make([]*member, ref.Members)
 	var spares, stale []*member
 	for i, sb := range sbs {
-		m := &member{Member: members[i], sb: sb}
+		m := newMember(members[i], sb)
 		isStale := behind(sb, ref) && sb.Role >= 0 ||
 			sb.Role >= 0 && ref.States[sb.Role] == roleFaulty // recorded as failed by the others
 		if sb.Events < ref.Events && !isStale && sb.Role >= 0 {

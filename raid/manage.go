@@ -320,7 +320,7 @@ func (a *Array) addSpareMember(m Member, force, first bool) error {
 	}
 	sb := *ref
 	sb.DeviceUUID, sb.Role, sb.Dirty = newUUID(), spareRole, a.dirty.Load()
-	sp := &member{Member: m, sb: &sb}
+	sp := newMember(m, &sb)
 	if first {
 		a.spares = append([]*member{sp}, a.spares...)
 	} else {

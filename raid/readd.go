@@ -190,7 +190,7 @@ func (a *Array) reAdd(m Member, old *member) error {
 	}
 	nsb := *ref
 	nsb.DeviceUUID, nsb.Role = sb.DeviceUUID, r
-	nm := &member{Member: m, sb: &nsb}
+	nm := newMember(m, &nsb)
 	nm.rebuilding.Store(true)
 	nm.readd.Store(true)
 	if old != nil {

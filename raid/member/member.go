@@ -72,6 +72,18 @@ type SizeChecker interface {
 	CheckSize() error
 }
 
+// Rechecker is a Member that reconnects by itself to what it stands for (a remote member
+// whose connection broke: raid/member/nbdmember). SetRecheck says how to tell that what
+// answers after a reconnect is still this member: before the member uses a reconnection it
+// calls check with a reader of the export through it, and an error fails the member for good
+// (every request from then on returns an error wrapping it) rather than have the export's
+// bytes taken for the member's. An error of the reader itself (the connection broke again)
+// only fails that reconnect. It is looked up under wrappers (Base), as Reporter is; the last
+// function set is used (nil: no check).
+type Rechecker interface {
+	SetRecheck(check func(r io.ReaderAt) error)
+}
+
 // Mapper is a Member whose bytes can be read from a read-only mapping of it into memory
 // (mapped reads, File's mapped.go): see raid/mapped.go for what keeps that correct.
 type Mapper interface {

@@ -67,8 +67,10 @@
 // own deadline. Reads cut off by the break are sent again
 // on the new connection, and so is any request the break kept from being sent. The new
 // handshake must announce the export as Open's did (the same size, the flags the member uses,
-// block sizes its requests fit); a server that comes back different is refused and the member
-// failed (ErrExportChanged). Reconnects are counted (Member.reconnects, in Report).
+// block sizes its requests fit), and pass the owner's recheck (SetRecheck, member.Rechecker:
+// the array reads the export's superblock, which must still be this member's); a server that
+// comes back different, or with another disk of the same size behind the URI, is refused and
+// the member failed (ErrExportChanged). Reconnects are counted (Member.reconnects, in Report).
 //
 // A server acknowledges a WRITE once it holds the data, in its cache perhaps; only FLUSH (or
 // FUA) makes it durable. A server that restarted has lost its cache, and nothing on the wire

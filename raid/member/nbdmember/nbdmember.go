@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -90,8 +91,9 @@ var (
 	// and every request from then on returns it (package doc, "Reconnecting").
 	ErrLostWrites = errors.New("nbdmember: connection broke with writes not known to be durable; member failed")
 	// ErrExportChanged: after a break the server announced the export differently (another
-	// size, a flag the member uses gone, read-only, other block sizes); the member is failed
-	// and every request from then on returns it.
+	// size, a flag the member uses gone, read-only, other block sizes) or the export failed
+	// the owner's recheck (SetRecheck: not the same member); the member is failed and every
+	// request from then on returns it.
 	ErrExportChanged = errors.New("nbdmember: export changed across a reconnect; member failed")
 )
 
@@ -151,8 +153,9 @@ type Member struct {
 
 	// Counters for status and metrics (atomics, read with Load; the generation's connections
 	// count their own requests in flight, conn.inflight).
-	reconnects atomic.Int64 // generations installed after Open's: successful reconnects
-	stats      stats        // every request's count and time, for Report (stats.go)
+	reconnects atomic.Int64                            // generations installed after Open's: successful reconnects
+	recheck    atomic.Pointer[func(io.ReaderAt) error] // SetRecheck's, run on every reconnection
+	stats      stats                                   // every request's count and time, for Report (stats.go)
 
 	mu       sync.Mutex    // guards the fields below, and generation.retiring
 	failed   error         // set once: every request fails with it (ErrLostWrites, ErrExportChanged)
@@ -951,7 +954,57 @@ func (m *Member) redial(ctx context.Context) (*generation, error) {
 		c.c.Close()
 		return nil, err
 	}
+	if err := m.recheckExport(ctx, c); err != nil {
+		c.c.Close()
+		return nil, err
+	}
 	return newGeneration(m.moreConns(ctx, []*conn{c}, m.nconns)), nil
+}
+
+// SetRecheck sets the check a reconnection must pass before the member uses it
+// (member.Rechecker): the array's look at the export's superblock, so that a server that came
+// back with another disk behind the same URI is not trusted. It may be called at any time.
+func (m *Member) SetRecheck(check func(r io.ReaderAt) error) {
+	if check == nil {
+		m.recheck.Store(nil)
+		return
+	}
+	m.recheck.Store(&check)
+}
+
+// recheckExport runs SetRecheck's check on c, a reconnection not yet in use, bounded by ctx
+// (which closes c's socket when it ends). A check that fails having read what it asked for
+// is ErrExportChanged (the member fails); one whose read failed is only this dial's failure.
+func (m *Member) recheckExport(ctx context.Context, c *conn) error {
+	f := m.recheck.Load()
+	if f == nil {
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	r := &recheckReader{c: c.c}
+	err := (*f)(r)
+	stop()
+	switch {
+	case err == nil:
+		return nil
+	case r.err != nil:
+		return fmt.Errorf("nbdmember: reading the export to recheck it: %w", r.err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrExportChanged, m.name, err)
+}
+
+// recheckReader reads a reconnection for a recheck, keeping the first read error.
+type recheckReader struct {
+	c   *client.Conn
+	err error
+}
+
+func (r *recheckReader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := r.c.ReadAt(p, off)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return n, err
 }
 
 // installed records redial's result. m.mu is held.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -439,5 +440,51 @@ func TestReconnectTLS(t *testing.T) {
 	mustRead(t, m, data, 0, "after the restart")
 	if n := nbdmember.Reconnects(m); n != 1 {
 		t.Errorf("%d reconnects, want 1", n)
+	}
+}
+
+// TestReconnectRecheck: a reconnection is used only once it passes the owner's recheck
+// (SetRecheck, reading through the new connection): a server back with the same bytes is
+// reconnected; one back with other bytes of the same size and flags (another disk behind the
+// URI) fails the member with ErrExportChanged wrapping the recheck's error, for good.
+func TestReconnectRecheck(t *testing.T) {
+	dev := nbdtest.NewMemDevice(1 << 20)
+	want := random(4096)
+	if _, err := dev.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv := newKillable(t, exportOf(t, the(dev)))
+	m := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Timeout: 30 * time.Second, Logger: quiet})
+	var _ member.Rechecker = m
+	errOther := errors.New("not the same disk")
+	checks := 0
+	m.SetRecheck(func(r io.ReaderAt) error {
+		checks++
+		got := make([]byte, len(want))
+		if _, err := r.ReadAt(got, 0); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, want) {
+			return errOther
+		}
+		return nil
+	})
+	srv.kill()
+	srv.start()
+	mustRead(t, m, want, 0, "back with the same bytes")
+	if n := nbdmember.Reconnects(m); n != 1 || checks != 1 {
+		t.Errorf("%d reconnects, %d rechecks; want 1 and 1", n, checks)
+	}
+
+	srv.kill()
+	srv.setMk(exportOf(t, the(nbdtest.NewMemDevice(1<<20))))
+	srv.start()
+	for range 2 {
+		if _, err := m.ReadAt(make([]byte, 4096), 0); !errors.Is(err, nbdmember.ErrExportChanged) || !errors.Is(err, errOther) {
+			t.Errorf("read from another disk behind the URI: %v, want ErrExportChanged and the recheck's error", err)
+		}
+	}
+	if n := nbdmember.Reconnects(m); n != 1 {
+		t.Errorf("%d reconnects, want still 1", n)
 	}
 }
