@@ -14,7 +14,11 @@
 # Environment: ROUNDS (3; the table shows medians, each round starting with the next
 # configuration), RUNTIME (seconds per job, 5), IODEPTH (32), MEMBER (member size, 128M), DELAY
 # (5ms), CONNS (4), DIR (/dev/shm/raid5d-netns), RAID5D (a raid5d binary instead of building one),
-# RAID5D_FLAGS (extra serve flags for the daemons). Bounded: every fio runs RUNTIME seconds under
+# RAID5D_FLAGS (extra serve flags for the daemons), CREATE_FLAGS (extra create flags, e.g.
+# --bitmap-region 64M: at MEMBER 128M the default region is one stripe), RAID5D_B (a second
+# binary, e.g. one built from the commit before a change: every configuration runs with it
+# too, on members of its own, taking turns with the first, and a third table gives RAID5D /
+# RAID5D_B). Bounded: every fio runs RUNTIME seconds under
 # a timeout; at the end every process in the lab's namespaces is killed by PID and the
 # namespaces (and so their veths) are deleted by name.
 set -euo pipefail
@@ -31,6 +35,10 @@ if [[ -z ${RAID5D:-} ]]; then
   RAID5D=bin/raid5d
 fi
 RAID5D=$(realpath "$RAID5D")
+bins=("$RAID5D") sfx=("") # the binaries, and the suffix of their configurations' names
+if [[ -n ${RAID5D_B:-} ]]; then
+  bins+=("$(realpath "$RAID5D_B")") sfx+=("-b")
+fi
 JOBFILE=$(realpath test/fio/netns/bench.fio)
 
 id=r5b-$$ # the lab's namespaces: r5b-PID-HOST; veths vPIDhK (hub end) and vPIDuK
@@ -74,39 +82,46 @@ up() { # up HOST PORT: wait until something on HOST (as seen from the hub) accep
 }
 
 host client 5
-remote=() delayed=() conns=()
-for k in 0 1 2 3; do
-  host "m$k" $((k + 1))
-  truncate -s "$MEMBER" "$DIR/m$k.img" "$DIR/d$k.img" "$DIR/e$k.img"
-  on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port 10809 file file="$DIR/m$k.img" 2>>"$DIR/nbdkit.log" &
-  pids+=($!)
-  for d in d:10810 e:10811; do
-    on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port "${d#*:}" --filter=delay \
-      file file="$DIR/${d%%:*}$k.img" delay-read="$DELAY" delay-write="$DELAY" 2>>"$DIR/nbdkit.log" &
+for k in 0 1 2 3; do host "m$k" $((k + 1)); done
+declare -A port # configuration -> the port its daemon listens on
+for i in "${!bins[@]}"; do
+  b=${sfx[$i]}
+  remote=() delayed=() conns=()
+  for k in 0 1 2 3; do
+    p=$((10809 + 3 * i))
+    truncate -s "$MEMBER" "$DIR/m$k$b.img" "$DIR/d$k$b.img" "$DIR/e$k$b.img"
+    on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port $p file file="$DIR/m$k$b.img" 2>>"$DIR/nbdkit.log" &
     pids+=($!)
+    for d in d:$((p + 1)) e:$((p + 2)); do
+      on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port "${d#*:}" --filter=delay \
+        file file="$DIR/${d%%:*}$k$b.img" delay-read="$DELAY" delay-write="$DELAY" 2>>"$DIR/nbdkit.log" &
+      pids+=($!)
+    done
+    remote+=("nbd://$net.$((k + 1)).2:$p/m$k$b")
+    delayed+=("nbd://$net.$((k + 1)).2:$((p + 1))/d$k$b")
+    conns+=("nbd://$net.$((k + 1)).2:$((p + 2))/e$k$b")
   done
-  remote+=("nbd://$net.$((k + 1)).2:10809/m$k")
-  delayed+=("nbd://$net.$((k + 1)).2:10810/d$k")
-  conns+=("nbd://$net.$((k + 1)).2:10811/e$k")
-done
-for k in 0 1 2 3; do for p in 10809 10810 10811; do up "$net.$((k + 1)).2" $p; done; done
-for a in remote delayed conns; do
-  declare -n ms=$a
-  ip netns exec "$hub" "$RAID5D" create --chunk 64K "${ms[@]}" >/dev/null
-done
-"$RAID5D" create --chunk 64K --size "$MEMBER" "$DIR"/l{0..3}.img >/dev/null
+  for k in 0 1 2 3; do for q in $p $((p + 1)) $((p + 2)); do up "$net.$((k + 1)).2" $q; done; done
+  for a in remote delayed conns; do
+    declare -n ms=$a
+    ip netns exec "$hub" "${bins[$i]}" create --chunk 64K ${CREATE_FLAGS:-} "${ms[@]}" >/dev/null
+  done
+  "${bins[$i]}" create --chunk 64K ${CREATE_FLAGS:-} --size "$MEMBER" "$DIR"/l{0..3}$b.img >/dev/null
 
-serve() { # serve PORT CONTROL MEMBER...: a daemon on the hub for the client
-  local port=$1 ctl=$2; shift 2
-  ip netns exec "$hub" "$RAID5D" serve --listen "$net.5.1:$port" --control "$ctl" --log-level error \
-    ${RAID5D_FLAGS:-} "$@" &
-  daemons+=($!)
-  up "$net.5.1" "$port"
-}
-serve 10809 "$DIR/local.ctl" "$DIR"/l{0..3}.img
-serve 10810 "$DIR/remote.ctl" "${remote[@]}"
-serve 10811 "$DIR/delayed.ctl" "${delayed[@]}"
-serve 10812 "$DIR/conns.ctl" --member-conns "$CONNS" "${conns[@]}"
+  serve() { # serve CONFIG PORT MEMBER...: a daemon on the hub for the client
+    local c=$1 lp=$2; shift 2
+    ip netns exec "$hub" "${bins[$i]}" serve --listen "$net.5.1:$lp" --control "$DIR/$c.ctl" --log-level error \
+      ${RAID5D_FLAGS:-} "$@" &
+    daemons+=($!)
+    port[$c]=$lp
+    up "$net.5.1" "$lp"
+  }
+  p=$((10809 + 4 * i))
+  serve "local$b" $p "$DIR"/l{0..3}$b.img
+  serve "remote$b" $((p + 1)) "${remote[@]}"
+  serve "delayed$b" $((p + 2)) "${delayed[@]}"
+  serve "conns$b" $((p + 3)) --member-conns "$CONNS" "${conns[@]}"
+done
 results=$DIR/results
 : >"$results"
 run() { # run CONFIG URI JOB RW BS
@@ -124,12 +139,13 @@ print(config, job, d["bw_bytes"], d["iops"])
 PY
 }
 jobs=("seqwrite-1M write 1M" "seqread-1M read 1M" "randread-4k randread 4k" "randwrite-4k randwrite 4k")
-declare -A port=([local]=10809 [remote]=10810 [delayed]=10811 [conns]=10812)
+all=()
+for b in "${sfx[@]}"; do all+=("local$b" "remote$b" "delayed$b" "conns$b"); done
 for round in $(seq "$ROUNDS"); do
   for spec in "${jobs[@]}"; do
     read -r job rw bs <<<"$spec"
-    configs=(local remote delayed conns)
-    configs=("${configs[@]:$((round % 4))}" "${configs[@]:0:$((round % 4))}")
+    k=$((round % ${#all[@]}))
+    configs=("${all[@]:$k}" "${all[@]:0:$k}")
     for c in "${configs[@]}"; do run "$c" "nbd://$net.5.1:${port[$c]}/" "$job" "$rw" "$bs"; done
   done
   echo "round $round done" >&2
@@ -137,24 +153,36 @@ done
 echo "raid5d over 4 nbdkit members on hosts of their own (netns, veth) vs over 4 local files ($DIR),"
 echo "fio nbd engine on a client host, 1 connection, iodepth $IODEPTH, ${RUNTIME}s per job, medians of $ROUNDS;"
 echo "latency: nbdkit's delay filter, $DELAY on every read and write of every member; load at the end: $(cut -d" " -f1-3 /proc/loadavg)"
-python3 - "$results" "$DELAY" "$CONNS" <<'PY'
+python3 - "$results" "$DELAY" "$CONNS" "${RAID5D_B:+$RAID5D_B}" <<'PY'
 import sys, statistics
 rows = {}
 for line in open(sys.argv[1]):
     config, job, bw, iops = line.split()
     rows.setdefault(job, {}).setdefault(config, []).append((float(bw), float(iops)))
-delay, conns = sys.argv[2], sys.argv[3]
+delay, conns, other = sys.argv[2], sys.argv[3], sys.argv[4]
+jobs = ["seqwrite-1M", "seqread-1M", "randread-4k", "randwrite-4k"]
+med = {job: {c: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+             for c, v in rows.get(job, {}).items()} for job in jobs}
 def fmt(job, v):
     if not v:
         return "-"
     return "%.0f MB/s" % (v[0] / 1e6) if job.endswith("1M") else "%.0f IOPS" % v[1]
 def ratio(a, b):
     return "%.2f" % (a[1] / b[1]) if a and b and b[1] else "-"
-print("| job | local files | remote | remote / local | remote +%s | +%s / +0 | +%s, %s conns | / +0 |" % (delay, delay, delay, conns))
-print("|---|---|---|---|---|---|---|---|")
-for job in ["seqwrite-1M", "seqread-1M", "randread-4k", "randwrite-4k"]:
-    med = {c: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for c, v in rows.get(job, {}).items()}
-    l, m, d, c = (med.get(k) for k in ("local", "remote", "delayed", "conns"))
-    print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (job, fmt(job, l), fmt(job, m), ratio(m, l),
-          fmt(job, d), ratio(d, m), fmt(job, c), ratio(c, m)))
+for b in ([""] + (["-b"] if other else [])):
+    if other:
+        print("\n" + ("RAID5D_B (%s):" % other if b else "RAID5D:"))
+    print("| job | local files | remote | remote / local | remote +%s | +%s / +0 | +%s, %s conns | / +0 |" % (delay, delay, delay, conns))
+    print("|---|---|---|---|---|---|---|---|")
+    for job in jobs:
+        l, m, d, c = (med[job].get(k + b) for k in ("local", "remote", "delayed", "conns"))
+        print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (job, fmt(job, l), fmt(job, m), ratio(m, l),
+              fmt(job, d), ratio(d, m), fmt(job, c), ratio(c, m)))
+if other:
+    print("\nRAID5D / RAID5D_B, same configuration:")
+    print("| job | local files | remote | remote +%s | +%s, %s conns |" % (delay, delay, conns))
+    print("|---|---|---|---|---|")
+    for job in jobs:
+        print("| %s | %s |" % (job, " | ".join(ratio(med[job].get(k), med[job].get(k + "-b"))
+              for k in ("local", "remote", "delayed", "conns"))))
 PY
