@@ -183,7 +183,7 @@
 //   - A write that covers a whole stripe is written at once, with parity computed from the new
 //     data alone and no member reads (counted as FullStripeWrites).
 //   - Anything else lands in the stripe's cache head as dirty 4 KiB units and WriteAt returns.
-//     Background goroutines (IOOptions.WriteBackers, default 4, 32 with remote members;
+//     Background goroutines (IOOptions.WriteBackers, default 4, 128 with remote members;
 //     stripes in parallel) write a
 //     head out once no write has reached it for IOOptions.WriteBackDelay (default 5 ms, at most
 //     8 delays after its first write), at once when every unit is dirty (a full-stripe

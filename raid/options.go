@@ -45,7 +45,7 @@ type IOOptions struct {
 	// before it is written out; 0 means cache.DefaultWriteBackDelay (5 ms).
 	WriteBackDelay time.Duration
 	// WriteBackers is the number of background write-out goroutines; 0 means
-	// cache.DefaultWriteBackers (4), or 32 when a member waits for a network (member.IsWaiter:
+	// cache.DefaultWriteBackers (4), or 128 when a member waits for a network (member.IsWaiter:
 	// a remote member), whose write-outs are round trips rather than copies.
 	WriteBackers int
 	// MemberTimeout is the deadline of a member's I/O. A member that has had writes under way
