@@ -4,11 +4,10 @@
 // # Format
 //
 // P is the plain XOR of the data chunks, byte for byte, exactly as Linux md's RAID-5 writes it.
-// The Coder builds klauspost/reedsolomon with WithFastOneParityMatrix, whose single parity row
-// is all ones, i.e. XOR. Encode and Reconstruct fold chunks together with crypto/subtle.XORBytes
-// and the library's EncodeIdx (its vector XOR); Update and Verify use crypto/subtle.XORBytes.
-// None of them allocates: the library's one-pass Encode allocates on every call, so it is not
-// used (see xorAll).
+// Every operation is one XOR of several chunks into one (xorInto): on amd64 with AVX2 a small
+// assembly kernel (xor_amd64.s) that loads every source byte once and stores every result
+// byte once, 256 bytes at a time; elsewhere, and for tails shorter than 256 bytes,
+// crypto/subtle.XORBytes folds the sources in pairs. Nothing allocates.
 //
 // # Concurrency
 //

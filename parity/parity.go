@@ -2,11 +2,8 @@ package parity
 
 import (
 	"bytes"
-	"crypto/subtle"
 	"errors"
 	"fmt"
-
-	"github.com/klauspost/reedsolomon"
 )
 
 // Bounds on the number of data chunks per stripe (a RAID-5 of 3 to 32 members).
@@ -31,7 +28,6 @@ var (
 // starts no goroutines and keeps none of the slices it is given.
 type Coder struct {
 	data int
-	enc  reedsolomon.Encoder
 }
 
 // New returns a Coder for stripes of data data chunks and one parity chunk.
@@ -39,16 +35,7 @@ func New(data int) (*Coder, error) {
 	if data < MinData || data > MaxData {
 		return nil, fmt.Errorf("%w: %d (want %d..%d)", ErrDataCount, data, MinData, MaxData)
 	}
-	// WithFastOneParityMatrix makes the single parity row all ones: P is the plain XOR of the
-	// data, which is md's format. Without it the parity row has other coefficients for most
-	// data counts. WithMaxGoroutines(1): parallelism belongs across stripes, not inside one.
-	enc, err := reedsolomon.New(data, 1,
-		reedsolomon.WithFastOneParityMatrix(),
-		reedsolomon.WithMaxGoroutines(1))
-	if err != nil {
-		return nil, fmt.Errorf("parity: %w", err)
-	}
-	return &Coder{data: data, enc: enc}, nil
+	return &Coder{data: data}, nil
 }
 
 // Data returns the number of data chunks per stripe.
@@ -97,30 +84,22 @@ func (c *Coder) Reconstruct(shards [][]byte, missing int) error {
 	return nil
 }
 
-// xorAll sets shards[dst] to the XOR of every other shard (at least two). The first two go
-// through one three-operand pass of subtle.XORBytes; the rest are folded in by the
-// library's EncodeIdx, whose all-ones parity row makes it dst ^= src on its widest vector
-// code. shards[dst:dst+1] hands EncodeIdx the destination without allocating.
+// xorAll sets shards[dst] to the XOR of every other shard (at least two), in one pass
+// (xorInto). The sources are gathered in an array on the stack: nothing allocates.
 //
-// Why not enc.Encode: its one-pass kernel allocates on every call (reedsolomon v1.14.2
-// builds its GFNI matrix in a local array that escapes through an indirect call, and its
-// AVX2 path boxes a pooled slice), and the hot path must not allocate.
+// Why not klauspost/reedsolomon's one-pass Encode (with WithFastOneParityMatrix, an all-ones
+// parity row): it allocates on every call (v1.14.2 builds its GFNI matrix in a local array
+// that escapes through an indirect call, and its AVX2 path boxes a pooled slice), and the hot
+// path must not allocate; its kernels also multiply in GF(2^8) where XOR is all there is.
 func (c *Coder) xorAll(shards [][]byte, dst int) {
-	out := shards[dst : dst+1]
-	first, second := 0, 1
-	if dst == 0 {
-		first, second = 1, 2
-	} else if dst == 1 {
-		second = 2
-	}
-	subtle.XORBytes(out[0], shards[first], shards[second])
-	for i := second + 1; i < len(shards); i++ {
-		if i == dst {
-			continue
+	var buf [MaxData + 1][]byte
+	srcs := buf[:0]
+	for i, s := range shards {
+		if i != dst {
+			srcs = append(srcs, s)
 		}
-		// Any data index names the same all-ones coefficient; 0 is always valid.
-		_ = c.enc.EncodeIdx(shards[i], 0, out) // lengths checked by c.check; cannot fail
 	}
+	xorInto(shards[dst], srcs)
 }
 
 // Update folds a change of one data chunk into its parity (read-modify-write):
@@ -129,8 +108,7 @@ func (c *Coder) Update(p, old, new []byte) error {
 	if len(p) == 0 || len(old) != len(p) || len(new) != len(p) {
 		return ErrShape
 	}
-	subtle.XORBytes(p, p, old)
-	subtle.XORBytes(p, p, new)
+	xorInto(p, [][]byte{p, old, new}) // p is the first source: it may be dst
 	return nil
 }
 
@@ -141,14 +119,15 @@ func (c *Coder) Verify(shards [][]byte) (bool, error) {
 		return false, err
 	}
 	var buf [verifyBlock]byte
+	var sub [MaxData][]byte
 	n := len(shards[0])
 	for s := 0; s < n; s += verifyBlock {
 		e := min(s+verifyBlock, n)
 		b := buf[:e-s]
-		subtle.XORBytes(b, shards[0][s:e], shards[1][s:e])
-		for _, d := range shards[2:c.data] {
-			subtle.XORBytes(b, b, d[s:e])
+		for i, d := range shards[:c.data] {
+			sub[i] = d[s:e]
 		}
+		xorInto(b, sub[:c.data])
 		if !bytes.Equal(b, shards[c.data][s:e]) {
 			return false, nil
 		}

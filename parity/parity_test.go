@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/klauspost/reedsolomon"
 )
 
 // testLengths are chunk lengths the reference tests run: odd sizes catch vector tails.
@@ -270,31 +268,6 @@ func TestReconstructIndexError(t *testing.T) {
 	}
 }
 
-// TestWithoutFastOneParityMatrixIsNotXOR shows why New passes WithFastOneParityMatrix: the
-// library's default single parity row is not all ones for most data counts, so its parity
-// would not be md's XOR.
-func TestWithoutFastOneParityMatrixIsNotXOR(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	var notXOR []int
-	for data := MinData; data <= 15; data++ {
-		enc, err := reedsolomon.New(data, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		shards := randShards(rng, data, 256)
-		if err := enc.Encode(shards); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(shards[data], refXOR(shards[:data])) {
-			notXOR = append(notXOR, data)
-		}
-	}
-	if len(notXOR) == 0 {
-		t.Fatal("default reedsolomon parity is XOR for every data count 2..15; WithFastOneParityMatrix would be unnecessary")
-	}
-	t.Logf("without WithFastOneParityMatrix, parity is not XOR for data counts %v", notXOR)
-}
-
 // TestNoAllocs checks that the hot-path methods allocate nothing, for data counts on both
 // sides of the library's 10-input kernel limit and for short and long chunks.
 func TestNoAllocs(t *testing.T) {
@@ -320,6 +293,45 @@ func TestNoAllocs(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestXorInto checks the one-pass XOR against the byte-by-byte reference for every length up
+// to a few blocks (the vector kernel's 256-byte blocks and the pairwise tail), 2 to MaxData+1
+// sources, sources longer than dst, and dst as the first source (Update's p ^= old ^ new).
+func TestXorInto(t *testing.T) {
+	if !haveBlocks {
+		t.Log("no vector kernel on this CPU: the pairwise path is what is tested")
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, k := range []int{2, 3, 4, 5, 9, MaxData + 1} {
+		for n := 1; n <= 3*blockSize+17; n += 1 + n/16 {
+			srcs := make([][]byte, k)
+			for i := range srcs {
+				srcs[i] = make([]byte, n+rng.IntN(3)*blockSize) // longer: only [:n] counts
+				fill(rng, srcs[i])
+			}
+			want := make([]byte, n)
+			for _, s := range srcs {
+				for i := range want {
+					want[i] ^= s[i]
+				}
+			}
+			dst := make([]byte, n)
+			fill(rng, dst) // its old contents must not matter
+			xorInto(dst, srcs)
+			if i := firstDiff(dst, want); i >= 0 {
+				t.Fatalf("%d sources, %d bytes: byte %d differs", k, n, i)
+			}
+			// In place: dst is the first source.
+			first := bytes.Clone(srcs[0][:n])
+			in := srcs[0][:n]
+			xorInto(in, srcs)
+			if i := firstDiff(in, want); i >= 0 {
+				t.Fatalf("%d sources, %d bytes, dst as the first source: byte %d differs", k, n, i)
+			}
+			copy(srcs[0], first)
 		}
 	}
 }
