@@ -52,19 +52,24 @@ type PinnedWriter interface {
 // PlacedWriter is implemented by devices that can take a WRITE's payload read straight into
 // the memory where it will live (raid5d: its members' files mapped into memory), so that the
 // kernel's copy out of the socket is the only copy. The server uses it, on connections without
-// TLS, for a WRITE without FUA whose payload has already arrived in full (in its buffered
-// reader and the socket's receive queue), so that reading it never waits for the client.
+// TLS, for WRITEs without FUA: it places a WRITE in pieces, each a range whose bytes have all
+// arrived (in its buffered reader and the socket's receive queue), so that reading a piece
+// never waits for the client; what it cannot place it writes as usual.
 //
-// PlaceWrite appends to v the slices that take the n bytes at off, in order, and returns them
-// with a handle and ok true; or ok false, having done nothing, and the server writes as usual.
-// The server then reads the payload into the slices and calls CommitPlaced exactly once, with
-// the handle and the number of bytes it read: n, and the write's result is the reply; fewer,
-// when the read failed (the connection then ends and the write is not acknowledged), and the
-// device must leave the range consistent with whatever part arrived. The slices are not used
-// after CommitPlaced.
+// PlaceUnit is the device's unit of placement (raid5d: a stripe), a constant: a piece holds at
+// least one whole unit (aligned to a multiple of it), and the server cuts a WRITE into pieces
+// at multiples of it. PlaceWrite appends to v the slices that take the n bytes at off, in
+// order, and returns them with a handle and ok true; or ok false, having done nothing, and the
+// server writes the piece, and the rest of the WRITE, as usual. The server then reads the
+// piece's bytes into the slices and calls CommitPlaced exactly once, with the handle, the
+// number of bytes it read, and whether the piece ends its WRITE (last): received is n, and the
+// piece's result goes into the reply; or fewer, when the read failed (the connection then ends
+// and the write is not acknowledged), and the device must leave the range consistent with
+// whatever part arrived. The slices are not used after CommitPlaced.
 type PlacedWriter interface {
+	PlaceUnit() int64
 	PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any, bool)
-	CommitPlaced(h any, received int) error
+	CommitPlaced(h any, received int, last bool) error
 }
 
 // MappedReader is implemented by devices that can answer a read with slices of memory they

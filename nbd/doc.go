@@ -102,11 +102,14 @@
 //     reused, and never unmapped, while the device may still read it. FUA writes are not
 //     pinned: they go to WriteAtFUA (or WriteAt and Flush).
 //   - With a Device that is a PlacedWriter, on a connection without TLS, a WRITE without FUA of
-//     at least 16 KiB whose payload has all arrived (buffered, or in the socket's receive
-//     queue) is offered to PlaceWrite first: if the device takes it, the reader reads the
-//     payload straight into the device's slices (the buffered part by copy, the rest with one
-//     readv) and calls CommitPlaced; the request has no buffer, and its reply goes out as a
-//     worker's would. The reader never waits for the client while the device holds the slices.
+//     at least 16 KiB is offered to PlaceWrite first, in pieces of whole units (PlaceUnit)
+//     whose bytes have all arrived (buffered, or in the socket's receive queue), waiting up to
+//     2 ms with nothing held for a piece still arriving: for each piece the device takes, the
+//     reader reads its bytes straight into the device's slices (the buffered part by copy, the
+//     rest with one readv) and calls CommitPlaced. The rest of a WRITE that is not placed goes
+//     to a worker as an ordinary WRITE of that range, whose reply answers the whole; a WRITE
+//     placed whole has no buffer, and its reply goes out as a worker's would. The reader never
+//     waits for the client while the device holds the slices.
 //   - With Options.DebugImmutable, a buffer is mprotect'ed read-only from the WritePinned call
 //     until the last reference is dropped, then made writable before it is reused. A write to it
 //     meanwhile is a SIGSEGV, which the Go runtime reports as a fatal error ("unexpected fault

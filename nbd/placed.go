@@ -23,10 +23,11 @@ const maxPlacedIov = 1024
 // descriptor, and scratch reused from WRITE to WRITE. The callbacks given to the raw
 // descriptor are bound once (init), so a placed write allocates nothing.
 type placedReader struct {
-	pw  PlacedWriter // nil: no placed writes on this connection
-	rc  syscall.RawConn
-	vec [][]byte
-	iov []unix.Iovec
+	pw   PlacedWriter // nil: no placed writes on this connection
+	unit int64        // pw.PlaceUnit()
+	rc   syscall.RawConn
+	vec  [][]byte
+	iov  []unix.Iovec
 	// Replies of placed writes held back to go out with the next ones (deferReply), and
 	// whether the reader may read the next request before writing them: the bytes known to
 	// have arrived after the last placed payload hold a whole request header.
@@ -36,9 +37,12 @@ type placedReader struct {
 	inq      int   // inqFn's answer
 	rn       int   // readvFn's answer
 	rerr     error // readvFn's error
-	// inqFn and readvFn are the callbacks for rc.Control and rc.Read.
+	want     int   // waitFn's goal: bytes that must have arrived
+	noWait   int   // WRITEs to go before awaitPiece waits again (after a wait timed out)
+	// inqFn, readvFn and waitFn are the callbacks for rc.Control and rc.Read.
 	inqFn   func(fd uintptr)
 	readvFn func(fd uintptr) bool
+	waitFn  func(fd uintptr) bool
 }
 
 // init enables placed writes to pw on nc, if nc exposes its descriptor.
@@ -51,6 +55,9 @@ func (p *placedReader) init(pw PlacedWriter, nc net.Conn) {
 	if err != nil {
 		return
 	}
+	if p.unit = pw.PlaceUnit(); p.unit <= 0 {
+		return
+	}
 	p.pw, p.rc = pw, rc
 	p.inqFn = func(fd uintptr) {
 		q, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
@@ -58,6 +65,10 @@ func (p *placedReader) init(pw PlacedWriter, nc net.Conn) {
 			q = 0
 		}
 		p.inq = q
+	}
+	p.waitFn = func(fd uintptr) bool {
+		p.inqFn(fd)
+		return p.avail+p.inq >= p.want
 	}
 	p.readvFn = func(fd uintptr) bool {
 		for {
@@ -90,6 +101,41 @@ func (c *conn) arrived(n int) bool {
 	}
 	p.avail += p.inq
 	return p.avail >= n
+}
+
+// A piece of a WRITE that has not all arrived is waited for, without anything held, for at
+// most placedWait, and only if it is at most placedWaitMax long (a receive queue holds that
+// much long before it fills; a longer piece might never fit while the client waits for room).
+// A wait that times out (the client is slow, or the queue is small) turns waiting off for the
+// connection's next placedNoWait WRITEs: such a client is served as usual rather than delayed.
+const (
+	placedWaitMax = 256 << 10
+	placedNoWait  = 64
+)
+
+var placedWait = 2 * time.Millisecond // a variable for the tests
+
+// awaitPiece reports whether n bytes of payload have arrived (arrived), waiting a little for
+// them (placedWait) when that is worth it.
+func (c *conn) awaitPiece(n int) bool {
+	if c.arrived(n) {
+		return true
+	}
+	p := &c.placed
+	if n > placedWaitMax || p.noWait > 0 {
+		return false
+	}
+	p.want = n
+	p.avail = c.br.Buffered() // unchanged while the reader waits: the reader is us
+	c.setReadDeadline(time.Now().Add(placedWait))
+	err := p.rc.Read(p.waitFn)
+	c.setReadDeadline(time.Time{})
+	if err != nil { // timed out, or the reader was stopped (its next read says so)
+		p.noWait = placedNoWait
+		return false
+	}
+	p.avail += p.inq
+	return true
 }
 
 // maxDeferred bounds the placed writes whose replies wait for the next one (deferReply): a
@@ -127,26 +173,55 @@ func (c *conn) flushDeferred() {
 }
 
 // writePlaced performs the WRITE h (no FUA, at least placedMin bytes) with its payload read
-// straight into the device (PlacedWriter), if the payload has all arrived and the device takes
-// it, and reports whether it did; the reply goes out as a worker's would. An error is a failed
-// read of the payload (the connection ends; the device has made the range consistent).
+// straight into the device (PlacedWriter), as much of it as it can, and reports whether it
+// did; the reply goes out as a worker's would. It places the WRITE in pieces of whole units
+// (PlaceUnit) whose bytes have all arrived, or arrive after a short wait (awaitPiece); the rest
+// of a WRITE it cannot place (a piece did not arrive in time, or the device declined it) goes
+// to a worker as an ordinary WRITE of the remaining range, which replies for the whole. With
+// nothing placed it reports false and the caller writes as usual. An error is a failed read of
+// the payload (the connection ends; the device has made the range consistent).
 func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) {
-	n := int(h.Length)
-	if !c.arrived(n) {
-		return false, nil
-	}
 	p := &c.placed
-	ahead := p.avail - n // bytes of the next requests already here
-	vec, ph, ok := p.pw.PlaceWrite(int64(h.Offset), n, p.vec[:0])
-	if !ok {
+	if p.noWait > 0 {
+		p.noWait--
+	}
+	off, n, u := int64(h.Offset), int(h.Length), p.unit
+	done, ahead := 0, 0
+	var werr error // a piece's error: the reply's
+	for done < n {
+		pos, rest := off+int64(done), n-done
+		// A piece needs the bytes up to the end of the first whole unit from pos, or the rest.
+		need := min(rest, int((pos+u-1)/u*u+u-pos))
+		if !c.awaitPiece(need) {
+			break
+		}
+		take := rest
+		if p.avail < rest { // to the last unit boundary that has arrived (at least need)
+			take = int((pos+int64(p.avail))/u*u - pos)
+		}
+		vec, ph, ok := p.pw.PlaceWrite(pos, take, p.vec[:0])
+		if !ok {
+			break
+		}
+		got, rerr := c.readPlaced(vec, take)
+		clear(vec)
+		p.vec = vec[:0]
+		err := p.pw.CommitPlaced(ph, got, done+got == n)
+		if rerr != nil {
+			return true, c.payloadError(h.Offset, done+got, n, rerr)
+		}
+		done += take
+		ahead = p.avail - take // bytes of the next requests already here
+		if err != nil {
+			werr = err // the WRITE has failed: the rest is dropped (writeRest)
+			break
+		}
+	}
+	if done == 0 {
 		return false, nil
 	}
-	got, rerr := c.readPlaced(vec, n)
-	clear(vec)
-	p.vec = vec[:0]
-	err := p.pw.CommitPlaced(ph, got)
-	if rerr != nil {
-		return true, c.payloadError(h.Offset, got, n, rerr)
+	if done < n {
+		return true, c.writeRest(h, done, werr)
 	}
 	// A request with no buffer, only for the reply (and the in-flight bound: the held replies
 	// count, and are fewer than it).
@@ -158,15 +233,39 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 	}
 	req.length = h.Length
 	errno := uint32(0)
-	if err != nil {
-		errno = errnoOf(err)
+	if werr != nil {
+		errno = errnoOf(werr)
 		c.log.Warn("nbd: request failed", "cmd", wire.CmdName(h.Type), "offset", h.Offset,
-			"length", h.Length, "errno", errno, "err", err)
+			"length", h.Length, "errno", errno, "err", werr)
 	}
 	c.serving.Add(1)
 	c.encodeHeader(req, errno, -1, nil)
 	c.deferReply(req, ahead)
 	return true, nil
+}
+
+// writeRest hands the part of the WRITE h from done on, which was not placed, to a worker as an
+// ordinary WRITE of that range under h's handle: its reply answers the whole WRITE. werr is
+// the placed pieces' error: the rest is then read and dropped, and the reply carries werr.
+func (c *conn) writeRest(h *protocol.TransmissionRequestHeader, done int, werr error) error {
+	c.flushDeferred() // before waiting for the in-flight bound or a payload
+	hr := *h
+	hr.Offset += uint64(done)
+	hr.Length -= uint32(done)
+	if werr != nil { // refuse drops the payload
+		return c.refuse(&hr, errnoOf(werr), werr)
+	}
+	req, err := c.acquire(&hr)
+	if err != nil { // no memory for the buffer: the WRITE fails, the stream stays in sync
+		return c.refuse(&hr, wire.EIO, err)
+	}
+	if err := c.readPayload(req); err != nil {
+		c.release(req)
+		return err
+	}
+	c.serving.Add(1)
+	c.work <- req // never blocks: acquire keeps inflight <= cap(c.work)
+	return nil
 }
 
 // readPlaced reads the n bytes of a payload into vec (slices adding up to n): first what the

@@ -44,6 +44,8 @@ func (d *placedDevice) WriteZeroes(off, length int64, _ bool) error {
 	return nil
 }
 
+func (d *placedDevice) PlaceUnit() int64 { return 64 << 10 }
+
 func (d *placedDevice) PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any, bool) {
 	if off%(64<<10) != 0 || n%(64<<10) != 0 {
 		return v, nil, false
@@ -53,7 +55,7 @@ func (d *placedDevice) PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any, 
 	return append(v, d.mem[off:h], d.mem[h:off+int64(n)]), n, true
 }
 
-func (d *placedDevice) CommitPlaced(h any, received int) error {
+func (d *placedDevice) CommitPlaced(h any, received int, _ bool) error {
 	if received == h.(int) {
 		d.placed.Add(1)
 	} else {

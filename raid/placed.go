@@ -11,8 +11,8 @@ import (
 // the caller reads straight into the members' mappings, where the bytes will live, instead of
 // into a buffer that is then copied there (the parts before the first whole stripe and after
 // the last go to a scratch buffer and are written as ordinary writes after the stripes). The
-// NBD server does it for a WRITE whose payload has already arrived in the socket
-// (nbd.PlacedWriter): the kernel's copy out of the socket is then the only copy of the data,
+// NBD server does it for the whole stripes of a WRITE whose bytes have already arrived in the
+// socket, in pieces as they arrive (nbd.PlacedWriter, PlaceUnit: a stripe): the kernel's copy out of the socket is then the only copy of the data,
 // and the parity of each stripe is computed from the mapped data into the parity member's
 // mapping. An ordinary write copies the data twice (socket → request buffer, and pwrite's
 // copy into the page cache); placed, once. Only the kernel copies into the mappings: a copy
@@ -175,12 +175,16 @@ func (pl *placement) put() {
 	placements.Put(pl)
 }
 
+// PlaceUnit (nbd.PlacedWriter) is the unit PlaceWrite places: a stripe.
+func (a *Array) PlaceUnit() int64 { return a.layout.StripeSize() }
+
 // CommitPlaced ends the placed write h (from PlaceWrite) after the caller has read received of
 // its n bytes into the slices: it makes every stripe's parity match its data and releases the
 // stripes. For a complete payload it returns the write's result; for an incomplete one (the
 // caller's read failed and the write is not acknowledged) it returns nil once the stripes are
-// consistent, or the error that kept them from it.
-func (a *Array) CommitPlaced(h any, received int) error {
+// consistent, or the error that kept them from it. last (whether the placed range ends the
+// caller's request) does not matter to the array.
+func (a *Array) CommitPlaced(h any, received int, _ bool) error {
 	pl := h.(*placement)
 	defer pl.put()
 	ss := a.layout.StripeSize()

@@ -50,7 +50,7 @@ func place(t *testing.T, a *raid.Array, p []byte, off int64, received int) error
 	if n != received {
 		t.Fatalf("PlaceWrite's slices hold %d of the %d bytes", n, received)
 	}
-	return a.CommitPlaced(h, received)
+	return a.CommitPlaced(h, received, true)
 }
 
 // TestPlacedWrite: a placed write (the payload stored by the caller straight into the members'

@@ -89,6 +89,13 @@ func (m *requestMetrics) done(cmd string, start time.Time, n int64, err error) {
 	c := m.byCmd[cmd]
 	c.duration.Observe(time.Since(start).Seconds())
 	c.requests.Inc()
+	m.count(cmd, n, err)
+}
+
+// count records n bytes of a request of cmd, and its error if any, but not the request: a
+// piece of a WRITE placed in several (CommitPlaced).
+func (m *requestMetrics) count(cmd string, n int64, err error) {
+	c := m.byCmd[cmd]
 	if n > 0 {
 		c.bytes.Add(float64(n))
 	}
@@ -204,13 +211,26 @@ func (d *metricsDevice) PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any,
 	return pw.PlaceWrite(off, n, v)
 }
 
-// CommitPlaced records the placed write as a WRITE of the bytes received (all of them unless the
-// connection broke); the time is the commit's (parity), as WriteAt's excludes the payload's
-// arrival too.
-func (d *metricsDevice) CommitPlaced(h any, received int) error {
+// PlaceUnit passes the wrapped device's unit through (0, no placed writes, if it has none).
+func (d *metricsDevice) PlaceUnit() int64 {
+	if pw, ok := d.d.(nbd.PlacedWriter); ok {
+		return pw.PlaceUnit()
+	}
+	return 0
+}
+
+// CommitPlaced records the bytes received (all of them unless the connection broke) as written,
+// and the last piece of a WRITE as its request; the time is that piece's commit (parity), as
+// WriteAt's excludes the payload's arrival too. A WRITE whose rest was not placed is the
+// request its WriteAt records.
+func (d *metricsDevice) CommitPlaced(h any, received int, last bool) error {
 	start := time.Now()
-	err := d.d.(nbd.PlacedWriter).CommitPlaced(h, received)
-	d.m.done(cmdWrite, start, int64(received), err)
+	err := d.d.(nbd.PlacedWriter).CommitPlaced(h, received, last)
+	if last {
+		d.m.done(cmdWrite, start, int64(received), err)
+	} else {
+		d.m.count(cmdWrite, int64(received), err)
+	}
 	return err
 }
 

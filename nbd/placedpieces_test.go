@@ -1,0 +1,169 @@
+package nbd
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/nbd/internal/wire"
+)
+
+// pieceDevice is an in-memory Device and PlacedWriter with a unit of 64 KiB that records every
+// placed piece and every WriteAt, and fails the commit of a piece at failAt.
+type pieceDevice struct {
+	mu     sync.Mutex
+	mem    []byte
+	pieces [][2]int64 // off, n of each committed piece
+	writes [][2]int64 // off, n of each WriteAt
+	failAt int64      // a piece placed here fails its commit (-1: none)
+}
+
+func (d *pieceDevice) ReadAt(p []byte, off int64) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return copy(p, d.mem[off:]), nil
+}
+
+func (d *pieceDevice) WriteAt(p []byte, off int64) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.writes = append(d.writes, [2]int64{off, int64(len(p))})
+	return copy(d.mem[off:], p), nil
+}
+
+func (d *pieceDevice) Size() (int64, error)                        { return int64(len(d.mem)), nil }
+func (d *pieceDevice) Flush() error                                { return nil }
+func (d *pieceDevice) Trim(off, length int64) error                { return nil }
+func (d *pieceDevice) WriteZeroes(off, length int64, _ bool) error { return nil }
+func (d *pieceDevice) PlaceUnit() int64                            { return 64 << 10 }
+
+func (d *pieceDevice) PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any, bool) {
+	if off%(64<<10) != 0 || n < 64<<10 {
+		return v, nil, false
+	}
+	d.mu.Lock() // held until CommitPlaced, as stripe locks are
+	return append(v, d.mem[off:off+int64(n)]), [2]int64{off, int64(n)}, true
+}
+
+var errPiece = errors.New("piece failed")
+
+func (d *pieceDevice) CommitPlaced(h any, received int, last bool) error {
+	defer d.mu.Unlock()
+	pc := h.([2]int64)
+	d.pieces = append(d.pieces, pc)
+	if pc[0] == d.failAt {
+		return errPiece
+	}
+	return nil
+}
+
+func (d *pieceDevice) log() (pieces, writes [][2]int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([][2]int64(nil), d.pieces...), append([][2]int64(nil), d.writes...)
+}
+
+// sendSlowly sends a WRITE of payload at off as the header and the first first bytes, then,
+// after pause, the rest, and waits for the reply.
+func sendSlowly(t *testing.T, c *rawClient, off uint64, payload []byte, first int, pause time.Duration) uint32 {
+	t.Helper()
+	var h [wire.RequestHeaderSize]byte
+	wire.PutRequest(&h, 0, wire.CmdWrite, 7, off, uint32(len(payload)))
+	c.write(append(h[:], payload[:first]...))
+	time.Sleep(pause)
+	c.write(payload[first:])
+	errno, cookie := c.reply()
+	if cookie != 7 {
+		t.Fatalf("reply cookie %d, want 7", cookie)
+	}
+	return errno
+}
+
+// TestPlacedPieces: a WRITE whose payload arrives in two parts is placed in pieces of whole
+// units as its bytes arrive; when the rest does not come within the wait, the rest is written
+// as an ordinary WRITE of the remaining range, and one reply answers the whole; a piece that
+// fails fails the WRITE, whose rest is dropped while the connection goes on. Every byte is
+// compared.
+func TestPlacedPieces(t *testing.T) {
+	const size, n = 4 << 20, 512 << 10
+	old := placedWait
+	t.Cleanup(func() { placedWait = old })
+	for _, tc := range []struct {
+		name   string
+		wait   time.Duration // placedWait
+		pause  time.Duration // the client's, after 200 KiB of the payload
+		failAt int64
+	}{
+		{"waited", 20 * time.Second, 100 * time.Millisecond, -1},
+		{"rest-as-usual", 100 * time.Millisecond, 800 * time.Millisecond, -1},
+		{"piece-fails", 20 * time.Second, 0, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			placedWait = tc.wait
+			dev := &pieceDevice{mem: make([]byte, size), failAt: tc.failAt}
+			_, _, path := serveUnix(t, Options{Exports: []Export{{Name: "", Device: dev}}})
+			c := dial(t, path)
+			c.handshakeGo("")
+			off := uint64(1 << 20)
+			want := pattern(5, n)
+			errno := sendSlowly(t, c, off, want, 200<<10, tc.pause)
+			pieces, writes := dev.log()
+			t.Logf("pieces %v, writes %v", pieces, writes)
+			if tc.failAt >= 0 {
+				if errno != wire.EIO {
+					t.Fatalf("a WRITE whose piece failed: errno %d, want EIO", errno)
+				}
+				if len(writes) != 0 || len(pieces) != 1 {
+					t.Fatalf("the rest of a failed WRITE was written: pieces %v, writes %v", pieces, writes)
+				}
+				// The connection goes on: a WRITE and a READ of the same range.
+				dev.mu.Lock()
+				dev.failAt = -1
+				dev.mu.Unlock()
+				if e, _ := c.do(wire.CmdWrite, 0, off, n, want); e != 0 {
+					t.Fatalf("the next WRITE: errno %d", e)
+				}
+			} else if errno != 0 {
+				t.Fatalf("errno %d", errno)
+			}
+			// The pieces and ordinary writes tile the range in order, pieces in whole units.
+			at := int64(off)
+			for _, pc := range pieces {
+				if pc[0] != at || pc[1]%(64<<10) != 0 && pc[0]+pc[1] != int64(off)+n {
+					t.Fatalf("piece %v: want one at %d of whole units", pc, at)
+				}
+				at += pc[1]
+				if at == int64(off)+n {
+					break
+				}
+			}
+			if tc.failAt < 0 { // (a failed WRITE's pieces were checked above)
+				for _, w := range writes {
+					if w[0] != at {
+						t.Fatalf("ordinary write %v: want one at %d", w, at)
+					}
+					at += w[1]
+				}
+				if at != int64(off)+n {
+					t.Fatalf("pieces and writes cover up to %d, want %d", at, int64(off)+n)
+				}
+			}
+			switch tc.name {
+			case "waited":
+				if len(writes) != 0 || len(pieces) < 2 {
+					t.Fatalf("a WRITE whose payload came in two parts within the wait: %d pieces, %d ordinary writes; want ≥ 2 pieces only", len(pieces), len(writes))
+				}
+			case "rest-as-usual":
+				if len(pieces) == 0 || len(writes) != 1 {
+					t.Fatalf("a WRITE whose rest came after the wait: %d pieces, %d ordinary writes; want pieces, then one write", len(pieces), len(writes))
+				}
+			}
+			e, got := c.do(wire.CmdRead, 0, off, n, nil)
+			if e != 0 || !bytes.Equal(got, want) {
+				t.Fatalf("read back: errno %d, equal %v", e, bytes.Equal(got, want))
+			}
+		})
+	}
+}
