@@ -60,10 +60,8 @@ func TestRemoteMemberRestart(t *testing.T) {
 	}
 	write := func(from, to int) {
 		t.Helper()
-		for off := from; off < to; off += 1 << 20 {
-			if err := c.writeAt(model[off:off+1<<20], uint64(off), false); err != nil {
-				t.Fatalf("write at %d: %v", off, err)
-			}
+		if err := putModel(c, model, from, to); err != nil {
+			t.Fatal(err)
 		}
 	}
 	write(0, size/2)

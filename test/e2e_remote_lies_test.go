@@ -72,10 +72,8 @@ func TestRemoteMemberForeign(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	for off := 0; off < size; off += 1 << 20 {
-		if err := c.writeAt(model[off:off+1<<20], uint64(off), false); err != nil {
-			t.Fatalf("write at %d: %v", off, err)
-		}
+	if err := putModel(c, model, 0, size); err != nil {
+		t.Fatal(err)
 	}
 	if err := c.flush(); err != nil {
 		t.Fatal(err)

@@ -161,6 +161,17 @@ func checkModel(c *wireClient, model []byte) error {
 	return nil
 }
 
+// putModel writes model[from:to) at the same offsets through c, a MiB at a time (from and
+// to multiples of a MiB), without FUA; the error names the write that failed.
+func putModel(c *wireClient, model []byte, from, to int) error {
+	for off := from; off < to; off += 1 << 20 {
+		if err := c.writeAt(model[off:off+1<<20], uint64(off), false); err != nil {
+			return fmt.Errorf("write at %d: %w", off, err)
+		}
+	}
+	return nil
+}
+
 func freePort(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
