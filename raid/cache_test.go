@@ -232,7 +232,7 @@ func TestHazard(t *testing.T) {
 
 // TestPlan: a single-chunk write to a cold stripe of 3, 4 and 8 members is written out by the
 // plan that reads fewer member units — reconstruct-write reads the other D-1 data chunks,
-// read-modify-write the old data and parity (2); a tie goes to reconstruct-write — and parity
+// read-modify-write the old data and parity (2); a tie goes to read-modify-write — and parity
 // is right afterwards. Also a one-unit write within a larger chunk, counted in units.
 func TestPlan(t *testing.T) {
 	for _, n := range []int{3, 4, 8} {
@@ -261,7 +261,7 @@ func TestPlan(t *testing.T) {
 				}
 				after := a.Counters()
 				D := int64(n - 1)
-				wantRMW := 2 < D-1
+				wantRMW := 2 <= D-1
 				reads := min(D-1, 2) * size
 				gotRMW, gotRCW := after.RMWWrites-before.RMWWrites, after.RCWWrites-before.RCWWrites
 				if wantRMW && (gotRMW != 1 || gotRCW != 0) || !wantRMW && (gotRMW != 0 || gotRCW != 1) {

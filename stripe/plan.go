@@ -100,9 +100,13 @@ func ParityChunk(l Layout) int { return l.members - 1 }
 //     is dirty, else KindRCW: the rest of the stripe comes from the caller's up-to-date units);
 //   - the parity member missing: the dirty data is written alone;
 //   - otherwise, with no data member missing and parity trusted: read-modify-write (old data
-//     of each dirty unit and old parity) when it reads fewer units than reconstruct-write
-//     (the units not up to date in the dirty columns), else reconstruct-write — a tie
-//     reconstructs;
+//     of each dirty unit and old parity) when it reads no more units than reconstruct-write
+//     (the units not up to date in the dirty columns), else reconstruct-write. A tie
+//     read-modifies-writes (md reconstructs, unless its rmw_level prefers rmw): it touches
+//     only the members it writes, the pages it reads are the ones it then writes (hot in the
+//     CPU's cache when the members are page-cache files), and the other members stay free
+//     for other stripes; one 4 KiB write of a 4-member array took 14% less CPU through the
+//     cache than reconstruct-written (raid's BenchmarkServedRandWrite4K);
 //   - a data member missing: columns whose missing unit is up to date are reconstruct-written,
 //     the others read-modify-written (their missing unit is known only through parity).
 func PlanWrite(p *Plan, l Layout, w WriteState) {
@@ -150,7 +154,7 @@ func PlanWrite(p *Plan, l Layout, w WriteState) {
 		return
 	}
 	// With every unit up to date, reconstruct-write reads nothing and always wins.
-	rmw := dm < 0 && !w.ParityStale && rmwReads < rcwReads
+	rmw := dm < 0 && !w.ParityStale && rmwReads <= rcwReads
 	p.Kind = KindRCW
 	for u, col := range cols {
 		switch {

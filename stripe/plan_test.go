@@ -413,7 +413,7 @@ func execCheck(rng *rand.Rand, l Layout, w WriteState, p *Plan) error {
 	}
 	// The reads: none for a full stripe or a missing parity member; otherwise each column's
 	// method reads the dirty units and parity (update) or the units not up to date (encode),
-	// and with the choice free the stripe takes the cheaper method, a tie reconstructing.
+	// and with the choice free the stripe takes the cheaper method, a tie read-modify-writing.
 	rmwCost, rcwCost, wantReads, nUp, nDirty := 0, 0, 0, 0, 0
 	for u, col := range p.Cols {
 		nd, nAll, presentUp := 0, 0, 0 // dirty units present, dirty units, up-to-date units present
@@ -467,8 +467,8 @@ func execCheck(rng *rand.Rand, l Layout, w WriteState, p *Plan) error {
 		if reads != min(rmwCost, rcwCost) {
 			return fmt.Errorf("%d units read; read-modify-write reads %d, reconstruct-write %d", reads, rmwCost, rcwCost)
 		}
-		if rmwCost == rcwCost && p.Kind == KindRMW {
-			return fmt.Errorf("read-modify-write and reconstruct-write both read %d units: a tie reconstructs", reads)
+		if rmwCost == rcwCost && rcwCost > 0 && p.Kind != KindRMW {
+			return fmt.Errorf("read-modify-write and reconstruct-write both read %d units: a tie read-modify-writes", reads)
 		}
 	}
 	wantKind := KindNone

@@ -12,8 +12,9 @@
 // dirty. A head whose units are all up to date but only some dirty waits like any partial one
 // (its write-out would read nothing, but later writes into the stripe join it). Every
 // write-out executes the plan stripe.PlanWrite makes of its head: a head still partial takes
-// read-modify-write or reconstruct-write, whichever reads fewer units. A partial write that finds no free head is written through: into a spare head
-// and out to the members before Write returns. Reads are served from up-to-date units and go to
+// read-modify-write or reconstruct-write, whichever reads fewer units (a tie:
+// read-modify-write). A partial write that finds no free head is written through: into a spare
+// head and out to the members before Write returns. Reads are served from up-to-date units and go to
 // the members for the rest, so a read sees every write that returned before it started
 // (read-your-writes).
 //
