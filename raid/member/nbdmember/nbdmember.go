@@ -305,12 +305,15 @@ func (m *Member) dialConn(ctx context.Context) (*conn, error) {
 }
 
 // moreConns adds connections to conns, up to n, as the server admits them (each announcing
-// the export as the first did), and returns them.
+// the export as the first did and passing the recheck), and returns them.
 func (m *Member) moreConns(ctx context.Context, conns []*conn, n int) []*conn {
 	for len(conns) < n {
 		c, err := m.dialConn(ctx)
 		if err == nil {
-			if err = m.check(c.c); err != nil {
+			if err = m.check(c.c); err == nil {
+				err = m.recheckExport(ctx, c) // each connection: a server may route them apart
+			}
+			if err != nil {
 				c.c.Close()
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -486,5 +487,45 @@ func TestReconnectRecheck(t *testing.T) {
 	}
 	if n := nbdmember.Reconnects(m); n != 1 {
 		t.Errorf("%d reconnects, want still 1", n)
+	}
+}
+
+// TestReconnectRecheckConns: with several connections every one of a reconnection must pass
+// the recheck: a server that routes the second connection to another disk gets one
+// connection, and every read comes from the right one.
+func TestReconnectRecheckConns(t *testing.T) {
+	right, wrong := nbdtest.NewMemDevice(1<<20), nbdtest.NewMemDevice(1<<20)
+	want := random(64 << 10)
+	if _, err := right.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv := newKillable(t, exportOf(t, the(right)))
+	m := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Conns: 2, Timeout: 30 * time.Second, Logger: quiet})
+	if n := nbdmember.Conns(m); n != 2 {
+		t.Fatalf("%d connections, want 2", n)
+	}
+	m.SetRecheck(func(r io.ReaderAt) error {
+		got := make([]byte, 4096)
+		if _, err := r.ReadAt(got, 0); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, want[:4096]) {
+			return errors.New("not the same disk")
+		}
+		return nil
+	})
+	srv.kill()
+	srv.setMk(exportOf(t, func(conn int) nbd.Device { // the restart's first connection is the right disk
+		if conn == 2 {
+			return right
+		}
+		return wrong
+	}))
+	srv.start()
+	for i := range 8 {
+		mustRead(t, m, want, 0, fmt.Sprintf("read %d after the restart", i))
+	}
+	if n := nbdmember.Conns(m); n != 1 {
+		t.Errorf("%d connections after the restart, want 1 (the other reaches another disk)", n)
 	}
 }
