@@ -92,8 +92,8 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	stablePages := fs.Bool("stable-pages", true, "zero-copy writes from pinned, immutable request buffers (see above); =false copies every write")
 	mappedReads := fs.Bool("mapped-reads", true, "answer reads of 64 KiB and more from the members' page cache mapped into memory, without\n"+
 		"copying it into a buffer first (not over TLS; see above)")
-	mappedWrites := fs.Bool("mapped-writes", true, "read whole-stripe writes whose payload has arrived straight from the socket into the\n"+
-		"member files mapped into memory, where their pages are resident (placed writes; see above)")
+	mappedWrites := fs.Bool("mapped-writes", true, "read the whole stripes of writes straight from the socket into the member files mapped\n"+
+		"into memory as their bytes arrive, where their pages are resident (placed writes; see above)")
 	var cacheFlag cacheSizeFlag
 	fs.Var(&cacheFlag, "stripe-cache", "stripe cache `size`: a number of stripes (256), a size in bytes with a unit (64M), or off\n"+
 		"(write-through, no cache); memory used is stripes × members × chunk. Default: 64M worth of stripes, 16 to 256")

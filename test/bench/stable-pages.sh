@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Stable pages off vs on, side by side in one run: 4 members, 16 KiB chunk (48 KiB stripe),
-# fio writing one full stripe per I/O (test/fio/stripe48k.fio, and a queue-depth-16 variant
-# without per-write flushes). Prints throughput and the daemon's CPU seconds per GB written
-# (utime+stime from /proc), bytes copied into the cache per byte written (from the daemon's
-# counters at exit), and the on/off ratios. Members live on /dev/shm so the members are
+# The copies of a full-stripe write, side by side in one run: the copying mode (stable pages
+# off, placed writes off: the payload is copied into the cache), stable pages (the request
+# buffer is written to the members as it is), and placed writes (the default: the payload is
+# read from the socket straight into the members' mappings, no request buffer at all); 4
+# members, 16 KiB chunk (48 KiB stripe), fio writing one full stripe per I/O
+# (test/fio/stripe48k.fio, and a queue-depth-16 variant without per-write flushes). Prints
+# throughput and the daemon's CPU seconds per GB written (utime+stime from /proc), bytes copied
+# into the cache per byte written (from the daemon's counters at exit), and each mode's ratios
+# to the copying mode. Members live on /dev/shm so the members are
 # not the bottleneck. Bounded: RUNTIME seconds per run (default 8), ROUNDS alternations (default 3,
 # median reported); every daemon started here is stopped by PID.
 set -euo pipefail
@@ -43,18 +47,25 @@ PY
 qd16=$(mktemp); trap 'cleanup; rm -f "$qd16"' EXIT
 sed -e 's/^iodepth=1/iodepth=16/' -e 's/^fsync=1/end_fsync=1/' test/fio/stripe48k.fio > "$qd16"
 
-printf '%-18s %9s %12s %9s %9s %12s %9s %7s %8s\n' workload off-MB/s off-cpu-s/GB off-copy on-MB/s on-cpu-s/GB on-copy MB/s-x cpu/GB-x
+printf '%-18s %-8s %9s %12s %9s %7s %8s\n' workload mode MB/s cpu-s/GB copied MB/s-x cpu/GB-x
 for job in test/fio/stripe48k.fio "$qd16"; do
   name="48k qd1 fsync=1"; [ "$job" = "$qd16" ] && name="48k qd16"
-  offs=(); ons=()
+  copy=(); stable=(); placed=()
   for r in $(seq "$ROUNDS"); do
-    offs+=("$(run "$job" --stable-pages=false)"); ons+=("$(run "$job" --stable-pages)")
+    copy+=("$(run "$job" --stable-pages=false --mapped-writes=false)")
+    stable+=("$(run "$job" --stable-pages --mapped-writes=false)")
+    placed+=("$(run "$job" --stable-pages=false --mapped-writes)")
   done
-  python3 - "$name" "${offs[@]}" -- "${ons[@]}" <<'PY'
+  python3 - "$name" "${copy[@]}" -- "${stable[@]}" -- "${placed[@]}" <<'PY'
 import sys, statistics as st
-a = sys.argv[2:]; i = a.index("--"); off = [x.split() for x in a[:i]]; on = [x.split() for x in a[i+1:]]
+a = sys.argv[2:]; groups = [[]]
+for x in a:
+    if x == "--": groups.append([])
+    else: groups[-1].append(x.split())
 med = lambda rows, k: st.median(float(r[k]) for r in rows)
-ob, oc, ox, nb, nc, nx = med(off, 0), med(off, 1), med(off, 2), med(on, 0), med(on, 1), med(on, 2)
-print("%-18s %9.0f %12.3f %9.2f %9.0f %12.3f %9.2f %7.2f %8.2f" % (sys.argv[1], ob, oc, ox, nb, nc, nx, nb / ob, nc / oc))
+base = groups[0]
+for mode, rows in zip(["copy", "stable", "placed"], groups):
+    b, c, x = med(rows, 0), med(rows, 1), med(rows, 2)
+    print("%-18s %-8s %9.0f %12.3f %9.2f %7.2f %8.2f" % (sys.argv[1], mode, b, c, x, b / med(base, 0), c / med(base, 1)))
 PY
 done
