@@ -339,6 +339,14 @@
 // (ErrCannotReAdd) is logged and ends its probes: the array never rebuilds a member in full on
 // its own. Status.AutoReAdd lists the members it probes.
 //
+// A member that reconnects by itself (memberpkg.Rechecker: a remote member whose connection
+// broke) is given, as it joins the array (newMember, recheck.go: at Create, assembly, AddSpare
+// and ReAdd), the check each reconnection must pass before it is used: the export's
+// superblock must still be this member's (the array's UUID and the member's device UUID).
+// Another array's member (ErrForeignMember), another member of this array (ErrOtherMember) or
+// no valid superblock fails the member, so a server that came back with another disk behind
+// the same URI is never read as the member.
+//
 // Speed is bounded like md's sync_speed_min/max (IOOptions.SyncSpeedMin/Max, SetSyncSpeed;
 // defaults 1 MiB/s and 200 MiB/s): after each batch the sync sleeps as long as it takes to stay
 // under max, or under min if any client request arrived since the previous batch — so between
@@ -529,7 +537,9 @@
 //     or its data rebuilt, and the request succeeds), and ErrTimeout, which is only logged.
 //
 // The management methods return ErrBusy, ErrNoSuchMember, ErrNotFaulty, ErrDegraded,
-// ErrWouldFail, ErrCannotReAdd, ErrNotRunning and ErrBadSpeed, with errnos too. Create, Assemble and Examine
+// ErrWouldFail, ErrCannotReAdd, ErrNotRunning and ErrBadSpeed, with errnos too. A reconnected
+// remote member's recheck fails it with ErrForeignMember or ErrOtherMember inside the member's
+// own error (# Failure and rebuild). Create, Assemble and Examine
 // return the superblock errors (ErrBadSuperblock, matched by ErrBadMagic, ErrChecksum and
 // ErrVersion), the membership errors (ErrForeignMember, ErrDuplicateRole, ErrDuplicateMember,
 // ErrStaleMember, ErrTooManyMissing, ErrNeedsForce, ErrGeometry, ErrMemberTooSmall, ErrInUse,
