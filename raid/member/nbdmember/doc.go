@@ -70,7 +70,11 @@
 // block sizes its requests fit), and pass the owner's recheck (SetRecheck, member.Rechecker:
 // the array reads the export's superblock, which must still be this member's); a server that
 // comes back different, or with another disk of the same size behind the URI, is refused and
-// the member failed (ErrExportChanged). Reconnects are counted (Member.reconnects, in Report).
+// the member failed (ErrExportChanged); with several connections each must pass, and one that
+// does not is not used. The connections Open makes are not rechecked (the owner sets its check
+// after Open, and the array's Create sets it before the superblock it checks is written): with
+// Conns > 1, a server that routes them to different disks at Open is caught only at its next
+// reconnect. Reconnects are counted (Member.reconnects, in Report).
 //
 // A server acknowledges a WRITE once it holds the data, in its cache perhaps; only FLUSH (or
 // FUA) makes it durable. A server that restarted has lost its cache, and nothing on the wire
