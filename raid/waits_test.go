@@ -16,24 +16,29 @@ import (
 type meter struct {
 	mu       sync.Mutex // guards the fields below
 	want     int
+	hold     time.Duration // how long a write waits for want at most
 	inflight int
-	most     int           // the most writes seen in flight together
-	full     chan struct{} // closed once want writes were in flight together
+	most     int // the most writes seen in flight together
+	reached  bool
+	full     chan struct{} // closed once want writes were in flight together (reached)
 }
 
-func newMeter(want int) *meter { return &meter{want: want, full: make(chan struct{})} }
+func newMeter(want int, hold time.Duration) *meter {
+	return &meter{want: want, hold: hold, full: make(chan struct{})}
+}
 
 func (mt *meter) enter() {
 	mt.mu.Lock()
 	mt.inflight++
 	mt.most = max(mt.most, mt.inflight)
-	if mt.inflight == mt.want {
+	if mt.inflight == mt.want && !mt.reached {
+		mt.reached = true
 		close(mt.full)
 	}
 	mt.mu.Unlock()
 	select {
 	case <-mt.full:
-	case <-time.After(2 * time.Second): // serial writes never get there: each waits this long
+	case <-time.After(mt.hold): // serial writes never get there: each waits this long
 	}
 }
 
@@ -84,7 +89,7 @@ func TestWaitingMembersConcurrent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ms := newMems("w", 4, raid.DataOffset+32*chunk)
 			createClosed(t, ms, raid.CreateOptions{Chunk: chunk})
-			mt := newMeter(tc.want)
+			mt := newMeter(tc.want, 2*time.Second)
 			ws := make([]raid.Member, len(ms))
 			for i, m := range ms {
 				ws[i] = &waiter{Mem: m, mt: mt}
@@ -120,5 +125,70 @@ func TestWaitingMembersConcurrent(t *testing.T) {
 				t.Errorf("stripes with wrong parity: %v", bad)
 			}
 		})
+	}
+}
+
+// metered is a member whose data-area writes go through a meter.
+type metered struct {
+	raid.Member
+	mt *meter
+}
+
+func (m *metered) WriteAt(p []byte, off int64) (int, error) {
+	if off >= raid.DataOffset {
+		m.mt.enter()
+		defer m.mt.leave()
+	}
+	return m.Member.WriteAt(p, off)
+}
+
+// TestReAddConcurrent: a re-add resyncs several of the bitmap's regions at once, also when
+// they lie batches apart (each is a read of the survivors and a write of the member: round
+// trips on a remote member), only those, and the stripes' parity matches their data after it.
+func TestReAddConcurrent(t *testing.T) {
+	const chunk = 4 << 10
+	const stripes = 4096 // 64 batches of 64 stripes (a 64th of each member)
+	ms := newMems("r", 4, raid.DataOffset+stripes*chunk)
+	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk, BitmapRegion: 3 * chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	raid.StopBitmapCleaner(a)
+	if err := a.Fail(ms[1].Name()); err != nil {
+		t.Fatal(err)
+	}
+	ss := a.Layout().StripeSize()
+	want := bytes.Repeat([]byte{0xa5}, int(ss))
+	for s := int64(0); s < stripes; s += 600 { // 7 regions, 9 batches apart
+		if _, err := a.WriteAt(want, s*ss); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Remove(ms[1].Name()); err != nil { // then re-added as a fresh open would
+		t.Fatal(err)
+	}
+	mt := newMeter(4, 2*time.Second)
+	if err := a.ReAddMember(&metered{Member: ms[1], mt: mt}); err != nil {
+		t.Fatal(err)
+	}
+	st := waitStatus(t, a, "the re-added member active", func(st raid.Status) bool {
+		s, _ := memberState(st, ms[1].Name())
+		return s == raid.MemberActive && st.Sync == nil
+	})
+	if st.LastRebuild == nil || !st.LastRebuild.ReAdd || st.LastRebuild.Err != "" {
+		t.Fatalf("last rebuild %+v, want a finished re-add", st.LastRebuild)
+	}
+	if want := int64(7 * chunk); st.LastRebuild.Resynced != want { // 7 regions of a stripe
+		t.Errorf("re-add resynced %d bytes, want %d", st.LastRebuild.Resynced, want)
+	}
+	if got := mt.max(); got < 4 {
+		t.Errorf("at most %d writes of the re-added member in flight together, want 4", got)
+	}
+	if bad := badStripes(ms, a.Layout()); len(bad) > 0 {
+		t.Errorf("stripes with wrong parity after the re-add: %v", bad[:min(len(bad), 10)])
 	}
 }
