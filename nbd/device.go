@@ -72,6 +72,15 @@ type PlacedWriter interface {
 	CommitPlaced(h any, received int, last bool) error
 }
 
+// PlacedProgresser is a PlacedWriter that works on a placed piece while its bytes are still
+// being read (raid5d: each stripe's parity, while its data is in the CPU's cache): the server
+// reads a long piece a step at a time and calls PlacedReceived after each step but the last
+// with the handle and the bytes read into the piece's slices so far, from the goroutine that
+// reads them, before CommitPlaced.
+type PlacedProgresser interface {
+	PlacedReceived(h any, received int)
+}
+
 // MappedReader is implemented by devices that can answer a read with slices of memory they
 // already hold the bytes in (raid5d: its members' files mapped read-only), so that the reply is
 // written from there rather than copied into the request buffer first. The server uses it for

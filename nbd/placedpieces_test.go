@@ -18,6 +18,24 @@ type pieceDevice struct {
 	pieces [][2]int64 // off, n of each committed piece
 	writes [][2]int64 // off, n of each WriteAt
 	failAt int64      // a piece placed here fails its commit (-1: none)
+	want   []byte     // the payload at wantAt, which PlacedReceived checks has arrived
+	wantAt int64
+	recv   []int  // PlacedReceived's counts
+	bad    string // what PlacedReceived found wrong
+}
+
+// PlacedReceived (PlacedProgresser) records the count and checks that the bytes it covers of
+// the piece have arrived.
+func (d *pieceDevice) PlacedReceived(h any, received int) {
+	pc := h.([2]int64) // d.mu is held, from PlaceWrite on
+	d.recv = append(d.recv, received)
+	at := pc[0] - d.wantAt
+	switch {
+	case received <= 0 || int64(received) >= pc[1]:
+		d.bad = "a count outside the piece"
+	case !bytes.Equal(d.mem[pc[0]:pc[0]+int64(received)], d.want[at:at+int64(received)]):
+		d.bad = "bytes it covers have not arrived"
+	}
 }
 
 func (d *pieceDevice) ReadAt(p []byte, off int64) (int, error) {
@@ -88,8 +106,9 @@ func sendSlowly(t *testing.T, c *rawClient, off uint64, payload []byte, first in
 // compared.
 func TestPlacedPieces(t *testing.T) {
 	const size, n = 4 << 20, 512 << 10
-	old := placedWait
-	t.Cleanup(func() { placedWait = old })
+	oldWait, oldStep := placedWait, placedStep
+	t.Cleanup(func() { placedWait, placedStep = oldWait, oldStep })
+	placedStep = 64 << 10 // one unit: pieces are read in steps
 	for _, tc := range []struct {
 		name   string
 		wait   time.Duration // placedWait
@@ -108,6 +127,7 @@ func TestPlacedPieces(t *testing.T) {
 			c.handshakeGo("")
 			off := uint64(1 << 20)
 			want := pattern(5, n)
+			dev.want, dev.wantAt = want, int64(off)
 			errno := sendSlowly(t, c, off, want, 200<<10, tc.pause)
 			pieces, writes := dev.log()
 			t.Logf("pieces %v, writes %v", pieces, writes)
@@ -159,6 +179,14 @@ func TestPlacedPieces(t *testing.T) {
 				if len(pieces) == 0 || len(writes) != 1 {
 					t.Fatalf("a WRITE whose rest came after the wait: %d pieces, %d ordinary writes; want pieces, then one write", len(pieces), len(writes))
 				}
+			}
+			// Pieces of 192 KiB were read in steps of 64 KiB, each step's progress reported
+			// with its bytes in place.
+			dev.mu.Lock()
+			recv, bad := dev.recv, dev.bad
+			dev.mu.Unlock()
+			if len(recv) == 0 || bad != "" {
+				t.Fatalf("pieces %v read in steps of 64 KiB: progress %v (%s)", pieces, recv, bad)
 			}
 			e, got := c.do(wire.CmdRead, 0, off, n, nil)
 			if e != 0 || !bytes.Equal(got, want) {

@@ -40,7 +40,7 @@ type ioMode struct {
 
 // modeDir returns a temporary directory for mode's member files: on tmpfs (/dev/shm) for a
 // mode that asks for it, where the machine has one, else t.TempDir().
-func modeDir(t *testing.T, mode ioMode) string {
+func modeDir(t testing.TB, mode ioMode) string {
 	t.Helper()
 	var fs unix.Statfs_t
 	if !mode.shm || unix.Statfs("/dev/shm", &fs) != nil || fs.Type != unix.TMPFS_MAGIC {

@@ -56,6 +56,8 @@ type placement struct {
 	edge    []byte // scratch for the head and the tail, two stripes long
 	entered uint64 // roles whose write gate was entered
 	begun   bool   // the bitmap's Begin was called
+	hot     int64  // stripes [s0, s0+hot) have their parity (PlacedReceived)
+	faulted bool   // their parity faulted: commit rewrites it through the members
 	// By role: the member's mapping of the span's chunks (contiguous on a member) and the
 	// member, also as a mapWriter.
 	ranges [stripe.MaxMembers][]byte
@@ -171,12 +173,24 @@ func (pl *placement) put() {
 	clear(pl.mem[:])
 	clear(pl.mw[:])
 	clear(pl.shards)
-	pl.a, pl.entered, pl.begun = nil, 0, false
+	pl.a, pl.entered, pl.begun, pl.hot, pl.faulted = nil, 0, false, 0, false
 	placements.Put(pl)
 }
 
 // PlaceUnit (nbd.PlacedWriter) is the unit PlaceWrite places: a stripe.
 func (a *Array) PlaceUnit() int64 { return a.layout.StripeSize() }
+
+// PlacedReceived (nbd.PlacedProgresser) computes the parity of the stripes of the placed write
+// h whose bytes have all been read into its slices (received of them, in order), while they
+// are still in the CPU's cache; CommitPlaced does the rest.
+func (a *Array) PlacedReceived(h any, received int) {
+	pl := h.(*placement)
+	done := min(max(int64(received-pl.head), 0)/a.layout.StripeSize(), pl.k)
+	if done > pl.hot && !pl.faulted {
+		pl.faulted = !pl.parity(pl.hot, done)
+		pl.hot = done
+	}
+}
 
 // CommitPlaced ends the placed write h (from PlaceWrite) after the caller has read received of
 // its n bytes into the slices: it makes every stripe's parity match its data and releases the
@@ -217,7 +231,9 @@ func (pl *placement) commit(complete bool) error {
 	if complete {
 		a.cache.Overwritten(pl.s0, pl.k)
 	}
-	if !pl.parity() {
+	// The stripes after hot, whole or not: a payload cut short leaves them consistent with
+	// what arrived. Those before have theirs (PlacedReceived), whole.
+	if pl.faulted || !pl.parity(pl.hot, pl.k) || !pl.covered() {
 		// The range faulted or shrank: rewrite the parity through the ordinary member I/O,
 		// which reports what is wrong (and fails the member).
 		bufs := make([][]byte, a.roles.n()+1)
@@ -241,10 +257,9 @@ func (pl *placement) commit(complete bool) error {
 	return nil
 }
 
-// parity computes each stripe's parity from its data chunks in the mappings into the parity
-// member's mapping, and reports false if a page faulted or a member's file no longer covers
-// the range.
-func (pl *placement) parity() (ok bool) {
+// parity computes the parity of stripes [s0+i0, s0+i1) from their data chunks in the mappings
+// into the parity member's mapping, and reports false if a page faulted.
+func (pl *placement) parity(i0, i1 int64) (ok bool) {
 	a := pl.a
 	C, D := a.layout.ChunkSize(), a.layout.DataMembers()
 	if len(pl.shards) != D+1 {
@@ -256,7 +271,7 @@ func (pl *placement) parity() (ok bool) {
 			ok = false
 		}
 	}(debug.SetPanicOnFault(true))
-	for i := range pl.k {
+	for i := i0; i < i1; i++ {
 		s := pl.s0 + i
 		for d := range D {
 			pl.shards[d] = pl.ranges[a.layout.DataMember(s, d)][i*C : (i+1)*C]
@@ -266,7 +281,14 @@ func (pl *placement) parity() (ok bool) {
 			return false
 		}
 	}
-	end := a.dataOffset + (pl.s0+pl.k)*C
+	return true
+}
+
+// covered reports whether every member's file still covers the placed range: a file cut short
+// under the array since PlaceWrite checked (its stores past the new end were lost).
+func (pl *placement) covered() bool {
+	a := pl.a
+	end := a.dataOffset + (pl.s0+pl.k)*a.layout.ChunkSize()
 	for r := range a.roles.n() {
 		if !pl.mw[r].Covers(end) {
 			return false

@@ -13,12 +13,13 @@ import (
 type arrayDevice struct{ *raid.Array }
 
 var (
-	_ nbd.Device        = arrayDevice{}
-	_ nbd.FUAWriter     = arrayDevice{}
-	_ nbd.PinnedWriter  = arrayDevice{}
-	_ nbd.BlockStatuser = arrayDevice{}
-	_ nbd.MappedReader  = arrayDevice{}
-	_ nbd.PlacedWriter  = arrayDevice{}
+	_ nbd.Device           = arrayDevice{}
+	_ nbd.FUAWriter        = arrayDevice{}
+	_ nbd.PinnedWriter     = arrayDevice{}
+	_ nbd.BlockStatuser    = arrayDevice{}
+	_ nbd.MappedReader     = arrayDevice{}
+	_ nbd.PlacedWriter     = arrayDevice{}
+	_ nbd.PlacedProgresser = arrayDevice{}
 )
 
 // raidExtents pools BlockStatus's working slices (one per concurrent request).

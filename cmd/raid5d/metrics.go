@@ -219,6 +219,13 @@ func (d *metricsDevice) PlaceUnit() int64 {
 	return 0
 }
 
+// PlacedReceived passes the progress of a placed piece through, if the wrapped device takes it.
+func (d *metricsDevice) PlacedReceived(h any, received int) {
+	if pp, ok := d.d.(nbd.PlacedProgresser); ok {
+		pp.PlacedReceived(h, received)
+	}
+}
+
 // CommitPlaced records the bytes received (all of them unless the connection broke) as written,
 // and the last piece of a WRITE as its request; the time is that piece's commit (parity), as
 // WriteAt's excludes the payload's arrival too. A WRITE whose rest was not placed is the
