@@ -187,7 +187,7 @@
 //     stripes in parallel) write a
 //     head out once no write has reached it for IOOptions.WriteBackDelay (default 5 ms, at most
 //     8 delays after its first write), at once when every unit is dirty (a full-stripe
-//     write), and oldest first while more than half the cache is dirty; a head all up to date
+//     write), and oldest first once more than half the cache is dirty, until 3/8 is; a head all up to date
 //     but only partly dirty waits like any partial one, so that later writes join it. A partial head is written by
 //     read-modify-write or reconstruct-write, whichever reads fewer units; in a
 //     degraded stripe, units of the missing member are rebuilt (reconstruct-write) where the

@@ -40,8 +40,9 @@ type Options struct {
 	// and reads go straight to the members.
 	Stripes int
 	// WriteBackDelay is how long a partial stripe waits for later writes to fill it before it
-	// is written out; 0 means DefaultWriteBackDelay. Full stripes, and everything while more
-	// than half the heads are dirty, are written out at once.
+	// is written out (up to a tenth more: the write-out goroutines take the heads that fell due
+	// together); 0 means DefaultWriteBackDelay. Full stripes are written out at once, and so
+	// is everything once more than half the heads are dirty, until no more than 3/8 are.
 	WriteBackDelay time.Duration
 	// WriteBackers is the number of background write-out goroutines (stripes written out in
 	// parallel); 0 means DefaultWriteBackers.
@@ -82,13 +83,15 @@ type Cache struct {
 	upc     int                // units per chunk
 	cap     int
 
-	mu      sync.Mutex // guards heads, lru, free, delayed, urgent, queued, err, and heads' bindings and links
+	mu      sync.Mutex // guards heads, lru, free, delayed, urgent, queued, timing, pressed, err, and heads' bindings and links
 	heads   map[int64]*head
 	lru     lruList // bound heads, most recently used first
 	free    []*head // unbound heads
 	delayed qList   // dirty heads waiting for WriteBackDelay, oldest first
 	urgent  qList   // heads dirty in every unit, to be written out at once
 	queued  int     // heads in delayed or urgent
+	timing  bool    // a write-out goroutine sleeps until the next delayed head is due (next)
+	pressed bool    // delayed heads go out before they are due (pressedLocked)
 	err     error   // first background write-out error since the last Flush
 
 	kick chan struct{} // wakes a write-out goroutine

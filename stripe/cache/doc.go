@@ -8,8 +8,8 @@
 // A write covering whole stripes goes out at once, parity from the new data alone, with no
 // member reads. A partial write lands in its head and returns; background write-outs send a
 // head to the members when it has been quiet for WriteBackDelay, at once when every unit is
-// dirty (a full-stripe write: no reads), and oldest first when more than half the heads are
-// dirty. A head whose units are all up to date but only some dirty waits like any partial one
+// dirty (a full-stripe write: no reads), and oldest first once more than half the heads are
+// dirty, until no more than 3/8 are. A head whose units are all up to date but only some dirty waits like any partial one
 // (its write-out would read nothing, but later writes into the stripe join it). Every
 // write-out executes the plan stripe.PlanWrite makes of its head: a head still partial takes
 // read-modify-write or reconstruct-write, whichever reads fewer units (a tie:

@@ -14,7 +14,7 @@ import (
 // test that calls it after each write sees write-backers that are never late.
 func writeBackNow(t *testing.T, c *Cache) {
 	t.Helper()
-	for s, ok, _ := c.next(time.Now()); ok; s, ok, _ = c.next(time.Now()) {
+	for s, ok, _ := c.next(time.Now(), nil); ok; s, ok, _ = c.next(time.Now(), nil) {
 		if err := c.writeBack(s); err != nil {
 			t.Fatal(err)
 		}
@@ -154,13 +154,14 @@ func TestUpToDateHeadWaits(t *testing.T) {
 	if c.Dirty(0, 4) {
 		t.Fatal("dirty stripes left after the write-outs")
 	}
-	// Pressure: with 3 of 4 heads dirty (more than half), the oldest is offered at once.
+	// Pressure: with 3 of 4 heads dirty (more than half), the oldest are offered at once until
+	// no more than 3/8 of the cache (1 head) is queued.
 	for s := range int64(3) {
 		write(s*ss+U, U)
 	}
 	writeBackNow(t, c)
-	if c.Dirty(0, 1) || !c.Dirty(1, 1) || !c.Dirty(2, 1) {
-		t.Errorf("dirty after the write-outs under pressure: %v %v %v, want stripe 0 written out, 1 and 2 waiting", c.Dirty(0, 1), c.Dirty(1, 1), c.Dirty(2, 1))
+	if c.Dirty(0, 1) || c.Dirty(1, 1) || !c.Dirty(2, 1) {
+		t.Errorf("dirty after the write-outs under pressure: %v %v %v, want stripes 0 and 1 written out, 2 waiting", c.Dirty(0, 1), c.Dirty(1, 1), c.Dirty(2, 1))
 	}
 	// With the write-out goroutines running and a short delay, an up-to-date head written in
 	// one unit is written out without a Flush.
@@ -179,4 +180,52 @@ func TestUpToDateHeadWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(t, l, mm, model)
+}
+
+// TestOneTimer: with heads queued but none due, one write-out goroutine waits for the next to
+// fall due and the others wait to be kicked (one timer, not one per goroutine); once the
+// waiting one is awake again another may take the timer; a head offered while another is
+// due already wakes a second goroutine, and one offered while the rest are not due wakes none.
+func TestOneTimer(t *testing.T) {
+	l, _ := stripe.NewLayout(4, 16<<10, stripe.LeftSymmetric)
+	c, _, model := newTestCache(t, l, 8, 8, -1, 12)
+	c.delay = time.Hour
+	for s := range int64(3) {
+		off := s * l.StripeSize()
+		if _, err := c.Write(model[off:off+stripe.UnitSize], off, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-c.kick // the first queued head's kick
+	now := time.Now()
+	c.mu.Lock()
+	c.heads[2].due = now.Add(10 * time.Hour) // still being written
+	c.mu.Unlock()
+	var a, b bool
+	if _, ok, wait := c.next(now, &a); ok || wait <= 0 || !a {
+		t.Fatalf("first goroutine: ok %v, wait %v, timer %v; want to wait for the first head", ok, wait, a)
+	}
+	if _, ok, wait := c.next(now, &b); ok || wait != -1 || b {
+		t.Fatalf("second goroutine: ok %v, wait %v, timer %v; want to wait for a kick", ok, wait, b)
+	}
+	if _, _, wait := c.next(now, &a); wait <= 0 || !a { // woken, nothing due: the timer again
+		t.Fatalf("first goroutine again: wait %v, timer %v; want the timer", wait, a)
+	}
+	late := now.Add(2 * time.Hour) // stripes 0 and 1 due, 2 not
+	if s, ok, _ := c.next(late, &b); !ok || s != 0 || b || !c.timing {
+		t.Fatalf("second goroutine when both are due: stripe %d, ok %v, timer %v; want stripe 0 and the first still timing", s, ok, b)
+	}
+	select {
+	case <-c.kick:
+	default:
+		t.Fatal("stripe 1 due too, but no other goroutine kicked")
+	}
+	if s, ok, _ := c.next(late, &a); !ok || s != 1 || a || c.timing {
+		t.Fatalf("first goroutine: stripe %d, ok %v, timer %v, timing %v; want stripe 1, nobody timing", s, ok, a, c.timing)
+	}
+	select {
+	case <-c.kick:
+		t.Fatal("kicked with nothing due: stripe 2 is still being written")
+	default:
+	}
 }

@@ -156,16 +156,18 @@ func (c *Cache) Flush() error {
 }
 
 // writeBacker is a write-out goroutine: it writes out urgent heads at once, delayed ones when
-// they are due, and the oldest dirty heads regardless while more than half the cache is dirty.
+// they are due, and the oldest dirty heads regardless once more than half the cache is dirty
+// (pressedLocked).
 func (c *Cache) writeBacker(ctx context.Context) {
 	defer c.wg.Done()
 	t := time.NewTimer(time.Hour)
 	t.Stop()
+	timer := false // this goroutine waits for the next delayed head (Cache.timing)
 	for {
-		s, ok, wait := c.next(time.Now())
+		s, ok, wait := c.next(time.Now(), &timer)
 		if !ok {
 			if wait >= 0 {
-				t.Reset(wait)
+				t.Reset(max(wait, c.delay/lateFraction))
 			}
 			select {
 			case <-ctx.Done():
@@ -189,24 +191,71 @@ func (c *Cache) writeBacker(ctx context.Context) {
 }
 
 // next takes the next head to write out at now off its queue (nextLocked) and returns its
-// stripe, waking another write-out goroutine if more are queued; or ok false and how long to
-// wait (-1: until kicked).
-func (c *Cache) next(now time.Time) (s int64, ok bool, wait time.Duration) {
+// stripe, waking another write-out goroutine if another head is due already (readyLocked); or
+// ok false and how long to wait: -1, until kicked, when nothing is queued or another goroutine
+// already waits for the next head to fall due (Cache.timing), so that one timer, not one per
+// goroutine, goes off for it. *timer says whether the caller is that goroutine (set here); a
+// caller that will not wait passes nil.
+func (c *Cache) next(now time.Time, timer *bool) (s int64, ok bool, wait time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if timer != nil && *timer { // awake again: no longer waiting
+		c.timing, *timer = false, false
+	}
 	h, wait := c.nextLocked(now)
 	if h == nil {
+		if wait >= 0 && timer != nil {
+			if c.timing {
+				wait = -1
+			} else {
+				c.timing, *timer = true, true
+			}
+		}
 		return 0, false, wait
 	}
-	if c.queued > 0 {
+	if c.readyLocked(now) {
 		c.kickLocked() // more work: wake another
 	}
 	return h.stripe, true, 0
 }
 
+// readyLocked reports whether nextLocked at now would return a head without waiting: one is
+// urgent, the cache is pressed (pressedLocked), or the oldest delayed one is due.
+func (c *Cache) readyLocked(now time.Time) bool {
+	if c.urgent.front() != nil || c.pressedLocked() {
+		return c.queued > 0
+	}
+	h := c.delayed.front()
+	return h != nil && !now.Before(h.due)
+}
+
+// lateFraction: a write-out goroutine waiting for the next delayed head to fall due sleeps for
+// at least WriteBackDelay/lateFraction, so a head may go out that much after it is due: under
+// a stream of random small writes heads fall due every few microseconds, and each wake-up then
+// writes out the several that fell due meanwhile (waking others to help, next) instead of
+// sleeping once for each of them.
+const lateFraction = 10
+
 // maxAge bounds, in units of WriteBackDelay, how long a partial stripe that keeps being
 // written waits in the cache.
 const maxAge = 8
+
+// pressedLocked reports whether delayed heads are written out before they are due: from when
+// more than half the cache is queued until no more than drainTo of it is. Writing a batch of
+// heads out each time, rather than one whenever a write queues one more, lets each woken
+// write-out goroutine do several.
+func (c *Cache) pressedLocked() bool {
+	switch {
+	case c.queued > c.cap/2:
+		c.pressed = true
+	case c.queued <= c.cap*drainTo/8:
+		c.pressed = false
+	}
+	return c.pressed
+}
+
+// drainTo is how much of the cache, in eighths, stays queued after it was pressed.
+const drainTo = 3
 
 // nextLocked takes the next head to write out off its queue, or returns how long to wait
 // (-1: until kicked). The delayed queue is in order of first write; a head at its front that
@@ -221,7 +270,7 @@ func (c *Cache) nextLocked(now time.Time) (*head, time.Duration) {
 		if h == nil {
 			return nil, -1
 		}
-		if c.queued > c.cap/2 || !now.Before(h.due) {
+		if c.pressedLocked() || !now.Before(h.due) {
 			c.dequeueLocked(h)
 			return h, 0
 		}
