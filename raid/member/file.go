@@ -46,6 +46,9 @@ type File struct {
 	nTouched atomic.Int64
 	remapMu  sync.Mutex
 	remaps   atomic.Uint64
+	// A bit per residentRegion of the file that mincore found wholly in memory since the
+	// last Remap, Trim over it or size check that failed (WritableRange).
+	inMemory []atomic.Uint64
 }
 
 // OpenFile opens a regular file or a block device as a member, for use (see Use): it holds a
@@ -354,6 +357,7 @@ func (m *File) Trim(off, length int64) error {
 	if length == 0 {
 		return nil
 	}
+	m.forgetResident(off, length) // the hole is not in memory
 	err := retryEINTR(func() error {
 		return unix.Fallocate(m.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
 	})

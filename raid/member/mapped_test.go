@@ -205,3 +205,48 @@ func TestTouchRemaps(t *testing.T) {
 	}
 	readBack(t, path, 3*R-4096, p)
 }
+
+// TestWritableRangeRemembers: what WritableRange learns from mincore (a 1 MiB region wholly in
+// memory) is forgotten when the region can hold a hole again: the file's own Trim punches one,
+// or the file is found shorter (Covers) — cut and grown back from outside, it has holes. A
+// region only partly in memory is not remembered, and its pages are answered one by one.
+func TestWritableRangeRemembers(t *testing.T) {
+	const M = 1 << 20
+	m, path := openSparse(t, shmDir(t), 4*M)
+	if _, err := m.WriteAt(pattern(2*M, 1), M); err != nil { // regions 1 and 2 in memory
+		t.Fatal(err)
+	}
+	if _, err := m.WriteAt(pattern(8192, 2), 3*M); err != nil { // region 3 in part
+		t.Fatal(err)
+	}
+	if m.WritableRange(M+4096, 8192) == nil || m.WritableRange(2*M+M/2, 4096) == nil {
+		t.Fatal("WritableRange refused pages in memory")
+	}
+	if m.WritableRange(3*M, 8192) == nil {
+		t.Fatal("WritableRange refused the pages in memory of a region in part")
+	}
+	if m.WritableRange(3*M, 3*4096) != nil || m.WritableRange(3*M+8192, 4096) != nil {
+		t.Fatal("WritableRange handed out a hole of a region in memory in part")
+	}
+	// The file's own Trim: the hole is refused, in a region known to be in memory.
+	if err := m.Trim(M+64<<10, 8192); err != nil {
+		t.Fatal(err)
+	}
+	if m.WritableRange(M+64<<10, 4096) != nil {
+		t.Fatal("WritableRange handed out a hole punched by Trim in a region it had found in memory")
+	}
+	// Cut short from outside (Covers, as a placed write's commit does, finds it short), then
+	// grown back: holes where region 2 was, refused.
+	if err := os.Truncate(path, 2*M); err != nil {
+		t.Fatal(err)
+	}
+	if m.Covers(4 * M) {
+		t.Fatal("Covers(4 MiB) of a 2 MiB file")
+	}
+	if err := os.Truncate(path, 4*M); err != nil {
+		t.Fatal(err)
+	}
+	if m.WritableRange(2*M+M/2, 4096) != nil {
+		t.Fatal("WritableRange handed out a hole left by a cut the file's size check saw")
+	}
+}
