@@ -197,6 +197,9 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 		p.noWait--
 	}
 	off, n, u := int64(h.Offset), int(h.Length), p.unit
+	if (off+u-1)/u*u+u > off+int64(n) {
+		return false, nil // no whole unit in it: nothing to wait for
+	}
 	done, ahead := 0, 0
 	var werr error // a piece's error: the reply's
 	for done < n {

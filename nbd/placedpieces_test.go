@@ -15,6 +15,7 @@ import (
 type pieceDevice struct {
 	mu     sync.Mutex
 	mem    []byte
+	tries  int        // PlaceWrite calls
 	pieces [][2]int64 // off, n of each committed piece
 	writes [][2]int64 // off, n of each WriteAt
 	failAt int64      // a piece placed here fails its commit (-1: none)
@@ -58,6 +59,9 @@ func (d *pieceDevice) WriteZeroes(off, length int64, _ bool) error { return nil 
 func (d *pieceDevice) PlaceUnit() int64                            { return 64 << 10 }
 
 func (d *pieceDevice) PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any, bool) {
+	d.mu.Lock()
+	d.tries++
+	d.mu.Unlock()
 	if off%(64<<10) != 0 || n < 64<<10 {
 		return v, nil, false
 	}
@@ -193,5 +197,30 @@ func TestPlacedPieces(t *testing.T) {
 				t.Fatalf("read back: errno %d, equal %v", e, bytes.Equal(got, want))
 			}
 		})
+	}
+}
+
+// TestPlacedNoWholeUnit: a WRITE with no whole unit in it is written as usual at once: the
+// reader neither waits for its payload nor offers it to the device.
+func TestPlacedNoWholeUnit(t *testing.T) {
+	old := placedWait
+	t.Cleanup(func() { placedWait = old })
+	placedWait = 20 * time.Second
+	dev := &pieceDevice{mem: make([]byte, 1<<20), failAt: -1}
+	_, _, path := serveUnix(t, Options{Exports: []Export{{Name: "", Device: dev}}})
+	c := dial(t, path)
+	c.handshakeGo("")
+	want := pattern(6, 100<<10)
+	if errno := sendSlowly(t, c, 4096, want, 1000, 200*time.Millisecond); errno != 0 {
+		t.Fatalf("errno %d", errno)
+	}
+	dev.mu.Lock()
+	tries, writes := dev.tries, dev.writes
+	dev.mu.Unlock()
+	if tries != 0 || len(writes) != 1 {
+		t.Fatalf("a WRITE of 100 KiB at 4 KiB (no whole 64 KiB unit): %d PlaceWrite calls, ordinary writes %v; want none, one", tries, writes)
+	}
+	if e, got := c.do(wire.CmdRead, 0, 4096, uint32(len(want)), nil); e != 0 || !bytes.Equal(got, want) {
+		t.Fatalf("read back: errno %d", e)
 	}
 }
