@@ -18,7 +18,8 @@
 # --bitmap-region 64M: at MEMBER 128M the default region is one stripe), RAID5D_B (a second
 # binary, e.g. one built from the commit before a change: every configuration runs with it
 # too, on members of its own, taking turns with the first, and a third table gives RAID5D /
-# RAID5D_B). Bounded: every fio runs RUNTIME seconds under
+# RAID5D_B), JOBS (the jobs to run, of seqwrite-1M seqread-1M randread-4k randwrite-4k; all).
+# Bounded: every fio runs RUNTIME seconds under
 # a timeout; at the end every process in the lab's namespaces is killed by PID and the
 # namespaces (and so their veths) are deleted by name.
 set -euo pipefail
@@ -138,7 +139,10 @@ d = j["read"] if j["read"]["io_bytes"] > 0 else j["write"]
 print(config, job, d["bw_bytes"], d["iops"])
 PY
 }
-jobs=("seqwrite-1M write 1M" "seqread-1M read 1M" "randread-4k randread 4k" "randwrite-4k randwrite 4k")
+jobs=()
+for spec in "seqwrite-1M write 1M" "seqread-1M read 1M" "randread-4k randread 4k" "randwrite-4k randwrite 4k"; do
+  [[ " ${JOBS:-${spec%% *}} " == *" ${spec%% *} "* ]] && jobs+=("$spec")
+done
 all=()
 for b in "${sfx[@]}"; do all+=("local$b" "remote$b" "delayed$b" "conns$b"); done
 for round in $(seq "$ROUNDS"); do
