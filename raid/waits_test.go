@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/raid"
-	"github.com/raid5d/raid5d/raid/raidtest"
 )
 
 // meter counts the data-area writes in flight on a set of members and holds each until want
@@ -54,22 +53,24 @@ func (mt *meter) max() int {
 	return mt.most
 }
 
-// waiter is an in-memory member that says its I/O waits (member.Waiter), whose data-area
-// writes go through a meter.
-type waiter struct {
-	*raidtest.Mem
+// metered is a member whose data-area writes go through a meter.
+type metered struct {
+	raid.Member
 	mt *meter
 }
 
-func (w *waiter) Waits() bool { return true }
-
-func (w *waiter) WriteAt(p []byte, off int64) (int, error) {
+func (m *metered) WriteAt(p []byte, off int64) (int, error) {
 	if off >= raid.DataOffset {
-		w.mt.enter()
-		defer w.mt.leave()
+		m.mt.enter()
+		defer m.mt.leave()
 	}
-	return w.Mem.WriteAt(p, off)
+	return m.Member.WriteAt(p, off)
 }
+
+// waiter is a metered member that says its I/O waits (member.Waiter), as a remote one does.
+type waiter struct{ metered }
+
+func (w *waiter) Waits() bool { return true }
 
 // TestWaitingMembersConcurrent: on members that wait (remote ones), a write-out's member
 // writes are in flight together, not one member after another (a small batch of writes to
@@ -92,7 +93,7 @@ func TestWaitingMembersConcurrent(t *testing.T) {
 			mt := newMeter(tc.want, 2*time.Second)
 			ws := make([]raid.Member, len(ms))
 			for i, m := range ms {
-				ws[i] = &waiter{Mem: m, mt: mt}
+				ws[i] = &waiter{metered{Member: m, mt: mt}}
 			}
 			a, err := raid.AssembleMembers(ws, raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: never}})
 			if err != nil {
@@ -126,20 +127,6 @@ func TestWaitingMembersConcurrent(t *testing.T) {
 			}
 		})
 	}
-}
-
-// metered is a member whose data-area writes go through a meter.
-type metered struct {
-	raid.Member
-	mt *meter
-}
-
-func (m *metered) WriteAt(p []byte, off int64) (int, error) {
-	if off >= raid.DataOffset {
-		m.mt.enter()
-		defer m.mt.leave()
-	}
-	return m.Member.WriteAt(p, off)
 }
 
 // TestReAddConcurrent: a re-add resyncs several of the bitmap's regions at once, also when
