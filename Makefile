@@ -15,6 +15,7 @@ TEST_FUZZTIME ?= 50000x
 # make run: a default array of four sparse member files under ./data, served on loopback.
 DATA      ?= data
 RUN_SIZE  ?= 256M
+PROFILE_DIR ?= test/vm/.cache/profile
 MEMBERS   := $(foreach i,0 1 2 3,$(DATA)/member$(i).img)
 LISTEN    ?= 127.0.0.1:10809
 
@@ -43,7 +44,7 @@ space := $(empty) $(empty)
 STRESS_RUN := ^($(subst $(space),|,$(strip $(STRESS_TESTS))))$$
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-unit test-e2e test-vm bench-vm stress fuzz bench bench-peers benchcmp lint deps clean
+.PHONY: help build run test test-unit test-e2e test-vm bench-vm bench-vm-remote profile-vm stress fuzz bench bench-peers benchcmp lint deps clean
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z][a-zA-Z0-9_-]*:.*## /{printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -72,12 +73,19 @@ test-unit: ## unit tests only, with the race detector
 test-e2e: deps ## end-to-end tests with real clients (fio, nbdinfo, qemu-io, nbdfuse)
 	$(GO) test -count=1 -v -timeout 20m $$($(GO) list ./test/... | grep -v /test/vm)
 
-test-vm: deps ## boot a Debian kernel in qemu: the kernel nbd client on raid5d (make test runs this part), then bench-vm
+test-vm: deps ## boot a Debian kernel in qemu: the kernel nbd client on raid5d (make test runs this part), then bench-vm and bench-vm-remote
 	RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 25m ./test/vm
 	$(MAKE) --no-print-directory bench-vm
+	$(MAKE) --no-print-directory bench-vm-remote
 
 bench-vm: deps ## in one VM boot, md RAID-5 vs raid5d vs md+nbdkit on 4 RAM disks, kernel nbd client, fio: one table
 	RAID5D_VM_BENCH=1 RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 60m -run '^TestBench$$' ./test/vm
+
+bench-vm-remote: deps ## in one VM boot, 4 nbdkit member servers: md RAID-5 over nbd-client devices vs raid5d with nbd:// members, one table
+	RAID5D_VM_BENCH=1 RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 60m -run '^TestBenchRemote$$' ./test/vm
+
+profile-vm: deps ## where raid5d's time goes behind the kernel client: CPU per request, nbd-client -C 1/2/4, pprof (PROFILE_DIR)
+	RAID5D_VM_PROFILE=$(abspath $(PROFILE_DIR)) RAID5D_REQUIRE_TOOLS=$${RAID5D_REQUIRE_TOOLS-1} $(GO) test -count=1 -v -timeout 40m -run '^TestProfile$$' ./test/vm
 
 stress: ## the concurrency-heavy unit tests STRESS_COUNT times (30), then STRESS_RACE_COUNT times with -race (5)
 	$(GO) test -short -count=$(STRESS_COUNT) -timeout 60m -run '$(STRESS_RUN)' $(STRESS_PKGS)

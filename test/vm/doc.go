@@ -34,7 +34,12 @@
 //     boots another kernel package.
 //   - RAID5D_VM_CONSOLE=1 copies the guest's console to stderr as it comes.
 //   - RAID5D_VM_BENCH=1 runs TestBench (make bench-vm): md RAID-5, raid5d and md+nbdkit side
-//     by side in one boot.
+//     by side in one boot; and TestBenchRemote (make bench-vm-remote): md RAID-5 over
+//     nbd-client devices against raid5d with nbd+unix:// members, the same four nbdkit servers.
+//   - RAID5D_VM_PROFILE=DIR runs TestProfile (make profile-vm): the servers' CPU per request
+//     behind the kernel client and raid5d's CPU profiles, written to DIR.
+//   - RAID5D_VM_APPEND adds to the guest kernel's command line, e.g. "clocksource=tsc
+//     tsc=reliable" (under TCG the kernel picks hpet, and every clock read is a system call).
 //
 // # Time
 //

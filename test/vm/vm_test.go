@@ -198,7 +198,17 @@ type vmRun struct {
 	timeout time.Duration     // the whole boot, qemu killed after it; default 4 minutes
 	net     bool              // an e1000 NIC on qemu's user network, restricted (load the e1000 module)
 	forward string            // with net: the host's 127.0.0.1 port guestFwdAddr:guestFwdPort reaches
+	append  []string          // added to the kernel's command line (then $RAID5D_VM_APPEND's words)
 }
+
+// benchAppend is the benchmarks' kernel command line: under TCG the kernel finds the TSC
+// unreliable and keeps time with the HPET, which the vDSO cannot read, so every clock read is a
+// system call and an emulated device access. Go's scheduler and raid5d read the clock several
+// times per request and nbdkit almost never, so the HPET charged raid5d about 4x its CPU per
+// 4 KiB and 48 KiB write (1.1-1.4x per 4 KiB read) in one boot that switched between the two
+// (guest/profile.sh); on real machines and KVM guests the vDSO reads a TSC or kvm-clock.
+// tsc=reliable makes the TSC the clocksource.
+var benchAppend = []string{"tsc=reliable"}
 
 // The guest's network (vmRun.net) is qemu's user network with restrict=on: the guest reaches
 // nothing outside the VM, not even the host's loopback through 10.0.2.2, except through the one
@@ -260,6 +270,7 @@ func boot(r vmRun, accel []string) (vmResult, error) {
 		return vmResult{}, err
 	}
 	cmdline := append([]string{"console=ttyS0", "panic=-1", "quiet", "rdinit=/init"}, extra...)
+	cmdline = append(append(cmdline, r.append...), strings.Fields(os.Getenv("RAID5D_VM_APPEND"))...)
 	args := append([]string{
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
 		"-m", strconv.Itoa(r.memMiB), "-smp", strconv.Itoa(r.cpus),

@@ -1,6 +1,8 @@
 # Side by side on the same four RAM disks, in one boot, alternating rounds: Linux md RAID-5
 # (16 KiB chunks, --assume-clean) with and without skip_copy, raid5d (16 KiB chunks) through the
-# kernel's nbd client, and md exported by nbdkit's file plugin through the same client; and
+# kernel's nbd client, and md exported by nbdkit's file plugin through the same client, both
+# over a unix socket (md+nbdkit-nc: nbdkit with cache=none, md's work done as each request is
+# served, not deferred to the page cache's writeback); and
 # raid5d+msk, raid5d with the nbd device's max_sectors_kb raised from the kernel's 128 to 1024,
 # so that 1 MiB requests reach the server whole; and raid5d-pc, raid5d with the RAM disks through
 # the page cache (--direct off; block devices are opened O_DIRECT by default). fio with
@@ -13,7 +15,7 @@
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
 SIZE=${SIZE:-256}
-CONFIGS=${CONFIGS:-md md-skip_copy md+nbdkit raid5d raid5d+msk raid5d-pc}
+CONFIGS=${CONFIGS:-md md-skip_copy md+nbdkit md+nbdkit-nc raid5d raid5d+msk raid5d-pc}
 NBDKIT_SOCK=/run/nbdkit.sock
 MD=/dev/md0
 SPACE=$IFS
@@ -42,11 +44,16 @@ setup() {
 		if [ "$1" = md ]; then echo 0 >/sys/block/md0/md/skip_copy; else echo 1 >/sys/block/md0/md/skip_copy; fi
 		DEV=$MD
 		;;
-	md+nbdkit)
+	md+nbdkit | md+nbdkit-nc)
+		# md+nbdkit-nc: nbdkit's cache=none, so that md does each write's parity work when
+		# the write is served, as raid5d does, instead of in the page cache's writeback later,
+		# and reads reach md instead of the page cache
 		md_up
 		echo 0 >/sys/block/md0/md/skip_copy
 		rm -f "$NBDKIT_SOCK"
-		nbdkit --unix "$NBDKIT_SOCK" --pidfile /run/nbdkit.pid file file="$MD" || die "nbdkit"
+		cache=default
+		[ "$1" != md+nbdkit-nc ] || cache=none
+		nbdkit --unix "$NBDKIT_SOCK" --pidfile /run/nbdkit.pid file file="$MD" cache=$cache || die "nbdkit"
 		wait_for 30 "nbdkit's socket" test -S "$NBDKIT_SOCK"
 		nbd-client -u "$NBDKIT_SOCK" "$NBD" -b 4096 >/dev/null || die "nbd-client to nbdkit"
 		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
@@ -57,8 +64,9 @@ setup() {
 		# (the default for block devices), so whole-stripe writes can be placed.
 		md_down
 		create --chunk 16K
-		if [ "$1" = raid5d-pc ]; then serve --direct off >/dev/null; else serve >/dev/null; fi
-		attach >/dev/null
+		# over a unix socket, as nbdkit
+		if [ "$1" = raid5d-pc ]; then serve --socket "$SOCK" --direct off >/dev/null; else serve --socket "$SOCK" >/dev/null; fi
+		attach -u "$SOCK" >/dev/null
 		[ "$1" != raid5d+msk ] || echo 1024 >/sys/block/nbd0/queue/max_sectors_kb
 		DEV=$NBD
 		;;
@@ -68,7 +76,7 @@ setup() {
 
 teardown() {
 	case $1 in
-	md+nbdkit)
+	md+nbdkit | md+nbdkit-nc)
 		detach
 		kill "$(cat /run/nbdkit.pid)"
 		wait_for 30 "nbdkit to exit" sh -c '! kill -0 $(cat /run/nbdkit.pid)'
@@ -91,6 +99,7 @@ job() {
 	esac
 }
 
+log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 log "bench: $ROUNDS rounds of $RUNTIME s jobs on $SIZE MiB; configs $CONFIGS; $(nproc) CPUs"
 command -v xdd >/dev/null 2>&1 || log "xdd: not in the guest (not a Debian package); its experiment is skipped"
 round=1

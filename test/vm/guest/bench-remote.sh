@@ -1,0 +1,124 @@
+# An array over four member servers, side by side in one boot, alternating rounds (make
+# bench-vm-remote): four nbdkit file servers, one per unix socket, each on a file in a tmpfs (the
+# member hosts); md-nbd is Linux md RAID-5 (16 KiB chunks, --assume-clean) over the kernel's
+# nbd-client devices /dev/nbd0..3 attached to them, fio on /dev/md0; raid5d-nbd is raid5d with
+# the same four servers as nbd+unix:// members, attached through nbd-client on /dev/nbd4, fio
+# there. The -C2 configs (not run by default: md-nbd-C2 stalled twice, its fill or mdadm
+# --create waiting for a request over 9 minutes) give every kernel client two connections (md's
+# members, raid5d's attach) and raid5d --member-conns 2. Same fio jobs as bench.sh. Prints one RESULT line per
+# round, config and workload: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
+#
+# Environment: ROUNDS (3), RUNTIME (seconds per job, 5), SIZE (MiB of the device the jobs
+# use, 256), CONFIGS (the configs, in round 1's order; later rounds alternate the order).
+
+ROUNDS=${ROUNDS:-3}
+RUNTIME=${RUNTIME:-5}
+SIZE=${SIZE:-256}
+CONFIGS=${CONFIGS:-md-nbd raid5d-nbd}
+MD=/dev/md0
+SRV=/srv
+NBD=/dev/nbd4 # raid5d's attach; md's members are /dev/nbd0..3
+MEMBER_MIB=288 # each export: a quarter of the array plus room for raid5d's superblock and bitmap
+SPACE=$IFS
+# every kernel client's request timeout: long, so that a guest starved by a loaded host does
+# not time requests out (the kernel's default, 30 s, was hit once here at load 12); md fails
+# a member whose request fails
+TIMEOUT=600
+
+# name:rw:bs:iodepth
+WORKLOADS="seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:16 randwrite-4k:randwrite:4k:32 randread-4k:randread:4k:32"
+
+# the member hosts: nbdkit's file plugin on a file each, in RAM
+mkdir -p "$SRV"
+mount -t tmpfs -o size=$((4 * MEMBER_MIB + 64))m tmpfs "$SRV" || die "tmpfs"
+URIS=""
+for i in 0 1 2 3; do
+	truncate -s "${MEMBER_MIB}M" "$SRV/m$i.img"
+	nbdkit --unix "$SRV/m$i.sock" --pidfile "$SRV/m$i.pid" file file="$SRV/m$i.img" || die "nbdkit $i"
+	wait_for 30 "nbdkit $i's socket" test -S "$SRV/m$i.sock"
+	URIS="$URIS nbd+unix:///m$i?socket=$SRV/m$i.sock"
+done
+log "member servers: $(nbdkit --version) on $SRV/m0..3.sock, ${MEMBER_MIB} MiB files in a tmpfs"
+
+# conns CONFIG: the connections of its kernel clients
+conns() { case $1 in *-C2) echo 2 ;; *) echo 1 ;; esac; }
+
+setup() {
+	case $1 in
+	md-nbd*)
+		for i in 0 1 2 3; do
+			nbd-client -u "$SRV/m$i.sock" /dev/nbd$i -b 4096 -t "$TIMEOUT" -C "$(conns "$1")" >/dev/null || die "nbd-client $i"
+			wait_for 30 "nbd$i to have a size" sh -c "[ \$(cat /sys/block/nbd$i/size) -gt 0 ]"
+		done
+		mdadm --create "$MD" --run --force --assume-clean --level=5 --raid-devices=4 --chunk=16 \
+			--metadata=1.2 /dev/nbd0 /dev/nbd1 /dev/nbd2 /dev/nbd3 >/tmp/mdadm.out 2>&1 ||
+			{ cat /tmp/mdadm.out; die "mdadm --create"; }
+		wait_for 30 "$MD" test -b "$MD"
+		DEV=$MD
+		;;
+	raid5d-nbd*)
+		raid5d create --force --chunk 16K $URIS >/dev/null || die "raid5d create on the servers"
+		SERVE_MEMBERS=$URIS serve --member-conns "$(conns "$1")" >/dev/null
+		attach -t "$TIMEOUT" -C "$(conns "$1")" >/dev/null
+		DEV=$NBD
+		;;
+	*) die "unknown config $1" ;;
+	esac
+}
+
+teardown() {
+	case $1 in
+	md-nbd*)
+		mdadm --stop "$MD" >/dev/null 2>&1 || die "mdadm --stop"
+		mdadm --zero-superblock /dev/nbd0 /dev/nbd1 /dev/nbd2 /dev/nbd3 >/dev/null 2>&1 || true
+		for i in 0 1 2 3; do
+			nbd-client -d /dev/nbd$i >/dev/null
+			wait_for 30 "nbd$i to be released" sh -c "[ \$(cat /sys/block/nbd$i/size) = 0 ]"
+		done
+		;;
+	raid5d-nbd*)
+		detach
+		stop_daemon
+		;;
+	esac
+}
+
+# job NAME RW BS DEPTH DEV: one fio job; prints KIB_PER_S IOPS.
+job() {
+	fio --name="$1" --filename="$5" --rw="$2" --bs="$3" --iodepth="$4" --ioengine=libaio --direct=1 \
+		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --minimal >/tmp/fio.out 2>&1 ||
+		{ cat /tmp/fio.out; die "fio $1 on $5"; }
+	case $2 in
+	*write) awk -F';' '{ print $48, int($49) }' /tmp/fio.out ;;
+	*) awk -F';' '{ print $7, int($8) }' /tmp/fio.out ;;
+	esac
+}
+
+log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+log "bench-remote: $ROUNDS rounds of $RUNTIME s jobs on $SIZE MiB; configs $CONFIGS; $(nproc) CPUs"
+round=1
+order=$CONFIGS
+while [ $round -le "$ROUNDS" ]; do
+	for c in $order; do
+		setup "$c"
+		fio --name=fill --filename="$DEV" --rw=write --bs=1M --iodepth=8 --ioengine=libaio --direct=1 \
+			--size="${SIZE}M" >/dev/null 2>&1 || die "fio fill on $c"
+		for w in $WORKLOADS; do
+			IFS=:
+			set -- $w
+			IFS=$SPACE
+			set -- $(job "$1" "$2" "$3" "$4" "$DEV") "$1"
+			echo "RESULT $round $c $3 $1 $2"
+		done
+		teardown "$c"
+	done
+	rev=""
+	for c in $order; do rev="$c $rev"; done
+	order=$rev
+	round=$((round + 1))
+done
+for i in 0 1 2 3; do
+	kill "$(cat "$SRV/m$i.pid")"
+done
+dmesg_clean
+log "bench-remote done"
