@@ -17,40 +17,28 @@ import (
 // about speed; it fails only if a config does not run. ROUNDS, RUNTIME (seconds per fio job),
 // SIZE (MiB) and CONFIGS pass through to the guest.
 func TestBench(t *testing.T) {
-	if os.Getenv("RAID5D_VM_BENCH") != "1" {
-		t.Skip("a benchmark: make bench-vm runs it (RAID5D_VM_BENCH=1)")
-	}
-	needGuest(t, "nbd-client", "mdadm", "fio", "nbdkit")
-	res := runVM(t, vmRun{
-		script:  guestScript(t, "bench.sh"),
-		modules: []string{"nbd", "brd rd_nr=4 rd_size=262144", "crc32c_generic", "raid456"}, // crc32c: libcrc32c's soft dependency
-		env:     passEnv("ROUNDS", "RUNTIME", "SIZE", "CONFIGS"),
-		memMiB:  3072,
-		append:  benchAppend,
-		timeout: 50 * time.Minute,
-	})
-	mustPass(t, res)
-	table, err := benchTable(res.output)
-	if err != nil {
-		t.Fatalf("%v; console:\n%s", err, res.output)
-	}
-	fmt.Print(table)
+	runBench(t, "bench-vm", "bench.sh", "nbd", "brd rd_nr=4 rd_size=262144", "crc32c_generic", "raid456") // crc32c: libcrc32c's soft dependency
 }
 
 // TestBenchRemote runs guest/bench-remote.sh in one boot (make bench-vm-remote;
 // RAID5D_VM_BENCH=1): four nbdkit file servers in the guest stand for the member hosts; md
 // RAID-5 over nbd-client devices attached to them against raid5d with the same servers as
-// nbd+unix:// members, with one and two connections per client, in alternating rounds; one
-// table of medians and ratios. It asserts nothing about speed. ROUNDS, RUNTIME, SIZE and CONFIGS
-// pass through to the guest.
+// nbd+unix:// members, in alternating rounds; one table of medians and ratios, as TestBench.
 func TestBenchRemote(t *testing.T) {
+	runBench(t, "bench-vm-remote", "bench-remote.sh", "nbd", "crc32c_generic", "raid456")
+}
+
+// runBench boots once for a benchmark script (under RAID5D_VM_BENCH=1, else it skips: target
+// is the make target that sets it), with 3 GiB and the benchmarks' kernel command line, and
+// prints benchTable's table of its RESULT lines.
+func runBench(t *testing.T, target, script string, modules ...string) {
 	if os.Getenv("RAID5D_VM_BENCH") != "1" {
-		t.Skip("a benchmark: make bench-vm-remote runs it (RAID5D_VM_BENCH=1)")
+		t.Skipf("a benchmark: make %s runs it (RAID5D_VM_BENCH=1)", target)
 	}
 	needGuest(t, "nbd-client", "mdadm", "fio", "nbdkit")
 	res := runVM(t, vmRun{
-		script:  guestScript(t, "bench-remote.sh"),
-		modules: []string{"nbd", "crc32c_generic", "raid456"},
+		script:  guestScript(t, script),
+		modules: modules,
 		env:     passEnv("ROUNDS", "RUNTIME", "SIZE", "CONFIGS"),
 		memMiB:  3072,
 		append:  benchAppend,

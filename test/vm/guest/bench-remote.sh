@@ -5,8 +5,8 @@
 # the same four servers as nbd+unix:// members, attached through nbd-client on /dev/nbd4, fio
 # there. The -C2 configs (not run by default: md-nbd-C2 stalled twice, its fill or mdadm
 # --create waiting for a request over 9 minutes) give every kernel client two connections (md's
-# members, raid5d's attach) and raid5d --member-conns 2. Same fio jobs as bench.sh. Prints one RESULT line per
-# round, config and workload: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
+# members, raid5d's attach) and raid5d --member-conns 2. The jobs are lib.sh's WORKLOADS, as in
+# bench.sh; one RESULT line per round, config and job (lib.sh's bench_rounds).
 #
 # Environment: ROUNDS (3), RUNTIME (seconds per job, 5), SIZE (MiB of the device the jobs
 # use, 256), CONFIGS (the configs, in round 1's order; later rounds alternate the order).
@@ -19,14 +19,10 @@ MD=/dev/md0
 SRV=/srv
 NBD=/dev/nbd4 # raid5d's attach; md's members are /dev/nbd0..3
 MEMBER_MIB=288 # each export: a quarter of the array plus room for raid5d's superblock and bitmap
-SPACE=$IFS
 # every kernel client's request timeout: long, so that a guest starved by a loaded host does
 # not time requests out (the kernel's default, 30 s, was hit once here at load 12); md fails
 # a member whose request fails
 TIMEOUT=600
-
-# name:rw:bs:iodepth
-WORKLOADS="seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:16 randwrite-4k:randwrite:4k:32 randread-4k:randread:4k:32"
 
 # the member hosts: nbdkit's file plugin on a file each, in RAM
 mkdir -p "$SRV"
@@ -83,40 +79,9 @@ teardown() {
 	esac
 }
 
-# job NAME RW BS DEPTH DEV: one fio job; prints KIB_PER_S IOPS.
-job() {
-	fio --name="$1" --filename="$5" --rw="$2" --bs="$3" --iodepth="$4" --ioengine=libaio --direct=1 \
-		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --minimal >/tmp/fio.out 2>&1 ||
-		{ cat /tmp/fio.out; die "fio $1 on $5"; }
-	case $2 in
-	*write) awk -F';' '{ print $48, int($49) }' /tmp/fio.out ;;
-	*) awk -F';' '{ print $7, int($8) }' /tmp/fio.out ;;
-	esac
-}
-
 log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 log "bench-remote: $ROUNDS rounds of $RUNTIME s jobs on $SIZE MiB; configs $CONFIGS; $(nproc) CPUs"
-round=1
-order=$CONFIGS
-while [ $round -le "$ROUNDS" ]; do
-	for c in $order; do
-		setup "$c"
-		fio --name=fill --filename="$DEV" --rw=write --bs=1M --iodepth=8 --ioengine=libaio --direct=1 \
-			--size="${SIZE}M" >/dev/null 2>&1 || die "fio fill on $c"
-		for w in $WORKLOADS; do
-			IFS=:
-			set -- $w
-			IFS=$SPACE
-			set -- $(job "$1" "$2" "$3" "$4" "$DEV") "$1"
-			echo "RESULT $round $c $3 $1 $2"
-		done
-		teardown "$c"
-	done
-	rev=""
-	for c in $order; do rev="$c $rev"; done
-	order=$rev
-	round=$((round + 1))
-done
+bench_rounds
 for i in 0 1 2 3; do
 	kill "$(cat "$SRV/m$i.pid")"
 done

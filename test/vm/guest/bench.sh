@@ -4,7 +4,8 @@
 # over a unix socket (md+nbdkit-nc: nbdkit with cache=none, md's work done as each request is
 # served, not deferred to the page cache's writeback); and
 # raid5d+msk, raid5d with the nbd device's max_sectors_kb raised from the kernel's 128 to 1024,
-# so that 1 MiB requests reach the server whole; and raid5d-pc, raid5d with the RAM disks through
+# so that 1 MiB requests reach the server whole; raid5d+nm, with the nbd device's nomerges 2
+# (the client's queue does not merge adjacent requests); and raid5d-pc, raid5d with the RAM disks through
 # the page cache (--direct off; block devices are opened O_DIRECT by default). fio with
 # libaio and O_DIRECT, each job time-bounded. Prints one RESULT line per round, config and
 # workload: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
@@ -18,10 +19,7 @@ SIZE=${SIZE:-256}
 CONFIGS=${CONFIGS:-md md-skip_copy md+nbdkit md+nbdkit-nc raid5d raid5d+msk raid5d-pc}
 NBDKIT_SOCK=/run/nbdkit.sock
 MD=/dev/md0
-SPACE=$IFS
 
-# name:rw:bs:iodepth
-WORKLOADS="seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:16 randwrite-4k:randwrite:4k:32 randread-4k:randread:4k:32"
 
 md_up() {
 	[ -e /sys/block/md0/md ] && return 0
@@ -59,7 +57,7 @@ setup() {
 		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
 		DEV=$NBD
 		;;
-	raid5d | raid5d+msk | raid5d-pc)
+	raid5d | raid5d+msk | raid5d+nm | raid5d-pc)
 		# raid5d-pc: the RAM disks through the page cache (--direct off) instead of O_DIRECT
 		# (the default for block devices), so whole-stripe writes can be placed.
 		md_down
@@ -68,6 +66,9 @@ setup() {
 		if [ "$1" = raid5d-pc ]; then serve --socket "$SOCK" --direct off >/dev/null; else serve --socket "$SOCK" >/dev/null; fi
 		attach -u "$SOCK" >/dev/null
 		[ "$1" != raid5d+msk ] || echo 1024 >/sys/block/nbd0/queue/max_sectors_kb
+		# raid5d+nm: no merging of adjacent requests in the client's queue, so that 48 KiB
+		# writes reach raid5d as the full stripes they are, not merged into 96-128 KiB ones
+		[ "$1" != raid5d+nm ] || echo 2 >/sys/block/nbd0/queue/nomerges
 		DEV=$NBD
 		;;
 	*) die "unknown config $1" ;;
@@ -81,61 +82,35 @@ teardown() {
 		kill "$(cat /run/nbdkit.pid)"
 		wait_for 30 "nbdkit to exit" sh -c '! kill -0 $(cat /run/nbdkit.pid)'
 		;;
-	raid5d | raid5d+msk | raid5d-pc)
+	raid5d | raid5d+msk | raid5d+nm | raid5d-pc)
 		detach
 		stop_daemon
 		;;
 	esac
 }
 
-# job NAME RW BS DEPTH DEV: one fio job; prints KIB_PER_S IOPS.
-job() {
-	fio --name="$1" --filename="$5" --rw="$2" --bs="$3" --iodepth="$4" --ioengine=libaio --direct=1 \
-		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --minimal >/tmp/fio.out 2>&1 ||
-		{ cat /tmp/fio.out; die "fio $1 on $5"; }
-	case $2 in
-	*write) awk -F';' '{ print $48, int($49) }' /tmp/fio.out ;;
-	*) awk -F';' '{ print $7, int($8) }' /tmp/fio.out ;;
+# before_job and after_job: raid5d's request counters around each job, the average request
+# sizes and the flushes it saw logged in round 1
+before_job() {
+	case $1 in raid5d*)
+		w0=$(metric raid5d_requests_total 'cmd="write"') b0=$(metric raid5d_request_bytes_total 'cmd="write"')
+		r0=$(metric raid5d_requests_total 'cmd="read"') rb0=$(metric raid5d_request_bytes_total 'cmd="read"')
+		f0=$(metric raid5d_requests_total 'cmd="flush"') ;;
+	esac
+}
+
+after_job() {
+	case $1 in raid5d*)
+		w1=$(metric raid5d_requests_total 'cmd="write"') b1=$(metric raid5d_request_bytes_total 'cmd="write"')
+		r1=$(metric raid5d_requests_total 'cmd="read"') rb1=$(metric raid5d_request_bytes_total 'cmd="read"')
+		f1=$(metric raid5d_requests_total 'cmd="flush"')
+		[ "$3" != 1 ] || log "$1 $2: requests at raid5d: $((w1 - w0)) writes of $(((b1 - b0) / ((w1 - w0) > 0 ? (w1 - w0) : 1) / 1024)) KiB average, $((r1 - r0)) reads of $(((rb1 - rb0) / ((r1 - r0) > 0 ? (r1 - r0) : 1) / 1024)) KiB, $((f1 - f0)) flushes" ;;
 	esac
 }
 
 log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 log "bench: $ROUNDS rounds of $RUNTIME s jobs on $SIZE MiB; configs $CONFIGS; $(nproc) CPUs"
 command -v xdd >/dev/null 2>&1 || log "xdd: not in the guest (not a Debian package); its experiment is skipped"
-round=1
-order=$CONFIGS
-while [ $round -le "$ROUNDS" ]; do
-	for c in $order; do
-		setup "$c"
-		# reads must find written data: fill the region the jobs use first
-		fio --name=fill --filename="$DEV" --rw=write --bs=1M --iodepth=8 --ioengine=libaio --direct=1 \
-			--size="${SIZE}M" >/dev/null 2>&1 || die "fio fill on $c"
-		for w in $WORKLOADS; do
-			IFS=:
-			set -- $w
-			IFS=$SPACE
-			name=$1 rw=$2 bs=$3 depth=$4
-			case $c in raid5d*)
-				w0=$(metric raid5d_requests_total 'cmd="write"') b0=$(metric raid5d_request_bytes_total 'cmd="write"')
-				r0=$(metric raid5d_requests_total 'cmd="read"') rb0=$(metric raid5d_request_bytes_total 'cmd="read"')
-				f0=$(metric raid5d_requests_total 'cmd="flush"') ;;
-			esac
-			set -- $(job "$name" "$rw" "$bs" "$depth" "$DEV")
-			echo "RESULT $round $c $name $1 $2"
-			case $c in raid5d*)
-				w1=$(metric raid5d_requests_total 'cmd="write"') b1=$(metric raid5d_request_bytes_total 'cmd="write"')
-				r1=$(metric raid5d_requests_total 'cmd="read"') rb1=$(metric raid5d_request_bytes_total 'cmd="read"')
-				f1=$(metric raid5d_requests_total 'cmd="flush"')
-				[ "$round" != 1 ] || log "$c $name: requests at raid5d: $((w1 - w0)) writes of $(((b1 - b0) / ((w1 - w0) > 0 ? (w1 - w0) : 1) / 1024)) KiB average, $((r1 - r0)) reads of $(((rb1 - rb0) / ((r1 - r0) > 0 ? (r1 - r0) : 1) / 1024)) KiB, $((f1 - f0)) flushes" ;;
-			esac
-		done
-		teardown "$c"
-	done
-	# the next round runs the configs in the reverse order
-	rev=""
-	for c in $order; do rev="$c $rev"; done
-	order=$rev
-	round=$((round + 1))
-done
+bench_rounds
 dmesg_clean
 log "bench done"

@@ -158,3 +158,60 @@ dmesg_clean() {
 		die "the kernel logged errors"
 	fi
 }
+
+# The benchmarks' fio jobs (bench.sh, bench-remote.sh), NAME:RW:BS:IODEPTH.
+WORKLOADS="seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:16 randwrite-4k:randwrite:4k:32 randread-4k:randread:4k:32"
+
+# fio_job NAME RW BS DEPTH DEV: one fio job, libaio and O_DIRECT on the first $SIZE MiB of DEV,
+# $RUNTIME s after a second of ramp; prints KIB_PER_S IOPS.
+fio_job() {
+	fio --name="$1" --filename="$5" --rw="$2" --bs="$3" --iodepth="$4" --ioengine=libaio --direct=1 \
+		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --minimal >/tmp/fio.out 2>&1 ||
+		{ cat /tmp/fio.out; die "fio $1 on $5"; }
+	case $2 in
+	*write) awk -F';' '{ print $48, int($49) }' /tmp/fio.out ;;
+	*) awk -F';' '{ print $7, int($8) }' /tmp/fio.out ;;
+	esac
+}
+
+# fio_fill DEV: writes the first $SIZE MiB of DEV, so that reads find written data.
+fio_fill() {
+	fio --name=fill --filename="$1" --rw=write --bs=1M --iodepth=8 --ioengine=libaio --direct=1 \
+		--size="${SIZE}M" >/dev/null 2>&1 || die "fio fill on $1"
+}
+
+# before_job and after_job CONFIG NAME ROUND run around each job of bench_rounds; a script may
+# define its own.
+before_job() { :; }
+after_job() { :; }
+
+# bench_rounds: $ROUNDS rounds of the configs $CONFIGS, round 1 in that order and each next
+# round in the reverse of the one before; per config, setup CONFIG (the script's: it sets DEV),
+# fio_fill, every job of $WORKLOADS, teardown CONFIG. Prints one line per round, config and
+# job: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
+bench_rounds() {
+	_ifs=$IFS
+	_round=1
+	_order=$CONFIGS
+	while [ $_round -le "$ROUNDS" ]; do
+		for _c in $_order; do
+			setup "$_c"
+			fio_fill "$DEV"
+			for _w in $WORKLOADS; do
+				IFS=:
+				set -- $_w
+				IFS=$_ifs
+				before_job "$_c" "$1" "$_round"
+				_name=$1
+				set -- $(fio_job "$1" "$2" "$3" "$4" "$DEV")
+				echo "RESULT $_round $_c $_name $1 $2"
+				after_job "$_c" "$_name" "$_round"
+			done
+			teardown "$_c"
+		done
+		_rev=""
+		for _c in $_order; do _rev="$_c $_rev"; done
+		_order=$_rev
+		_round=$((_round + 1))
+	done
+}

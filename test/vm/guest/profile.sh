@@ -20,7 +20,7 @@ PPROF=127.0.0.1:6060
 SPACE=$IFS
 HZ=100 # USER_HZ: /proc/PID/stat's clock ticks
 
-# name:rw:bs:iodepth
+# NAME:RW:BS:IODEPTH, as lib.sh's WORKLOADS
 WORKLOADS="randread-4k:randread:4k:32 randwrite-4k:randwrite:4k:32 seqwrite-48k:write:48k:16"
 
 log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)" \
@@ -30,22 +30,10 @@ log "cpu flags: $(grep -m1 -o -w -E 'constant_tsc|nonstop_tsc|tsc_known_freq' /p
 # ticks PID: the process' utime+stime, all its threads, in clock ticks.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-# job NAME RW BS DEPTH: fio on $NBD; prints IOPS.
-job() {
-	fio --name="$1" --filename="$NBD" --rw="$2" --bs="$3" --iodepth="$4" --ioengine=libaio --direct=1 \
-		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --minimal >/tmp/fio.out 2>&1 ||
-		{ cat /tmp/fio.out; die "fio $1"; }
-	case $2 in
-	*write) awk -F';' '{ print int($49) }' /tmp/fio.out ;;
-	*) awk -F';' '{ print int($8) }' /tmp/fio.out ;;
-	esac
-}
-
 # run CONFIG CONNS PID [PROFILE]: the workloads on $NBD, served by PID; with PROFILE, a CPU
 # profile of raid5d during each job.
 run() {
-	fio --name=fill --filename="$NBD" --rw=write --bs=1M --iodepth=8 --ioengine=libaio --direct=1 \
-		--size="${SIZE}M" >/dev/null 2>&1 || die "fio fill on $1"
+	fio_fill "$NBD"
 	for w in $WORKLOADS; do
 		IFS=:
 		set -- $w "$@"
@@ -57,7 +45,7 @@ run() {
 		fi
 		t0=$(ticks "$pid")
 		set -- $config $conns $pid $prof
-		iops=$(job "$name" "$rw" "$bs" "$depth")
+		iops=$(fio_job "$name" "$rw" "$bs" "$depth" "$NBD" | awk '{ print $2 }')
 		t1=$(ticks "$pid")
 		# fio's ramp second is not in its IOPS but is in the ticks: count RUNTIME+1 seconds
 		reqs=$((iops * (RUNTIME + 1)))
