@@ -392,25 +392,13 @@ func (c *Conn) waitWriterIdle() {
 	c.wmu.Unlock()
 }
 
-// directMin is the READ payload from which the reply reader stops reading through its buffer:
-// the payload is read from the socket straight into the caller's buffer (after what the buffer
-// holds of it), and so is the next reply's header, with nothing buffered: a buffered read of
-// it would pull the next payload into the buffer to be copied again. Below it, one buffered
-// read takes many small replies at once.
-const directMin = 16 << 10
-
 // readReplies reads replies until the connection breaks, handing each to its slot.
 func (c *Conn) readReplies(br *bufio.Reader) {
 	defer close(c.readerEnd)
 	defer c.endReader()
 	var h [wire.ReplyHeaderSize]byte
-	direct := false // the last payload was at least directMin: read the next header unbuffered
 	for {
-		var r io.Reader = br
-		if direct && br.Buffered() == 0 {
-			r = c.nc
-		}
-		if _, err := io.ReadFull(r, h[:]); err != nil {
+		if _, err := io.ReadFull(br, h[:]); err != nil {
 			if c.closing.Load() {
 				err = errors.New("closed by Close")
 			}
@@ -442,32 +430,13 @@ func (c *Conn) readReplies(br *bufio.Reader) {
 			errno = wire.EIO // keep the sentinel value ours
 		}
 		if len(dst) > 0 {
-			if err := c.readPayload(br, dst); err != nil {
+			if _, err := io.ReadFull(br, dst); err != nil {
 				c.fail(fmt.Errorf("%w: reading READ payload: %v", ErrDisconnected, err))
 				return
 			}
 		}
-		direct = len(dst) >= directMin
 		s.done <- errno
 	}
-}
-
-// readPayload reads a READ reply's payload into dst: a small one through br, a large one
-// (directMin) from what br holds of it and the rest straight from the socket.
-func (c *Conn) readPayload(br *bufio.Reader, dst []byte) error {
-	if len(dst) < directMin {
-		_, err := io.ReadFull(br, dst)
-		return err
-	}
-	n := 0
-	if b := br.Buffered(); b > 0 {
-		n, _ = br.Read(dst[:min(b, len(dst))]) // only the buffered bytes: no error
-	}
-	if n < len(dst) {
-		_, err := io.ReadFull(c.nc, dst[n:])
-		return err
-	}
-	return nil
 }
 
 // fail marks the connection broken with err (the first cause wins) and closes the socket, so
