@@ -47,8 +47,10 @@ type File struct {
 	remapMu  sync.Mutex
 	remaps   atomic.Uint64
 	// A bit per residentRegion of the file that mincore found wholly in memory since the
-	// last Remap, Trim over it or size check that failed (WritableRange).
+	// last Remap, Trim over it or size check that failed (WritableRange), and the count of
+	// forgettings, which a mincore that raced one does not outlive (findResident).
 	inMemory []atomic.Uint64
+	forgets  atomic.Uint64
 }
 
 // OpenFile opens a regular file or a block device as a member, for use (see Use): it holds a
@@ -100,6 +102,8 @@ func newFileMember(f *os.File, path string) (*File, error) {
 	default:
 		return nil, &os.PathError{Op: "open member", Path: path, Err: errors.New("not a regular file or block device")}
 	}
+	// Here, not with the mapping: Trim forgets regions whether or not the file is mapped yet.
+	m.inMemory = make([]atomic.Uint64, (m.size+residentRegion*64-1)/(residentRegion*64))
 	return m, nil
 }
 
@@ -357,7 +361,11 @@ func (m *File) Trim(off, length int64) error {
 	if length == 0 {
 		return nil
 	}
-	m.forgetResident(off, length) // the hole is not in memory
+	// The hole is not in memory: forgotten after it is punched, so that a mincore of the
+	// region by a placement of other stripes before the punch cannot be remembered after it
+	// (findResident), and before, for the fallbacks below.
+	m.forgetResident(off, length)
+	defer m.forgetResident(off, length)
 	err := retryEINTR(func() error {
 		return unix.Fallocate(m.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
 	})

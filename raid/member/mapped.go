@@ -37,7 +37,6 @@ func (m *File) Mapping() []byte {
 		}
 		m.mapped = unsafe.Slice((*byte)(p), m.size)
 		m.touched = make([]atomic.Uint64, (m.size+ptRegion*64-1)/(ptRegion*64))
-		m.inMemory = make([]atomic.Uint64, (m.size+residentRegion*64-1)/(residentRegion*64))
 		unix.Madvise(m.mapped, unix.MADV_RANDOM) // advice only: a failure changes nothing
 	})
 	return m.mapped
@@ -240,6 +239,7 @@ func (m *File) findResident(mp []byte, off, n int64) bool {
 	hi := min((off+n+residentRegion-1)/residentRegion*residentRegion, int64(len(mp)))
 	vp := residentVecs.Get().(*[]byte)
 	defer residentVecs.Put(vp)
+	gen := m.forgets.Load()
 	vec, err := pagesInMemory(mp[lo:hi], *vp)
 	*vp = vec
 	if err != nil {
@@ -260,6 +260,9 @@ func (m *File) findResident(mp []byte, off, n int64) bool {
 		if whole {
 			k := r / residentRegion
 			m.inMemory[k/64].Or(1 << (k % 64))
+			if m.forgets.Load() != gen { // a Trim may have punched it after mincore looked
+				m.inMemory[k/64].And(^uint64(1 << (k % 64)))
+			}
 		}
 	}
 	return in
@@ -270,6 +273,7 @@ func (m *File) forgetResident(off, n int64) {
 	if m.inMemory == nil || n <= 0 {
 		return
 	}
+	m.forgets.Add(1)
 	for r := off / residentRegion; r <= min(off+n-1, m.size-1)/residentRegion; r++ {
 		m.inMemory[r/64].And(^uint64(1 << (r % 64)))
 	}
