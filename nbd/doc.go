@@ -106,7 +106,8 @@
 //     whose bytes have all arrived (buffered, or in the socket's receive queue), waiting up to
 //     2 ms with nothing held for a piece still arriving: for each piece the device takes, the
 //     reader reads its bytes straight into the device's slices (the buffered part by copy, the
-//     rest with one readv) and calls CommitPlaced. The rest of a WRITE that is not placed goes
+//     rest with readv: one, or for a PlacedProgresser one per ~192 KiB, each followed by
+//     PlacedReceived) and calls CommitPlaced. The rest of a WRITE that is not placed goes
 //     to a worker as an ordinary WRITE of that range, whose reply answers the whole; a WRITE
 //     placed whole has no buffer, and its reply goes out as a worker's would. The reader never
 //     waits for the client while the device holds the slices.

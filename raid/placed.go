@@ -33,7 +33,9 @@ import (
 //     dirty on disk before any byte lands; it leaves both in CommitPlaced. The caller must
 //     read the payload without waiting for its sender (the NBD server places only a payload
 //     already received), so a failure's drain of the gate is not held up by a client.
-//   - CommitPlaced computes every stripe's parity from its data as it now is in the mappings:
+//   - PlacedReceived computes the parity of the stripes whose bytes have all arrived while the
+//     caller is still reading the rest (their data is then in the CPU's cache), and
+//     CommitPlaced that of the others, from their data as it now is in the mappings:
 //     all of the payload, or for a payload cut short (received < n: the caller's read failed;
 //     the write is not acknowledged), the part that arrived — either way the stripes are
 //     consistent when their locks are released. A complete write then drops the stripes'
