@@ -130,12 +130,24 @@ func TestStalledPayloads(t *testing.T) {
 		t.Errorf("attackers closed after %v, before the payload deadline of %v", el, timeout)
 	}
 	waitLogged(t, s, mark, "the stalled payloads", "payload", "PayloadTimeout")
-	n := 0
+	// Every line is logged before its connection closes, but the daemon's output reaches
+	// s.out through a pipe read in the background: wait (bounded) for all of them.
+	var n int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n = 0
+		for _, r := range logRecords(t, s.out.String(), mark) {
+			if r["limit"] == "PayloadTimeout" {
+				n++
+			}
+		}
+		if n >= attackers || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, r := range logRecords(t, s.out.String(), mark) {
 		if r["limit"] != "PayloadTimeout" {
 			continue
 		}
-		n++
 		remote, _ := r["remote"].(string)
 		if r["received"] != float64(sent) || r["expected"] != float64(length) || remote == "" {
 			t.Errorf("stalled payload logged with remote %q, %v of %v bytes received; want an address, %d of %d",
