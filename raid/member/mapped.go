@@ -290,14 +290,4 @@ func (m *File) Covers(end int64) bool {
 	return false
 }
 
-// resident reports whether every page of b, a slice of m's mapping, is in the page cache, with
-// scratch space from residentVecs.
-func (m *File) resident(b []byte) bool {
-	vp := residentVecs.Get().(*[]byte)
-	ok, vec := Resident(b, *vp)
-	*vp = vec
-	residentVecs.Put(vp)
-	return ok
-}
-
 var residentVecs = sync.Pool{New: func() any { return new([]byte) }}
