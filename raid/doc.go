@@ -263,8 +263,10 @@
 // its data is used. A member's read is full or an error: a short one — the end
 // of a file truncated under the array, before the size it had at assembly — is ErrShortRead,
 // a read error like EIO, on every path (pread, preadv, copies from and replies sent from the
-// mappings, rebuild and scrub, which stop at it), never zeroes; a flush fails a member that
-// has shrunk (ErrMemberShrunk). Past IOOptions.ReadErrorLimit (default 20) errors the
+// mappings, rebuild and scrub, which stop at it), never zeroes; a write that grew such a file
+// (pwrite extends a file, leaving a hole of zeroes) fails with ErrMemberShrunk, and so the
+// member (member.File checks after each write that the file still reaches its last page); a
+// flush fails a member that has shrunk (ErrMemberShrunk) even if nothing met its new end. Past IOOptions.ReadErrorLimit (default 20) errors the
 // member is marked faulty. A write that fails (or an fdatasync, or a trim) marks the
 // member faulty at once. Marking faulty sets the member's flag and, under sbMu, rewrites every
 // other working member's superblock with the role marked faulty in the state table and the

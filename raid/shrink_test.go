@@ -277,9 +277,9 @@ func TestShrunkMemberRebuild(t *testing.T) {
 }
 
 // TestShrunkMemberFlush: a member truncated under the array is failed at the next flush
-// (ErrMemberShrunk), even when no read met its new end and a write past that end has grown the
-// file again, leaving a hole that pread reads as zeroes without an error; every byte then reads
-// back from parity.
+// (ErrMemberShrunk) even when no read has met its new end and no write has grown it (those are
+// TestShrunkMember's and TestShrunkMemberGrownBack's): here a stripe below the cut is rewritten,
+// which the file takes within its new end. Every byte then reads back from parity.
 func TestShrunkMemberFlush(t *testing.T) {
 	for _, mode := range cacheModes {
 		t.Run(mode.name, func(t *testing.T) {
@@ -290,21 +290,70 @@ func TestShrunkMemberFlush(t *testing.T) {
 				t.Fatal(err)
 			}
 			ss := a.Layout().StripeSize()
-			off := 50 * ss // a whole stripe past the cut: no reads
+			off := 10 * ss // a whole stripe before the cut: no reads
 			fill(newRand(99), model[off:off+ss])
 			if _, err := a.WriteAt(model[off:off+ss], off); err != nil {
 				t.Fatal(err)
 			}
+			if m := a.Status().Members[1]; mode.io.StripeCache < 0 && m.State != raid.MemberActive {
+				t.Fatalf("truncated member after a write within its new end: state %q; want active until the flush", m.State)
+			}
 			if err := a.Flush(); err != nil {
 				t.Fatal(err)
-			}
-			if fi, err := os.Stat(paths[1]); err != nil || fi.Size() <= raid.DataOffset+stripes/2*testChunk {
-				t.Fatalf("the write past the cut did not grow member 1's file: %v", err)
 			}
 			if m := a.Status().Members[1]; m.State != raid.MemberFaulty {
 				t.Fatalf("truncated member after a flush: state %q; want faulty", m.State)
 			}
 			compareArray(t, a, model)
 		})
+	}
+}
+
+// TestShrunkMemberGrownBack: a member truncated under the array and grown back by the array's
+// own writes past its new end is failed by the write that grew it, not trusted until a flush:
+// pwrite extends a file without an error, and the hole it leaves reads as zeroes, which
+// read-modify-writes would fold into parity and reads return as data. Random 4 KiB writes
+// (whose reads meet the hole once other writes have grown the file) or one write of the last
+// stripe (which grows the file back to its full size, so that a flush's size check passes):
+// every byte then reads back as written, and member 1 is faulty.
+func TestShrunkMemberGrownBack(t *testing.T) {
+	const stripes = 64
+	for _, mode := range cacheModes {
+		for _, writes := range []string{"random-4k", "last-stripe"} {
+			t.Run(mode.name+"/"+writes, func(t *testing.T) {
+				t.Parallel()
+				opts := mode.io
+				opts.ReadErrorLimit = 1000 // failed by its writes, not by counted read errors
+				a, paths, model := shrinkArray(t, stripes, opts)
+				if err := os.Truncate(paths[1], raid.DataOffset+stripes/2*testChunk); err != nil {
+					t.Fatal(err)
+				}
+				ss := a.Layout().StripeSize()
+				rng := newRand(7)
+				switch writes {
+				case "random-4k":
+					for range 300 {
+						off := rng.Int64N(int64(len(model))/4096) * 4096
+						fill(rng, model[off:off+4096])
+						if _, err := a.WriteAt(model[off:off+4096], off); err != nil {
+							t.Fatal(err)
+						}
+					}
+				case "last-stripe":
+					off := int64(len(model)) - ss
+					fill(rng, model[off:])
+					if _, err := a.WriteAt(model[off:], off); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := a.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				if m := a.Status().Members[1]; m.State != raid.MemberFaulty {
+					t.Errorf("member 1, truncated and grown back by writes: state %q; want faulty", m.State)
+				}
+				compareArray(t, a, model)
+			})
+		}
 	}
 }

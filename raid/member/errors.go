@@ -17,7 +17,8 @@ var (
 	// none) into it. Errno EIO.
 	ErrShortRead error = &errnoError{"raid: member returned less than asked (truncated?)", uint32(unix.EIO)}
 	// ErrShrunk is returned by SizeChecker.CheckSize, and so by SyncData, for a member found
-	// smaller than when it was opened. Errno EIO.
+	// smaller than when it was opened, and by File's writes for a file truncated under the
+	// array that the write grew (or would have grown back whole: refused). Errno EIO.
 	ErrShrunk error = &errnoError{"raid: member is smaller than when it was opened (truncated?)", uint32(unix.EIO)}
 )
 

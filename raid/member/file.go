@@ -51,6 +51,11 @@ type File struct {
 	// forgettings, which a mincore that raced one does not outlive (findResident).
 	inMemory []atomic.Uint64
 	forgets  atomic.Uint64
+	// A regular file's last page (from tailOff) mapped read-only on its own, made at open (nil
+	// if it could not be): whether the file still reaches into it is a load that faults once
+	// a truncation has cut the file below it (reachesTail), where an fstat is a system call.
+	tail    []byte
+	tailOff int64
 }
 
 // OpenFile opens a regular file or a block device as a member, for use (see Use): it holds a
@@ -104,6 +109,7 @@ func newFileMember(f *os.File, path string) (*File, error) {
 	}
 	// Here, not with the mapping: Trim forgets regions whether or not the file is mapped yet.
 	m.inMemory = make([]atomic.Uint64, (m.size+residentRegion*64-1)/(residentRegion*64))
+	m.mapTail()
 	return m, nil
 }
 
@@ -124,7 +130,7 @@ func CreateFile(path string, size int64) error {
 
 func (m *File) Name() string { return m.path }
 func (m *File) Size() int64  { return m.size }
-func (m *File) Close() error { return errors.Join(m.unmap(), m.f.Close()) }
+func (m *File) Close() error { return errors.Join(m.unmap(), m.unmapTail(), m.f.Close()) }
 
 // ReadAt reads with pread, retrying EINTR and short reads. The end of the file before Size is
 // ErrShortRead (shortRead), never zeroes: a file is Size bytes when it is opened, and holes
@@ -189,11 +195,58 @@ func (m *File) sizeNow() (int64, error) {
 }
 
 // WriteAt writes with pwrite, retrying EINTR and short writes. Writes past Size are refused.
-// A direct member writes an unaligned p or range through a bounce buffer (bounceWrite).
+// A direct member writes an unaligned p or range through a bounce buffer (bounceWrite). A
+// file found truncated under the array, before or after the write, is ErrShrunk (guardWrite).
 func (m *File) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > m.size {
 		return 0, &os.PathError{Op: "write", Path: m.path, Err: fmt.Errorf("range [%d, %d) outside member of %d bytes", off, off+int64(len(p)), m.size)}
 	}
+	end := off + int64(len(p))
+	if err := m.guardWrite(end, false); err != nil {
+		return 0, err
+	}
+	n, err := m.writeAt(p, off)
+	if err == nil {
+		err = m.guardWrite(end, true)
+	}
+	return n, err
+}
+
+// guardWrite keeps a file truncated under the array from being grown back by the array's own
+// writes unnoticed. pwrite past a file's end extends it without an error, and the hole it leaves
+// between the old end and the write reads as zeroes, which reads would return as data and
+// read-modify-writes fold into parity. So after every write to a file (after true) its size is
+// checked: a file now smaller than Size that ends at or before this write's end (end) may have
+// been grown by it — ErrShrunk, and the member is failed with the write. (One that still ends
+// past the write was not grown by it: a read past its end or the next flush fails it.) A write
+// that ends at Size would grow the file back whole, leaving nothing for the check after it to
+// see, so its size is checked before it too (after false), and one the write would grow is
+// refused; what is left is a truncation between that check and the write. Of concurrent writes
+// that grew the file, the one that ended last finds it ending at its end. A block device cannot
+// grow by a write (one that shrank refuses writes past its end), so it is not checked.
+//
+// The check after a write that ends before the file's last page is a load (reachesTail), not
+// an fstat: a file cut anywhere before that page and grown by this write only as far as its end
+// still does not reach into it. fstat is for the writes into the last page, and for a file found
+// cut (to tell a write that grew it from one within its new end).
+func (m *File) guardWrite(end int64, after bool) error {
+	if m.block || (!after && end < m.size) || (after && end <= m.tailOff && m.reachesTail()) {
+		return nil
+	}
+	now, err := m.sizeNow()
+	if err != nil || now >= m.size || now > end {
+		return nil // an fstat that fails: for the next I/O to report
+	}
+	what := fmt.Sprintf("%d bytes after a write ending at %d", now, end)
+	if !after {
+		what = fmt.Sprintf("%d bytes before a write ending at %d, refused", now, end)
+	}
+	return &os.PathError{Op: "pwrite", Path: m.path, Err: fmt.Errorf("%w: %s, %d when opened: truncated under the array, and grown back by its writes",
+		ErrShrunk, what, m.size)}
+}
+
+// writeAt is WriteAt's write, without the range check and the size guard.
+func (m *File) writeAt(p []byte, off int64) (int, error) {
 	if !m.isAligned(p, off) {
 		return m.bounceWrite([][]byte{p}, len(p), off, 0)
 	}
@@ -269,6 +322,19 @@ func (m *File) WritevAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error)
 	if off < 0 || off+int64(total) > m.size || len(bufs) > MaxIov {
 		return 0, &os.PathError{Op: "pwritev", Path: m.path, Err: fmt.Errorf("range [%d, %d) outside member of %d bytes, or %d buffers", off, off+int64(total), m.size, len(bufs))}
 	}
+	end := off + int64(total)
+	if err := m.guardWrite(end, false); err != nil {
+		return 0, err
+	}
+	n, err := m.writevAt(bufs, total, off, iov)
+	if err == nil {
+		err = m.guardWrite(end, true)
+	}
+	return n, err
+}
+
+// writevAt is WritevAt's write, without the range check and the size guard.
+func (m *File) writevAt(bufs [][]byte, total int, off int64, iov []unix.Iovec) (int, error) {
 	if !m.vecAligned(bufs, off) {
 		return m.bounceWrite(bufs, total, off, 0)
 	}
@@ -278,7 +344,7 @@ func (m *File) WritevAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error)
 	}
 	for n < total {
 		b, skip := bufAt(bufs, n)
-		k, err := m.WriteAt(b[skip:], off+int64(n))
+		k, err := m.writeAt(b[skip:], off+int64(n))
 		n += k
 		if err != nil {
 			return n, err
@@ -323,22 +389,35 @@ func (m *File) CheckSize() error {
 // WriteAtDSync (DSyncWriter) writes p at off with pwritev2(RWF_DSYNC): durable on return, like
 // a write and an fdatasync of just this range. Falls back to pwrite and fdatasync where the
 // kernel or file system refuses the flag. A direct member writes an unaligned p or range
-// through a bounce buffer.
+// through a bounce buffer. Writes past Size are refused, and the size guarded as WriteAt's.
 func (m *File) WriteAtDSync(p []byte, off int64) (int, error) {
+	end := off + int64(len(p))
+	if off < 0 || end > m.size {
+		return m.WriteAt(p, off) // refused
+	}
+	if err := m.guardWrite(end, false); err != nil {
+		return 0, err
+	}
+	n, err := m.writeAtDSync(p, off)
+	if err == nil {
+		err = m.guardWrite(end, true)
+	}
+	return n, err
+}
+
+// writeAtDSync is WriteAtDSync's write, without the range check and the size guard.
+func (m *File) writeAtDSync(p []byte, off int64) (int, error) {
 	if !m.isAligned(p, off) {
-		if off < 0 || off+int64(len(p)) > m.size {
-			return m.WriteAt(p, off) // refused
-		}
 		return m.bounceWrite([][]byte{p}, len(p), off, unix.RWF_DSYNC)
 	}
-	n, err := 0, error(nil)
+	n := 0
 	for n < len(p) {
 		k, e := unix.Pwritev2(m.fd, [][]byte{p[n:]}, off+int64(n), unix.RWF_DSYNC)
 		if e == unix.EINTR {
 			continue
 		}
 		if e == unix.EOPNOTSUPP || e == unix.ENOSYS || e == unix.EINVAL {
-			if _, err = m.WriteAt(p[n:], off+int64(n)); err != nil {
+			if _, err := m.writeAt(p[n:], off+int64(n)); err != nil {
 				return n, err
 			}
 			return len(p), m.Sync()
@@ -348,7 +427,7 @@ func (m *File) WriteAtDSync(p []byte, off int64) (int, error) {
 		}
 		n += k
 	}
-	return n, err
+	return n, nil
 }
 
 // Trim punches a hole (FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE). On a block device the kernel

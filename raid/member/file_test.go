@@ -77,3 +77,61 @@ func TestFile(t *testing.T) {
 		t.Errorf("absent member: %v, want ErrNotExist", err)
 	}
 }
+
+// TestWriteGrowsTruncated: a write that grows a file truncated under the array back towards its
+// size is ErrShrunk (its bytes are written: the member is failed with it), and a write that would
+// grow it back whole, to Size, is refused before it writes, for each of WriteAt, WritevAt and
+// WriteAtDSync, buffered and direct. A write within the new end is not refused (the flush's size
+// check fails the member), nor is any write to a file of its full size.
+func TestWriteGrowsTruncated(t *testing.T) {
+	const size, cut = 1 << 20, 1 << 19
+	writes := map[string]func(m *member.File, p []byte, off int64) (int, error){
+		"WriteAt":      (*member.File).WriteAt,
+		"WriteAtDSync": (*member.File).WriteAtDSync,
+		"WritevAt": func(m *member.File, p []byte, off int64) (int, error) {
+			return m.WritevAt([][]byte{p[:4096], p[4096:]}, off, nil)
+		},
+	}
+	for _, direct := range []member.Direct{member.DirectOff, member.DirectOn} {
+		for name, write := range writes {
+			t.Run(direct.String()+"/"+name, func(t *testing.T) {
+				member.SetDirect(direct)
+				defer member.SetDirect(member.DirectOff)
+				path := filepath.Join(t.TempDir(), "m.img")
+				if err := member.CreateFile(path, size); err != nil {
+					t.Fatal(err)
+				}
+				m, err := member.OpenFile(path, member.Exclusive)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				if d, _ := m.Direct(); d != (direct == member.DirectOn) {
+					t.Fatalf("opened with direct I/O %v under %v", d, direct)
+				}
+				p := bytes.Repeat([]byte{9}, 8192)
+				if _, err := write(m, p, size-8192); err != nil { // whole: at Size, fine
+					t.Fatalf("write at the end of a whole file: %v", err)
+				}
+				if err := os.Truncate(path, cut); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := write(m, p, cut-3*8192); err != nil {
+					t.Fatalf("write within the new end: %v", err)
+				}
+				if _, err := write(m, p, cut+65536); !errors.Is(err, member.ErrShrunk) {
+					t.Fatalf("write that grew the truncated file: %v; want ErrShrunk", err)
+				}
+				if fi, err := os.Stat(path); err != nil || fi.Size() != cut+65536+8192 {
+					t.Fatalf("after the growing write: %v, %v; want it written", fi.Size(), err)
+				}
+				if n, err := write(m, p, size-8192); !errors.Is(err, member.ErrShrunk) || n != 0 {
+					t.Fatalf("write that would grow the file back whole: %d, %v; want 0, ErrShrunk", n, err)
+				}
+				if fi, err := os.Stat(path); err != nil || fi.Size() != cut+65536+8192 {
+					t.Fatalf("after the refused write: %v, %v; want the file unchanged", fi.Size(), err)
+				}
+			})
+		}
+	}
+}

@@ -130,11 +130,58 @@ func (m *File) CopyMapped(p []byte, off int64) (ok bool) {
 // a copy, which may load its tail first): not zero, the file reached past it then; zero, the
 // file's size now (fstat) must cover the range. It may fault.
 func (m *File) covers(mp []byte, end int64) bool {
-	if mp[end-1] != 0 {
+	if mp[end-1] != 0 || (end <= m.tailOff && m.reachesTail()) {
 		return true
 	}
 	now, err := m.sizeNow()
 	return err == nil && now >= end
+}
+
+// pageSize is the size of a page of memory, the tail mapping's length.
+var pageSize = int64(unix.Getpagesize())
+
+// mapTail maps a regular file's last page on its own (tail), for reachesTail. Without it (mmap
+// refused, a block device) reachesTail asks fstat.
+func (m *File) mapTail() {
+	if m.block || m.size <= 0 {
+		return
+	}
+	m.tailOff = (m.size - 1) &^ (pageSize - 1)
+	p, err := unix.MmapPtr(m.fd, m.tailOff, nil, uintptr(pageSize), unix.PROT_READ, unix.MAP_SHARED)
+	if err == nil {
+		m.tail = unsafe.Slice((*byte)(p), pageSize)
+	}
+}
+
+// unmapTail removes the tail mapping; the caller guarantees nothing reads it any more.
+func (m *File) unmapTail() error {
+	if m.tail == nil {
+		return nil
+	}
+	err := unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(m.tail)), uintptr(pageSize))
+	m.tail = nil
+	return err
+}
+
+// reachesTail reports whether the file still reaches into its last page (its size is past
+// tailOff): a load from the tail mapping, which faults (and is caught: false) once the file has
+// been truncated below that page — the kernel removes the pages past a file's new end from
+// every mapping of it before the truncation returns, and a page past the end faults rather
+// than map again. A load costs a few nanoseconds where an fstat is a system call; the first
+// one after the page left memory is a page fault. Without the mapping it asks fstat.
+func (m *File) reachesTail() (ok bool) {
+	if m.tail == nil {
+		now, err := m.sizeNow()
+		return err == nil && now > m.tailOff
+	}
+	defer func(old bool) {
+		debug.SetPanicOnFault(old)
+		if recover() != nil {
+			ok = false
+		}
+	}(debug.SetPanicOnFault(true))
+	atomic.LoadUint32((*uint32)(unsafe.Pointer(unsafe.SliceData(m.tail)))) // not optimised away
+	return true
 }
 
 // unmap removes the mapping; the caller guarantees nothing reads it any more.
@@ -279,9 +326,12 @@ func (m *File) forgetResident(off, n int64) {
 	}
 }
 
-// Covers (MappedWriter) reports whether the file covers [0, end) now (fstat); when it does not,
-// what WritableRange found is forgotten.
+// Covers (MappedWriter) reports whether the file covers [0, end) now (reachesTail, else
+// fstat); when it does not, what WritableRange found is forgotten.
 func (m *File) Covers(end int64) bool {
+	if end <= m.tailOff && m.reachesTail() {
+		return true
+	}
 	now, err := m.sizeNow()
 	if err == nil && now >= end {
 		return true
