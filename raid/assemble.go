@@ -300,6 +300,11 @@ func CreateMembers(members []Member, opts CreateOptions) (*Array, error) {
 	if err != nil {
 		return nil, err
 	}
+	for r, m := range roles { // now that their exports carry their superblocks
+		if err := checkConns(m, arrayUUID, m.sb.DeviceUUID, r, "create"); err != nil {
+			return nil, err
+		}
+	}
 	a.startJournal()
 	a.start()
 	return a, nil
@@ -497,6 +502,9 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	var spares, stale []*member
 	for i, sb := range sbs {
 		m := newMember(members[i], sb)
+		if err := checkConns(m, sb.ArrayUUID, sb.DeviceUUID, sb.Role, "assemble"); err != nil {
+			return nil, err
+		}
 		isStale := behind(sb, ref) && sb.Role >= 0 ||
 			sb.Role >= 0 && ref.States[sb.Role] == roleFaulty // recorded as failed by the others
 		if sb.Events < ref.Events && !isStale && sb.Role >= 0 {

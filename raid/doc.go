@@ -341,13 +341,15 @@
 // (ErrCannotReAdd) is logged and ends its probes: the array never rebuilds a member in full on
 // its own. Status.AutoReAdd lists the members it probes.
 //
-// A member that reconnects by itself (memberpkg.Rechecker: a remote member whose connection
-// broke) is given, as it joins the array (newMember, recheck.go: at Create, assembly, AddSpare
-// and ReAdd), the check each reconnection must pass before it is used: the export's
-// superblock must still be this member's (the array's UUID and the member's device UUID).
+// A member that makes its own connections (memberpkg.Rechecker: a remote member, its several
+// connections and its reconnections) is given, once its export carries its superblock
+// (checkConns, recheck.go: at assembly as soon as it is read, after Create, AddSpare and
+// ReAdd have written it), the check every other connection must pass before it is used: the
+// export's superblock must be this member's (the array's UUID and the member's device UUID).
 // Another array's member (ErrForeignMember), another member of this array (ErrOtherMember) or
-// no valid superblock fails the member, so a server that came back with another disk behind
-// the same URI is never read as the member.
+// no valid superblock fails the member, so neither a server that came back with another disk
+// behind the same URI nor one that routes the member's connections to different disks is read
+// as the member; at assembly the array is refused with the member's error.
 //
 // Speed is bounded like md's sync_speed_min/max (IOOptions.SyncSpeedMin/Max, SetSyncSpeed;
 // defaults 1 MiB/s and 200 MiB/s): after each batch the sync sleeps as long as it takes to stay

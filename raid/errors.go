@@ -100,12 +100,12 @@ var (
 	// ErrForeignMember is returned by Assemble for a member whose array UUID differs from the
 	// others': it belongs to another array.
 	ErrForeignMember = errors.New("raid: member belongs to another array")
-	// ErrOtherMember is the recheck's of a member that reconnected by itself (a remote member
-	// whose server came back, memberpkg.Rechecker): its export now carries another member of
-	// this array. It reaches the array wrapped in the member's errors (nbdmember's
-	// ErrExportChanged), which fail the member; the recheck of another array's member says
-	// ErrForeignMember.
-	ErrOtherMember = errors.New("raid: a reconnected member's export holds another member")
+	// ErrOtherMember is the recheck's of a connection a member made by itself (a remote
+	// member's reconnection, or one of its several connections, memberpkg.Rechecker): the
+	// export through it carries another member of this array. It reaches the array wrapped in
+	// the member's errors (nbdmember's ErrExportChanged), which fail the member; the recheck
+	// of another array's member says ErrForeignMember.
+	ErrOtherMember = errors.New("raid: a member's connection reaches another member of the array")
 	// ErrDuplicateRole is returned by Assemble when two members claim the same role.
 	ErrDuplicateRole = errors.New("raid: two members claim the same role")
 	// ErrStaleMember is returned by Assemble, with ErrTooManyMissing, when members whose events

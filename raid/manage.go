@@ -329,6 +329,9 @@ func (a *Array) addSpareMember(m Member, force, first bool) error {
 	err := a.writeSuperblocks(nil)
 	a.sbMu.Unlock()
 	a.log.Info("raid: spare added", "member", m.Name())
+	if err == nil {
+		err = checkConns(sp, sb.ArrayUUID, sb.DeviceUUID, spareRole, "add")
+	}
 	if err != nil {
 		return err
 	}

@@ -213,6 +213,9 @@ func (a *Array) reAdd(m Member, old *member) error {
 	a.sbMu.Unlock()
 	a.log.Info("raid: member re-added; resyncing the regions written while it was away", "member", m.Name(),
 		"role", r, "events", sb.Events, "bitmap_cleared_at", cleared, "regions", a.bm.Status().Set)
+	if err == nil {
+		err = checkConns(nm, nsb.ArrayUUID, nsb.DeviceUUID, r, "re-add")
+	}
 	if err != nil {
 		return err
 	}

@@ -144,6 +144,20 @@ func newRemoteMembers(t *testing.T) []*remoteMember {
 	return ms
 }
 
+// modelClient returns size bytes of random data from seed, the model a test writes and
+// checks, and a client of s (closed when the test ends).
+func modelClient(t *testing.T, s *server, seed byte, size int) ([]byte, *wireClient) {
+	t.Helper()
+	model := make([]byte, size)
+	rand.NewChaCha8([32]byte{seed}).Read(model)
+	c, err := wireConnect(s.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return model, c
+}
+
 // checkModel reads the export's first len(model) bytes through c, a MiB at a time, and
 // compares every byte with model; the error names the offset of the read that failed or of
 // the first byte that differs. It does not touch t, so a test's other goroutines can use it.
@@ -220,13 +234,7 @@ func remoteMemberLost(t *testing.T, sig syscall.Signal) {
 	}
 
 	const size = 16 << 20
-	model := make([]byte, size)
-	rand.NewChaCha8([32]byte{17}).Read(model)
-	c, err := wireConnect(s.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	model, c := modelClient(t, s, 17, size)
 	const step = stripeData + 4096 // not stripe-aligned: partial stripes too
 	verify := func(c *wireClient, what string, size int) {
 		t.Helper()
@@ -415,15 +423,8 @@ func TestRemoteMemberWrongSize(t *testing.T) {
 	// Member 2's server now says its export is half the size.
 	ms[2].p.stop(syscall.SIGTERM, stopGrace)
 	ms[2].start(t, "--filter=truncate", fmt.Sprintf("truncate=%d", memberSize/2))
-	sockDir, err := os.MkdirTemp("", "r5n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sockDir)
-	out, err = runToolErr(raid5dBin, append([]string{"serve", "--socket", filepath.Join(sockDir, "nbd.sock"),
-		"--control", filepath.Join(sockDir, "control.sock")}, uris(ms)...)...)
-	if err == nil || !strings.Contains(out, ms[2].uri) || !strings.Contains(out, "too small") {
-		t.Fatalf("serve with member 2's export shrunk: %v\n%s\nwant an error naming %s", err, out, ms[2].uri)
+	if out := serveRefused(t, uris(ms)); !strings.Contains(out, ms[2].uri) || !strings.Contains(out, "too small") {
+		t.Fatalf("serve with member 2's export shrunk:\n%s\nwant an error naming %s", out, ms[2].uri)
 	}
 }
 
@@ -461,13 +462,7 @@ func TestRemoteMembersTLS(t *testing.T) {
 	runTool(t, raid5dBin, append(append([]string{"create", "--chunk", "64K"}, tlsFlags(pki)...), specs...)...)
 	a := &array{dir: dir, members: specs}
 	s := a.serve(t, append(tlsFlags(pki), "--member-conns", "3")...) // nbdkit advertises CAN_MULTI_CONN
-	c, err := wireConnect(s.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	model := make([]byte, 4<<20)
-	rand.NewChaCha8([32]byte{23}).Read(model)
+	model, c := modelClient(t, s, 23, 4<<20)
 	if err := c.writeAt(model, 0, true); err != nil {
 		t.Fatal(err)
 	}

@@ -72,16 +72,20 @@ type SizeChecker interface {
 	CheckSize() error
 }
 
-// Rechecker is a Member that reconnects by itself to what it stands for (a remote member
-// whose connection broke: raid/member/nbdmember). SetRecheck says how to tell that what
-// answers after a reconnect is still this member: before the member uses a reconnection it
-// calls check with a reader of the export through it, and an error fails the member for good
-// (every request from then on returns an error wrapping it) rather than have the export's
-// bytes taken for the member's. An error of the reader itself (the connection broke again)
-// only fails that reconnect. It is looked up under wrappers (Base), as Reporter is; the last
-// function set is used (nil: no check).
+// Rechecker is a Member that reaches what it stands for over connections it makes by itself
+// (a remote member: its several connections, and reconnections once one broke:
+// raid/member/nbdmember). SetRecheck says how to tell that what answers on a connection is
+// this member: the owner calls it once the member carries what check looks for (its
+// superblock read or written), and before the member uses any other connection — those it
+// opens then, and every reconnection — it calls check with a reader of the export through
+// that connection; SetRecheck runs it on the connections in use too. An error fails the member
+// for good (every request from then on returns an error wrapping it, and SetRecheck returns
+// it if it was one of its own checks) rather than have the export's bytes taken for the
+// member's. An error of the reader itself (the connection broke) only fails that connection.
+// It is looked up under wrappers (Base), as Reporter is; the last function set is used (nil:
+// no check).
 type Rechecker interface {
-	SetRecheck(check func(r io.ReaderAt) error)
+	SetRecheck(check func(r io.ReaderAt) error) error
 }
 
 // Mapper is a Member whose bytes can be read from a read-only mapping of it into memory

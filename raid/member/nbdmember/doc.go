@@ -71,10 +71,8 @@
 // the array reads the export's superblock, which must still be this member's); a server that
 // comes back different, or with another disk of the same size behind the URI, is refused and
 // the member failed (ErrExportChanged); with several connections each must pass, and one that
-// does not is not used. The connections Open makes are not rechecked (the owner sets its check
-// after Open, and the array's Create sets it before the superblock it checks is written): with
-// Conns > 1, a server that routes them to different disks at Open is caught only at its next
-// reconnect. Reconnects are counted (Member.reconnects, in Report).
+// reaches another export fails the member too. Reconnects are counted (Member.reconnects, in
+// Report).
 //
 // A server acknowledges a WRITE once it holds the data, in its cache perhaps; only FLUSH (or
 // FUA) makes it durable. A server that restarted has lost its cache, and nothing on the wire
@@ -102,10 +100,16 @@
 // With Options.Conns above one (serve's --member-conns) and a server that advertises
 // NBD_FLAG_CAN_MULTI_CONN — it promises that what one connection wrote is what the others
 // read, and that a FLUSH on one covers the writes the others completed — the member opens that
-// many connections (the handshakes after the first must announce the export the same way),
-// and sends each request on the one with the fewest in flight. A server that does not
-// advertise it gets one connection, which is logged at Info once; one that refuses the extra
-// connections (a limit on its clients) gets as many as it admitted, logged at Warn. Sync
+// many connections and sends each request on the one with the fewest in flight. Open makes
+// one; the others are opened when the owner sets its recheck (SetRecheck: the array does once
+// the export carries the member's superblock), and every one must prove it reaches the same
+// export before it carries a request, by the same admission as a reconnection's (its
+// handshake announcing the export the same way, and the recheck): a server that routes them
+// to different disks fails the member and SetRecheck returns ErrExportChanged, which the
+// array's assembly returns. The connection in use is rechecked then too. A member with no
+// recheck set keeps one connection. A server that does not advertise CAN_MULTI_CONN gets one
+// connection, which is logged at Info once; one that refuses the extra connections (a limit
+// on its clients) gets as many as it admitted, logged at Warn. Sync
 // sends FLUSH on every connection all the same, and succeeds only if all of them do. A
 // break of one connection retires them all, and the reconnect makes as many again (see
 // Reconnecting).

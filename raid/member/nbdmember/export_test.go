@@ -15,4 +15,4 @@ func MaskServerFlags(f uint16) (restore func()) {
 func Reconnects(m *Member) int64 { return m.reconnects.Load() }
 
 // Conns is how many connections m's current generation has.
-func Conns(m *Member) int { return len(m.cur.Load().conns) }
+func Conns(m *Member) int { return len(m.cur.Load().list()) }

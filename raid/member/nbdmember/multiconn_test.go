@@ -77,6 +77,7 @@ func TestMultiConn(t *testing.T) {
 	var counts connCounts
 	srv := newKillable(t, exportOf(t, counted(dev, &counts)))
 	m := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Conns: 4, Timeout: 30 * time.Second, Logger: quiet})
+	trust(t, m)
 	if n := nbdmember.Conns(m); n != 4 {
 		t.Fatalf("%d connections, want 4", n)
 	}
@@ -159,6 +160,7 @@ func TestMultiConn(t *testing.T) {
 
 	defer nbdmember.MaskServerFlags(client.FlagCanMultiConn)()
 	one := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Conns: 4, Logger: quiet})
+	trust(t, one)
 	if n := nbdmember.Conns(one); n != 1 {
 		t.Errorf("%d connections to a server without CAN_MULTI_CONN, want 1", n)
 	}

@@ -90,11 +90,14 @@ var (
 	// acknowledged (none flushed since), or a write's reply was cut off; the member is failed
 	// and every request from then on returns it (package doc, "Reconnecting").
 	ErrLostWrites = errors.New("nbdmember: connection broke with writes not known to be durable; member failed")
-	// ErrExportChanged: after a break the server announced the export differently (another
-	// size, a flag the member uses gone, read-only, other block sizes) or the export failed
-	// the owner's recheck (SetRecheck: not the same member); the member is failed and every
-	// request from then on returns it.
-	ErrExportChanged = errors.New("nbdmember: export changed across a reconnect; member failed")
+	// ErrExportChanged: a connection of the member does not reach the member's export: after
+	// a break the server announced the export differently (another size, a flag the member
+	// uses gone, read-only, other block sizes), or a connection, of a reconnect or one of
+	// those Open's first is joined by (SetRecheck), announced it differently or failed the
+	// owner's recheck (not the same member: a server that came back with another disk behind
+	// the URI, or that routes the member's connections to different disks). The member is
+	// failed and every request from then on returns it; SetRecheck returns it too.
+	ErrExportChanged = errors.New("nbdmember: a connection does not reach the member's export (changed, or routed elsewhere); member failed")
 )
 
 type unreachableError struct{}
@@ -144,8 +147,12 @@ type Member struct {
 	flags   uint16 // the first handshake's; a reconnect must offer what is used of them (check)
 	maxReq  int64  // the longest READ or WRITE sent: the server's maximum block size
 	timeout time.Duration
-	nconns  int // connections per generation, from Open: Options.Conns if the server allows it
+	want    int // connections per generation once a recheck is set: Options.Conns if the server allows it
 	log     *slog.Logger
+
+	// nconns is how many connections a generation has (redial makes as many): 1 from Open
+	// until SetRecheck has admitted more (up to want, as the server admits them).
+	nconns atomic.Int64
 
 	// cur is the generation of connections in use; once retired (a connection broke, or
 	// Close), requests wait in await until another replaces it or the member has failed.
@@ -154,8 +161,10 @@ type Member struct {
 	// Counters for status and metrics (atomics, read with Load; the generation's connections
 	// count their own requests in flight, conn.inflight).
 	reconnects atomic.Int64                            // generations installed after Open's: successful reconnects
-	recheck    atomic.Pointer[func(io.ReaderAt) error] // SetRecheck's, run on every reconnection
+	recheck    atomic.Pointer[func(io.ReaderAt) error] // SetRecheck's, run on every connection before its use (admit)
 	stats      stats                                   // every request's count and time, for Report (stats.go)
+
+	setMu sync.Mutex // serialises SetRecheck's admission of the connections it checks and adds
 
 	mu       sync.Mutex    // guards the fields below, and generation.retiring
 	failed   error         // set once: every request fails with it (ErrLostWrites, ErrExportChanged)
@@ -174,7 +183,10 @@ type Member struct {
 // of them (or a request past its deadline, which closes its connection) retires them all: see
 // "Reconnecting" in the package doc for why.
 type generation struct {
-	conns []*conn
+	// conns are the connections, never empty: Open's generation starts with one and gains the
+	// others when the recheck is set (SetRecheck, under Member.mu while not retiring, so that
+	// a break or Close that retires the generation sees every connection it must close).
+	conns atomic.Pointer[[]*conn]
 
 	active    atomic.Int64  // requests holding the generation (acquire to release)
 	retired   atomic.Bool   // no new request may hold it
@@ -200,8 +212,13 @@ type conn struct {
 }
 
 func newGeneration(conns []*conn) *generation {
-	return &generation{conns: conns, drained: make(chan struct{}), evaluated: make(chan struct{})}
+	g := &generation{drained: make(chan struct{}), evaluated: make(chan struct{})}
+	g.conns.Store(&conns)
+	return g
 }
+
+// list returns the connections of g.
+func (g *generation) list() []*conn { return *g.conns.Load() }
 
 var (
 	_ member.DSyncWriter = (*Member)(nil)
@@ -266,22 +283,17 @@ func Open(spec string, use member.Use, opts Options) (*Member, error) {
 		c.c.Close()
 		return nil, err
 	}
-	conns := []*conn{c}
-	want := min(max(opts.Conns, 0), MaxConns)
-	if want == 0 {
-		want = DefaultConns
+	m.want = min(max(opts.Conns, 0), MaxConns)
+	if m.want == 0 {
+		m.want = DefaultConns
 	}
-	switch {
-	case want > 1 && m.flags&client.FlagCanMultiConn == 0:
-		m.log.Info("nbdmember: the server does not advertise CAN_MULTI_CONN: one connection", "member", spec, "member-conns", want)
-	case want > 1:
-		conns = m.moreConns(ctx, conns, want)
-		if len(conns) < want {
-			m.log.Warn("nbdmember: the server refused more connections", "member", spec, "conns", len(conns), "member-conns", want)
-		}
+	if m.want > 1 && m.flags&client.FlagCanMultiConn == 0 {
+		m.log.Info("nbdmember: the server does not advertise CAN_MULTI_CONN: one connection", "member", spec, "member-conns", m.want)
+		m.want = 1
 	}
-	m.nconns = len(conns)
-	m.cur.Store(newGeneration(conns))
+	// The others are opened once the owner can tell whether they reach this export (SetRecheck).
+	m.nconns.Store(1)
+	m.cur.Store(newGeneration([]*conn{c}))
 	m.since = time.Now()
 	return m, nil
 }
@@ -304,37 +316,68 @@ func (m *Member) dialConn(ctx context.Context) (*conn, error) {
 	return &conn{c: c, nc: nc}, nil
 }
 
-// moreConns adds connections to conns, up to n, as the server admits them (each announcing
-// the export as the first did and passing the recheck), and returns them.
-func (m *Member) moreConns(ctx context.Context, conns []*conn, n int) []*conn {
-	for len(conns) < n {
+// admit returns nil if c, a connection not yet in use, reaches the member's export: it
+// announces the export as Open's first handshake did (check; extra: it is not the first of
+// its generation) and passes the owner's recheck (recheckExport), bounded by ctx. Every
+// connection is admitted before it carries a request, but for Open's first: the owner
+// identifies the export through it, and SetRecheck admits it then (see the package doc).
+// ErrExportChanged says c reaches something else (the member must fail); another error, that
+// c could not be checked.
+func (m *Member) admit(ctx context.Context, c *conn, extra bool) error {
+	if err := m.check(c.c, extra); err != nil {
+		return err
+	}
+	return m.recheckExport(ctx, c)
+}
+
+// moreConns dials connections until there are n with the have of the generation they join,
+// as the server admits them, each admitted (admit) before it is returned: a server may route
+// a URI's connections to different disks. None are dialed while no recheck is set, since
+// nothing could tell whether they reach the export. It stops at the first dial the server
+// refuses or that cannot be checked (the generation has fewer connections), and fails, with
+// none returned, when one reaches another export (ErrExportChanged).
+func (m *Member) moreConns(ctx context.Context, have, n int) ([]*conn, error) {
+	if m.recheck.Load() == nil {
+		return nil, nil
+	}
+	var more []*conn
+	for have+len(more) < n {
 		c, err := m.dialConn(ctx)
 		if err == nil {
-			if err = m.check(c.c); err == nil {
-				err = m.recheckExport(ctx, c) // each connection: a server may route them apart
-			}
-			if err != nil {
+			if err = m.admit(ctx, c, true); err != nil {
 				c.c.Close()
 			}
+		}
+		if errors.Is(err, ErrExportChanged) {
+			closeConns(more)
+			return nil, err
 		}
 		if err != nil {
 			m.log.Debug("nbdmember: extra connection refused", "member", m.name, "err", err)
 			break
 		}
-		conns = append(conns, c)
+		more = append(more, c)
 	}
-	return conns
+	return more, nil
+}
+
+// closeConns closes conns, which carry no requests.
+func closeConns(conns []*conn) {
+	for _, c := range conns {
+		c.c.Close()
+	}
 }
 
 // check returns ErrExportChanged unless c announces the export as Open's first handshake did:
-// the same size, every flag the member uses still offered, not read-only if it writes, and
-// block sizes its requests still fit.
-func (m *Member) check(c *client.Conn) error {
+// the same size, every flag the member uses still offered (CAN_MULTI_CONN too on a
+// generation of several: extra, or nconns above one), not read-only if it writes, and block
+// sizes its requests still fit.
+func (m *Member) check(c *client.Conn, extra bool) error {
 	size, _ := c.Size()
 	flags := c.Flags() &^ testHookMaskFlags
 	minB, _, maxB := c.BlockSize()
 	used := m.flags & (client.FlagSendFlush | client.FlagSendFUA | client.FlagSendWriteZeroes)
-	if m.nconns > 1 {
+	if extra || m.nconns.Load() > 1 {
 		used |= m.flags & client.FlagCanMultiConn
 	}
 	switch {
@@ -432,7 +475,7 @@ func (m *Member) Close() error {
 	}
 	g.retired.Store(true)
 	var err error
-	for _, c := range g.conns {
+	for _, c := range g.list() {
 		broken := c.c.Err() != nil
 		// DISC to a server that stopped reading must not hang Close.
 		c.nc.SetWriteDeadline(time.Now().Add(closeTimeout))
@@ -707,16 +750,17 @@ func (m *Member) flushAll(g *generation, deadline time.Time) (bool, error) {
 		err := c.c.Flush()
 		return t != nil && !t.Stop(), err
 	}
-	if len(g.conns) == 1 {
-		return flush(g.conns[0])
+	conns := g.list()
+	if len(conns) == 1 {
+		return flush(conns[0])
 	}
-	errs := make([]error, len(g.conns))
-	fired := make([]bool, len(g.conns))
+	errs := make([]error, len(conns))
+	fired := make([]bool, len(conns))
 	var wg sync.WaitGroup
-	for i, c := range g.conns[1:] {
+	for i, c := range conns[1:] {
 		wg.Go(func() { fired[i+1], errs[i+1] = flush(c) })
 	}
-	fired[0], errs[0] = flush(g.conns[0])
+	fired[0], errs[0] = flush(conns[0])
 	wg.Wait()
 	var err error
 	for i := range errs {
@@ -755,14 +799,15 @@ func (m *Member) acquire(deadline time.Time) (*generation, *conn, error) {
 // it. The count is taken by compare-and-swap from the value seen to be the least, so that
 // requests picking at once spread as if they had picked one after the other.
 func (g *generation) pick() *conn {
-	if len(g.conns) == 1 {
-		g.conns[0].inflight.Add(1)
-		return g.conns[0]
+	conns := g.list()
+	if len(conns) == 1 {
+		conns[0].inflight.Add(1)
+		return conns[0]
 	}
 	for {
-		c := g.conns[0]
+		c := conns[0]
 		v := c.inflight.Load()
-		for _, o := range g.conns[1:] {
+		for _, o := range conns[1:] {
 			if w := o.inflight.Load(); w < v {
 				c, v = o, w
 			}
@@ -794,23 +839,22 @@ func (m *Member) broke(g *generation, cause error) {
 	g.retiring = true
 	m.mu.Unlock()
 	g.retired.Store(true)
-	for _, c := range g.conns {
+	conns := g.list() // all of them: none is added once retiring is set
+	for _, c := range conns {
 		c.nc.Close() // every request in flight returns
 	}
 	if g.active.Load() == 0 {
 		g.drainOnce.Do(func() { close(g.drained) })
 	}
 	<-g.drained
-	for _, c := range g.conns {
-		c.c.Close() // the reply readers end (their sockets are closed: no DISC is sent)
-	}
+	closeConns(conns) // the reply readers end (their sockets are closed: no DISC is sent)
 	err := m.verdict(g, cause)
 	m.mu.Lock()
 	switch {
 	case err != nil && m.failed == nil:
 		m.failed = err
 		m.log.Error("nbdmember: connection broken, member failed", "member", m.name, "err", err)
-	case err == nil && !m.closed:
+	case err == nil && !m.closed && m.failed == nil:
 		m.log.Warn("nbdmember: connection broken, reconnecting", "member", m.name, "err", cause)
 	}
 	// The first dial comes at once after a generation that lasted, with backoff after one
@@ -946,38 +990,97 @@ func (m *Member) dialContext(deadline time.Time) (context.Context, context.Cance
 	return context.WithDeadline(m.ctx, deadline)
 }
 
-// redial makes the next generation: as many connections as Open made, the first announcing
-// the export as before (check) and the others as the server admits them.
+// redial makes the next generation: as many connections as the last one was to have
+// (nconns), each admitted (admit), the others as the server admits them (moreConns).
 func (m *Member) redial(ctx context.Context) (*generation, error) {
 	c, err := m.dialConn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.check(c.c); err != nil {
+	if err := m.admit(ctx, c, false); err != nil {
 		c.c.Close()
 		return nil, err
 	}
-	if err := m.recheckExport(ctx, c); err != nil {
+	more, err := m.moreConns(ctx, 1, int(m.nconns.Load()))
+	if err != nil {
 		c.c.Close()
 		return nil, err
 	}
-	return newGeneration(m.moreConns(ctx, []*conn{c}, m.nconns)), nil
+	return newGeneration(append([]*conn{c}, more...)), nil
 }
 
-// SetRecheck sets the check a reconnection must pass before the member uses it
-// (member.Rechecker): the array's look at the export's superblock, so that a server that came
-// back with another disk behind the same URI is not trusted. It may be called at any time.
-func (m *Member) SetRecheck(check func(r io.ReaderAt) error) {
+// SetRecheck (member.Rechecker) sets the check every connection of the member must pass
+// before it carries a request: the array's look at the export's superblock, so that neither
+// a server that came back with another disk behind the same URI nor one that routes the
+// member's connections to different disks is trusted. It runs the check at once on the
+// connections in use (Open's: the owner calls it once the export carries what check looks
+// for), then opens the others Options.Conns asks for, each admitted by the same check as a
+// reconnection's. A connection that fails the check having read what it asked for fails the
+// member, and SetRecheck returns an error wrapping ErrExportChanged; one whose read fails
+// breaks the connections in use (a reconnect admits new ones) and is returned too. It may be
+// called at any time; nil removes the check (and the connections beyond the first at the
+// next reconnect).
+func (m *Member) SetRecheck(check func(r io.ReaderAt) error) error {
+	m.setMu.Lock()
+	defer m.setMu.Unlock()
 	if check == nil {
 		m.recheck.Store(nil)
-		return
+		m.nconns.Store(1)
+		return nil
 	}
 	m.recheck.Store(&check)
+	g := m.cur.Load()
+	if g.retired.Load() {
+		return nil // its replacement is admitted whole (redial)
+	}
+	ctx, cancel := m.dialContext(m.deadline())
+	defer cancel()
+	for _, c := range g.list() {
+		if err := m.recheckExport(ctx, c); err != nil {
+			return m.refuse(g, err)
+		}
+	}
+	have := len(g.list())
+	more, err := m.moreConns(ctx, have, m.want)
+	if err != nil {
+		return m.refuse(g, err)
+	}
+	if len(more) == 0 {
+		return nil
+	}
+	if have+len(more) < m.want {
+		m.log.Warn("nbdmember: the server refused more connections", "member", m.name, "conns", have+len(more), "member-conns", m.want)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if g.retiring {
+		closeConns(more) // broken meanwhile: its replacement is admitted whole (redial)
+		return nil
+	}
+	m.nconns.Store(int64(have + len(more)))
+	conns := append(g.list()[:have:have], more...)
+	g.conns.Store(&conns)
+	return nil
 }
 
-// recheckExport runs SetRecheck's check on c, a reconnection not yet in use, bounded by ctx
-// (which closes c's socket when it ends). A check that fails having read what it asked for
-// is ErrExportChanged (the member fails); one whose read failed is only this dial's failure.
+// refuse retires g, whose connection err says could not be admitted (SetRecheck), failing
+// the member if it reaches another export (ErrExportChanged), and returns err.
+func (m *Member) refuse(g *generation, err error) error {
+	if errors.Is(err, ErrExportChanged) {
+		m.mu.Lock()
+		if m.failed == nil {
+			m.failed = err
+			m.log.Error("nbdmember: a connection reaches another export, member failed", "member", m.name, "err", err)
+		}
+		m.mu.Unlock()
+	}
+	m.broke(g, err)
+	return err
+}
+
+// recheckExport runs SetRecheck's check, if any, on c, bounded by ctx (which closes c's
+// socket when it ends). A check that fails having read what it asked for is
+// ErrExportChanged (the member fails); one whose read failed is only this dial's failure.
 func (m *Member) recheckExport(ctx context.Context, c *conn) error {
 	f := m.recheck.Load()
 	if f == nil {
@@ -1015,14 +1118,12 @@ func (m *Member) installed(g *generation, err error) {
 	defer m.signal()
 	switch {
 	case err == nil && m.closed:
-		for _, c := range g.conns {
-			c.c.Close()
-		}
+		closeConns(g.list())
 	case err == nil:
 		m.cur.Store(g)
 		m.reconnects.Add(1)
 		m.lastErr, m.since = nil, time.Now() // the backoff stays until g has lasted (broke)
-		m.log.Info("nbdmember: reconnected", "member", m.name, "conns", len(g.conns))
+		m.log.Info("nbdmember: reconnected", "member", m.name, "conns", len(g.list()))
 	case errors.Is(err, ErrExportChanged):
 		m.failed = err
 		m.log.Error("nbdmember: the export changed, member failed", "member", m.name, "err", err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -455,10 +454,36 @@ func TestReconnectTLS(t *testing.T) {
 	}
 }
 
+// sameBytes is a recheck that passes an export whose first len(want) bytes are want, and
+// fails with errOther one that has other bytes there; it counts its calls into checks.
+func sameBytes(want []byte, errOther error, checks *atomic.Int64) func(io.ReaderAt) error {
+	return func(r io.ReaderAt) error {
+		checks.Add(1)
+		got := make([]byte, len(want))
+		if _, err := r.ReadAt(got, 0); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, want) {
+			return errOther
+		}
+		return nil
+	}
+}
+
+// trust sets a recheck that every connection passes, so that m opens the connections
+// beyond Open's first.
+func trust(t *testing.T, m *nbdmember.Member) {
+	t.Helper()
+	if err := m.SetRecheck(func(io.ReaderAt) error { return nil }); err != nil {
+		t.Fatalf("SetRecheck: %v", err)
+	}
+}
+
 // TestReconnectRecheck: a reconnection is used only once it passes the owner's recheck
-// (SetRecheck, reading through the new connection): a server back with the same bytes is
-// reconnected; one back with other bytes of the same size and flags (another disk behind the
-// URI) fails the member with ErrExportChanged wrapping the recheck's error, for good.
+// (SetRecheck, reading through the new connection; SetRecheck runs it on the connection in
+// use too): a server back with the same bytes is reconnected; one back with other bytes of
+// the same size and flags (another disk behind the URI) fails the member with
+// ErrExportChanged wrapping the recheck's error, for good.
 func TestReconnectRecheck(t *testing.T) {
 	dev := nbdtest.NewMemDevice(1 << 20)
 	want := random(4096)
@@ -469,23 +494,15 @@ func TestReconnectRecheck(t *testing.T) {
 	m := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Timeout: 30 * time.Second, Logger: quiet})
 	var _ member.Rechecker = m
 	errOther := errors.New("not the same disk")
-	checks := 0
-	m.SetRecheck(func(r io.ReaderAt) error {
-		checks++
-		got := make([]byte, len(want))
-		if _, err := r.ReadAt(got, 0); err != nil {
-			return err
-		}
-		if !bytes.Equal(got, want) {
-			return errOther
-		}
-		return nil
-	})
+	var checks atomic.Int64
+	if err := m.SetRecheck(sameBytes(want, errOther, &checks)); err != nil || checks.Load() != 1 {
+		t.Fatalf("SetRecheck: %v after %d checks, want nil after 1 (the connection in use)", err, checks.Load())
+	}
 	srv.kill()
 	srv.start()
 	mustRead(t, m, want, 0, "back with the same bytes")
-	if n := nbdmember.Reconnects(m); n != 1 || checks != 1 {
-		t.Errorf("%d reconnects, %d rechecks; want 1 and 1", n, checks)
+	if n := nbdmember.Reconnects(m); n != 1 || checks.Load() != 2 {
+		t.Errorf("%d reconnects, %d checks; want 1 and 2", n, checks.Load())
 	}
 
 	srv.kill()
@@ -502,8 +519,8 @@ func TestReconnectRecheck(t *testing.T) {
 }
 
 // TestReconnectRecheckConns: with several connections every one of a reconnection must pass
-// the recheck: a server that routes the second connection to another disk gets one
-// connection, and every read comes from the right one.
+// the recheck: a server that routes the second connection of a restart to another disk fails
+// the member (ErrExportChanged), and no read returns the other disk's bytes.
 func TestReconnectRecheckConns(t *testing.T) {
 	right, wrong := nbdtest.NewMemDevice(1<<20), nbdtest.NewMemDevice(1<<20)
 	want := random(64 << 10)
@@ -512,19 +529,14 @@ func TestReconnectRecheckConns(t *testing.T) {
 	}
 	srv := newKillable(t, exportOf(t, the(right)))
 	m := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Conns: 2, Timeout: 30 * time.Second, Logger: quiet})
+	errOther := errors.New("not the same disk")
+	var checks atomic.Int64
+	if err := m.SetRecheck(sameBytes(want[:4096], errOther, &checks)); err != nil {
+		t.Fatal(err)
+	}
 	if n := nbdmember.Conns(m); n != 2 {
 		t.Fatalf("%d connections, want 2", n)
 	}
-	m.SetRecheck(func(r io.ReaderAt) error {
-		got := make([]byte, 4096)
-		if _, err := r.ReadAt(got, 0); err != nil {
-			return err
-		}
-		if !bytes.Equal(got, want[:4096]) {
-			return errors.New("not the same disk")
-		}
-		return nil
-	})
 	srv.kill()
 	srv.setMk(exportOf(t, func(conn int) nbd.Device { // the restart's first connection is the right disk
 		if conn == 2 {
@@ -533,10 +545,116 @@ func TestReconnectRecheckConns(t *testing.T) {
 		return wrong
 	}))
 	srv.start()
-	for i := range 8 {
-		mustRead(t, m, want, 0, fmt.Sprintf("read %d after the restart", i))
+	for i := range 4 {
+		got := make([]byte, len(want))
+		if _, err := m.ReadAt(got, 0); !errors.Is(err, nbdmember.ErrExportChanged) || !errors.Is(err, errOther) {
+			t.Errorf("read %d after the restart with the second connection routed elsewhere: %v, want ErrExportChanged and the recheck's error", i, err)
+		}
 	}
+}
+
+// TestOpenRecheckConns: Open makes one connection; the others Options.Conns asks for are
+// opened once the owner's recheck is set (SetRecheck) and each must pass it before it
+// carries a request. A server that routes the second connection to another disk of the same
+// size and flags fails the member: SetRecheck returns ErrExportChanged wrapping the recheck's
+// error, every request from then on returns it (none reads or writes either disk), and the
+// other disk is never written.
+func TestOpenRecheckConns(t *testing.T) {
+	right, wrong := nbdtest.NewMemDevice(1<<20), nbdtest.NewMemDevice(1<<20)
+	want := random(1 << 20)
+	if _, err := right.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv := newKillable(t, exportOf(t, func(conn int) nbd.Device {
+		if conn == 0 {
+			return right
+		}
+		return wrong
+	}))
+	m := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Conns: 2, Timeout: 30 * time.Second, Logger: quiet})
+	errOther := errors.New("not the same disk")
+	var checks atomic.Int64
+	err := m.SetRecheck(sameBytes(want[:4096], errOther, &checks))
+	if !errors.Is(err, nbdmember.ErrExportChanged) || !errors.Is(err, errOther) {
+		t.Errorf("SetRecheck with the second connection routed to another disk: %v, want ErrExportChanged and the recheck's error", err)
+	}
+	var wg sync.WaitGroup
+	for i := range 16 { // in flight together: on two connections they would spread over both
+		wg.Go(func() {
+			off := int64(i) * 64 << 10
+			got := make([]byte, 64<<10)
+			if _, err := m.ReadAt(got, off); err == nil && !bytes.Equal(got, want[off:off+64<<10]) {
+				t.Errorf("read at %d returned another disk's bytes", off)
+			} else if !errors.Is(err, nbdmember.ErrExportChanged) {
+				t.Errorf("read at %d: %v, want ErrExportChanged", off, err)
+			}
+			if _, err := m.WriteAt(random(64<<10), off); !errors.Is(err, nbdmember.ErrExportChanged) {
+				t.Errorf("write at %d: %v, want ErrExportChanged", off, err)
+			}
+		})
+	}
+	wg.Wait()
+	got := make([]byte, 1<<20)
+	if _, err := wrong.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, make([]byte, 1<<20)) {
+		t.Error("the other disk was written")
+	}
+}
+
+// TestOpenConnsAdmitted: SetRecheck admits the connection in use and opens the others, each
+// checked once, while requests are in flight; a server that admits fewer connections gets
+// as many as it admits.
+func TestOpenConnsAdmitted(t *testing.T) {
+	dev := nbdtest.NewMemDevice(1 << 20)
+	want := random(1 << 20)
+	if _, err := dev.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	srv := newKillable(t, exportOf(t, the(dev)))
+	m := open(t, uri(srv.path, "m"), member.Exclusive, nbdmember.Options{Conns: 4, Timeout: 30 * time.Second, Logger: quiet})
 	if n := nbdmember.Conns(m); n != 1 {
-		t.Errorf("%d connections after the restart, want 1 (the other reaches another disk)", n)
+		t.Errorf("%d connections before SetRecheck, want 1", n)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			off := int64(i) * 64 << 10
+			got := make([]byte, 64<<10)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := m.ReadAt(got, off); err != nil || !bytes.Equal(got, want[off:off+64<<10]) {
+					t.Errorf("read at %d while connections are added: %v", off, err)
+					return
+				}
+			}
+		})
+	}
+	var checks atomic.Int64
+	if err := m.SetRecheck(sameBytes(want[:4096], errors.New("not the same disk"), &checks)); err != nil {
+		t.Errorf("SetRecheck: %v", err)
+	}
+	close(stop)
+	wg.Wait()
+	if n, k := nbdmember.Conns(m), checks.Load(); n != 4 || k != 4 {
+		t.Errorf("%d connections after %d checks, want 4 after 4", n, k)
+	}
+
+	limited := newKillable(t, func(conn int) *nbd.Server {
+		if conn >= 2 {
+			return nil // refused: the connection is closed at once
+		}
+		return exportOf(t, the(dev))(conn)
+	})
+	m2 := open(t, uri(limited.path, "m"), member.Exclusive, nbdmember.Options{Conns: 4, Timeout: 30 * time.Second, Logger: quiet})
+	trust(t, m2)
+	if n := nbdmember.Conns(m2); n != 2 {
+		t.Errorf("server admitting 2 connections: %d, want 2", n)
 	}
 }

@@ -125,16 +125,17 @@ func (w *window) latency(now time.Time) member.Latency {
 // is waiting (the array no longer sends any to a member it failed).
 func (m *Member) Report() member.Report {
 	g := m.cur.Load()
-	minB, prefB, maxB := g.conns[0].c.BlockSize()
+	conns := g.list()
+	minB, prefB, maxB := conns[0].c.BlockSize()
 	r := member.Report{
-		Kind: "nbd", State: member.LinkConnected, Server: m.uri.Export, ServerName: g.conns[0].c.ExportName(),
+		Kind: "nbd", State: member.LinkConnected, Server: m.uri.Export, ServerName: conns[0].c.ExportName(),
 		Features: FlagNames(m.flags), MinBlock: int64(minB), PreferredBlock: int64(prefB), MaxBlock: int64(maxB),
-		Conns: len(g.conns), Reconnects: uint64(m.reconnects.Load()), InFlight: m.stats.inFlight.Load(),
+		Conns: len(conns), Reconnects: uint64(m.reconnects.Load()), InFlight: m.stats.inFlight.Load(),
 		Errors: m.stats.errors.Load(), Latency: m.stats.win.latency(time.Now()),
 	}
 	r.Requests, r.RequestTime = m.stats.win.total()
 	broken := g.retired.Load()
-	for _, c := range g.conns {
+	for _, c := range conns {
 		broken = broken || c.c.Err() != nil // noticed by the reply reader, not yet by a request
 	}
 	if broken {

@@ -192,6 +192,7 @@ func BenchmarkReadAt4K(b *testing.B) {
 func TestReportConns(t *testing.T) {
 	sock := serve(t, nbd.Export{Name: "m", Device: nbdtest.NewMemDevice(1 << 20)})
 	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{Conns: 3, Logger: quiet})
+	trust(t, m)
 	if r := m.Report(); r.Conns != 3 || r.State != member.LinkConnected || !slices.Contains(r.Features, "multi_conn") {
 		t.Errorf("report %+v, want 3 connections, connected, multi_conn", r)
 	}
