@@ -49,6 +49,21 @@ type PinnedWriter interface {
 	WritePinned(p []byte, off int64, release func()) (int, error)
 }
 
+// CachedWriter is implemented by devices that can take some short writes into memory of their
+// own without waiting for anything (raid5d: whole 4 KiB units of a partial stripe, into its
+// stripe cache). The server's reader offers it each WRITE without FUA whose payload it already
+// holds in its buffer, from that buffer, and answers it itself, with the replies of the next
+// requests if they have already arrived: no hand-off to a worker, and fewer reply writes.
+//
+// WriteCached writes p at off and reports true if it can do so without waiting (no I/O, no
+// lock that another holds) and without error; the write is then complete in the WriteAt sense.
+// Otherwise it reports false having done nothing, and the server writes p as usual (WriteAt,
+// WritePinned), which reports any error. p is not kept after the call. It is called from the
+// connection's reader, concurrently with the other methods.
+type CachedWriter interface {
+	WriteCached(p []byte, off int64) bool
+}
+
 // PlacedWriter is implemented by devices that can take a WRITE's payload read straight into
 // the memory where it will live (raid5d: its members' files mapped into memory), so that the
 // kernel's copy out of the socket is the only copy. The server uses it, on connections without

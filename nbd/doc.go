@@ -111,6 +111,12 @@
 //     to a worker as an ordinary WRITE of that range, whose reply answers the whole; a WRITE
 //     placed whole has no buffer, and its reply goes out as a worker's would. The reader never
 //     waits for the client while the device holds the slices.
+//   - With a Device that is a CachedWriter, a WRITE without FUA whose whole payload the
+//     connection's buffered reader already holds is offered to WriteCached straight from that
+//     buffer, by the reader: taken, it needs no request buffer and no worker, and its reply is
+//     held back, as a placed write's is, to go out with the replies of the requests that have
+//     already arrived; declined, it is read and written as usual. The buffer is the reader's
+//     and is reused once WriteCached returns.
 //   - With Options.DebugImmutable, a buffer is mprotect'ed read-only from the WritePinned call
 //     until the last reference is dropped, then made writable before it is reused. A write to it
 //     meanwhile is a SIGSEGV, which the Go runtime reports as a fatal error ("unexpected fault

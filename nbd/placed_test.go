@@ -95,38 +95,7 @@ func TestPlacedWrites(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			// Eight writers, each in its own 1 MiB, so that their writes are concurrent and
-			// the model needs no order between them.
-			model := make([]byte, size)
-			var wg sync.WaitGroup
-			for w := range int64(8) {
-				wg.Go(func() {
-					rng := rand.New(rand.NewPCG(uint64(w), 3))
-					for range 40 {
-						n := int64(64<<10) * (1 + rng.Int64N(4))
-						off := w<<20 + rng.Int64N((1<<20-n)/(64<<10)+1)*(64<<10)
-						if rng.IntN(4) == 0 && off+n+512 <= (w+1)<<20 {
-							off += 512 // not placed (unaligned)
-						}
-						p := model[off : off+n]
-						for i := range p {
-							p[i] = byte(rng.Uint32())
-						}
-						if _, err := c.WriteAt(p, off); err != nil {
-							t.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			got := make([]byte, size)
-			if _, err := c.ReadAt(got, 0); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, model) {
-				t.Fatal("device differs from the model")
-			}
+			writeEightAndCompare(t, c, size, 64<<10, 4, 40, 3)
 			if dev.placed.Load() == 0 {
 				t.Fatal("no WRITE was placed")
 			}
@@ -134,5 +103,44 @@ func TestPlacedWrites(t *testing.T) {
 				t.Fatalf("%d placed writes were cut short on a healthy connection", dev.partial.Load())
 			}
 		})
+	}
+}
+
+// writeEightAndCompare runs eight writers on c, each in its own MiB of a device of size bytes
+// (so that their writes are concurrent and the model needs no order between them), each
+// writing count times 1 to most units of unit bytes at a random unit, a quarter of them
+// shifted by 512 bytes (not aligned); then it reads the whole device back and compares it
+// with the model.
+func writeEightAndCompare(t *testing.T, c *client.Conn, size int, unit, most int64, count int, seed uint64) {
+	t.Helper()
+	model := make([]byte, size)
+	var wg sync.WaitGroup
+	for w := range int64(8) {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
+			for range count {
+				n := unit * (1 + rng.Int64N(most))
+				off := w<<20 + rng.Int64N((1<<20-n)/unit+1)*unit
+				if rng.IntN(4) == 0 && off+n+512 <= (w+1)<<20 {
+					off += 512
+				}
+				p := model[off : off+n]
+				for i := range p {
+					p[i] = byte(rng.Uint32())
+				}
+				if _, err := c.WriteAt(p, off); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := make([]byte, size)
+	if _, err := c.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, model) {
+		t.Fatal("device differs from the model")
 	}
 }

@@ -32,6 +32,7 @@ type conn struct {
 	pinned PinnedWriter // the export's Device as a PinnedWriter if StablePages is on, or nil
 	mapped MappedReader // the export's Device as a MappedReader if MappedReads is on, or nil
 	placed placedReader // the export's Device as a PlacedWriter, and the socket (placed.go)
+	cached CachedWriter // the export's Device as a CachedWriter, or nil
 
 	replies // the reply side: reply.go
 	buffers // the in-flight bounds and the buffer pool: pool.go
@@ -96,6 +97,7 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 	if sess.export.MappedReads && c.nc == c.raw { // not under TLS: see Export.MappedReads
 		c.mapped, _ = sess.export.Device.(MappedReader)
 	}
+	c.cached, _ = sess.export.Device.(CachedWriter)
 	if pw, ok := sess.export.Device.(PlacedWriter); ok && c.nc == c.raw { // not under TLS: see PlacedWriter
 		c.placed.init(pw, c.raw)
 	}
@@ -156,6 +158,11 @@ func (c *conn) readRequests() error {
 			if err := c.refuse(&h, errno, nil); err != nil {
 				return err
 			}
+			continue
+		}
+		if h.Type == wire.CmdWrite && h.Length > 0 && h.CommandFlags&wire.CmdFlagFUA == 0 && c.cached != nil &&
+			int(h.Length) <= c.br.Buffered() && c.writeCached(&h) {
+			direct = false
 			continue
 		}
 		if h.Type == wire.CmdWrite && h.Length >= placedMin && h.CommandFlags&wire.CmdFlagFUA == 0 && c.placed.pw != nil {

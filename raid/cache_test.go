@@ -867,10 +867,10 @@ func TestWriteAllocs(t *testing.T) {
 		t.Skip("the race detector's sync.Pool drops items: allocations are not counted")
 	}
 	for _, w := range []struct {
-		name   string
-		size   int64
-		pinned bool
-	}{{"4k", 4 << 10, false}, {"4k-pinned", 4 << 10, true}, {"512", 512, false}} {
+		name           string
+		size           int64
+		pinned, cached bool
+	}{{"4k", 4 << 10, false, false}, {"4k-pinned", 4 << 10, true, false}, {"4k-cached", 4 << 10, false, true}, {"512", 512, false, false}} {
 		t.Run(w.name, func(t *testing.T) {
 			io := raid.IOOptions{StripeCache: 16, WriteBackDelay: time.Microsecond, StablePages: w.pinned}
 			a, _ := newCached(t, 4, 16<<10, 64, raid.AssembleOptions{IOOptions: io})
@@ -884,6 +884,9 @@ func TestWriteAllocs(t *testing.T) {
 			write := func() {
 				off := rng.Int64N(n) * w.size
 				var err error
+				if w.cached && a.WriteCached(p, off) {
+					return
+				}
 				if w.pinned {
 					_, err = a.WritePinned(p, off, release)
 				} else {
@@ -921,5 +924,82 @@ func TestWriteAllocs(t *testing.T) {
 				t.Errorf("%v allocations per %d writes and their write-outs, want at most %d", allocs, writes, most)
 			}
 		})
+	}
+}
+
+// TestWriteCached: the array takes a write of whole units within a stripe into its cache
+// (WriteCached) once it is marked dirty, and the data is read back, written out and survives
+// reassembly byte for byte; it declines, writing nothing, before the array is marked dirty (that
+// takes a superblock write), for a whole stripe, without a cache, and once the array has failed.
+func TestWriteCached(t *testing.T) {
+	a, fs, ms, model := faultyArray(t, 4, 16, raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: time.Millisecond}})
+	ss := a.Layout().StripeSize()
+	p := bytes.Repeat([]byte{0x5A}, 4096)
+	if a.WriteCached(p, 0) {
+		t.Fatal("WriteCached before the array was marked dirty")
+	}
+	if _, err := a.WriteAt(p, ss); err != nil { // marks it dirty
+		t.Fatal(err)
+	}
+	copy(model[ss:], p)
+	if a.WriteCached(make([]byte, ss), 0) {
+		t.Fatal("WriteCached of a whole stripe")
+	}
+	rng := newRand(9)
+	cached := 0
+	for range 200 {
+		off := rng.Int64N(int64(len(model))/4096) * 4096
+		q := make([]byte, 4096*(1+rng.Int64N(2)))
+		fill(rng, q)
+		if off+int64(len(q)) > int64(len(model)) || !a.WriteCached(q, off) {
+			continue
+		}
+		cached++
+		copy(model[off:], q)
+		clear(q) // not kept
+	}
+	if cached < 100 {
+		t.Fatalf("only %d of 200 writes were cached", cached)
+	}
+	compareArray(t, a, model)
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if bad := badStripes(ms, a.Layout()); len(bad) > 0 {
+		t.Fatalf("stripes %v: parity is not the XOR of the data", bad)
+	}
+	for i, m := range ms {
+		m.Reopen()
+		fs[i] = raidtest.NewFaulty(m)
+	}
+	b, err := raid.AssembleMembers(asMembers(fs), raid.AssembleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	compareArray(t, b, model)
+	if _, err := b.WriteAt(p, ss); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Fail("1"); err != nil {
+		t.Fatal(err)
+	}
+	fs[3].Inject(raidtest.Fault{Op: raidtest.OpWrite, Off: raid.DataOffset, Len: 1 << 40})
+	if _, err := b.WriteAtFUA(make([]byte, ss), 0); !errors.Is(err, raid.ErrArrayFailed) {
+		t.Fatalf("write that fails a second member: %v; want ErrArrayFailed", err)
+	}
+	if b.WriteCached(p, 0) {
+		t.Fatal("WriteCached into a failed array")
+	}
+	c, _ := newCached(t, 4, 16<<10, 16, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}})
+	defer c.Close()
+	if _, err := c.WriteAt(p, ss); err != nil {
+		t.Fatal(err)
+	}
+	if c.WriteCached(p, 0) {
+		t.Fatal("WriteCached without a cache")
 	}
 }

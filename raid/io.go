@@ -279,6 +279,28 @@ func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
 	return a.writeAt(p, off, pin)
 }
 
+// WriteCached (nbd.CachedWriter) is WriteAt for a write it can do without waiting: a write of
+// whole 4 KiB units within one stripe, not all of it, into the stripe cache (Cache.WriteCached:
+// the stripe's lock free, a head for it at hand) of an array already marked dirty, with no
+// member failure being recorded and no lock of its own held by someone else. It reports
+// whether it wrote p (copied, never kept); false: nothing was done, and the caller writes p
+// with WriteAt, which reports any error. A cached write touches no member (the write-out does,
+// later), so there is no failure for it to wait for (awaitRecord).
+func (a *Array) WriteCached(p []byte, off int64) bool {
+	if a.cache == nil || len(p) == 0 || a.check(off, int64(len(p))) != nil || !a.dirty.Load() || a.records.n.Load() != 0 {
+		return false
+	}
+	if !a.opMu.TryRLock() {
+		return false
+	}
+	defer a.opMu.RUnlock()
+	if a.writable() != nil || !a.cache.WriteCached(p, off) {
+		return false
+	}
+	a.clientOps.Add(1)
+	return true
+}
+
 // writeAt is WriteAt and WritePinned (pin non-nil): it checks the request, marks the array
 // dirty before the first member write (markDirty), hands p to the stripe cache, the only write
 // path (Cache.Write: stripe by stripe, whole stripes at once, the rest into heads), and before

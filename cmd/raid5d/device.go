@@ -20,6 +20,7 @@ var (
 	_ nbd.MappedReader     = arrayDevice{}
 	_ nbd.PlacedWriter     = arrayDevice{}
 	_ nbd.PlacedProgresser = arrayDevice{}
+	_ nbd.CachedWriter     = arrayDevice{}
 )
 
 // raidExtents pools BlockStatus's working slices (one per concurrent request).

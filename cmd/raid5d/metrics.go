@@ -125,6 +125,7 @@ type (
 var (
 	_ nbd.MappedReader  = (*metricsDevice)(nil)
 	_ nbd.PlacedWriter  = (*metricsDevice)(nil)
+	_ nbd.CachedWriter  = (*metricsDevice)(nil)
 	_ nbd.FUAWriter     = fuaPart{}
 	_ nbd.PinnedWriter  = pinnedPart{}
 	_ nbd.BlockStatuser = blockStatusPart{}
@@ -209,6 +210,21 @@ func (d *metricsDevice) PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any,
 		return v, nil, false
 	}
 	return pw.PlaceWrite(off, n, v)
+}
+
+// WriteCached passes a cached write through when the wrapped device is an nbd.CachedWriter, and
+// answers "write as usual" otherwise; like ReadMapped, the base wrapper carries it.
+func (d *metricsDevice) WriteCached(p []byte, off int64) bool {
+	cw, ok := d.d.(nbd.CachedWriter)
+	if !ok {
+		return false
+	}
+	start := time.Now()
+	if !cw.WriteCached(p, off) {
+		return false
+	}
+	d.m.done(cmdWrite, start, int64(len(p)), nil)
+	return true
 }
 
 // PlaceUnit passes the wrapped device's unit through (0, no placed writes, if it has none).

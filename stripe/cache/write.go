@@ -89,6 +89,39 @@ func (c *Cache) writeStripe(q []byte, pos int64, stable bool, pin *Pin) error {
 	return err
 }
 
+// WriteCached is writeStripe for a write that can be done without waiting for anything: q
+// lies within one stripe at array offset pos, covers whole 4 KiB units only and not the whole
+// stripe, the stripe's lock is free, and the stripe has a head or a free or clean head can be
+// bound to it. Then q is copied into the head as dirty units (never kept), the head is queued
+// for write-out as writeStripe queues it, and WriteCached reports true; otherwise it reports
+// false having done nothing (the caller writes q with Write, which may wait or write through).
+// The caller has checked the range. (The NBD server's reader takes short writes this way
+// itself, without handing them to a worker: nbd.CachedWriter.)
+func (c *Cache) WriteCached(q []byte, pos int64) bool {
+	ss, n := c.layout.StripeSize(), int64(len(q))
+	s := pos / ss
+	if n == 0 || n >= ss || pos%stripe.UnitSize != 0 || n%stripe.UnitSize != 0 || pos+n > (s+1)*ss || c.cap == 0 {
+		return false
+	}
+	lk := c.locks.For(s)
+	if !lk.TryLock() {
+		return false
+	}
+	defer lk.Unlock()
+	h := c.lookup(s)
+	if h == nil {
+		if h = c.bind(s); h == nil {
+			return false
+		}
+	}
+	// Whole units only: fill reads nothing in, so it cannot fail.
+	if err := c.fill(h, s, q, pos-s*ss, nil); err != nil {
+		panic("cache: fill of whole units failed: " + err.Error())
+	}
+	c.dirtied(h, false)
+	return true
+}
+
 // fill puts q, at offset w within stripe s, into h as dirty units. Units that q covers only in
 // part are first read in (rebuilt if their member is missing), so every dirty unit is whole.
 func (c *Cache) fill(h *head, s int64, q []byte, w int64, pin *Pin) error {

@@ -1,0 +1,79 @@
+package cache
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/stripe"
+)
+
+// TestWriteCached: WriteCached takes whole units within a stripe into the stripe's head, its
+// own or a free one, without member I/O, copying them (the caller's buffer is scribbled over
+// right after each call); it declines, doing nothing (no write-through either), whatever it
+// could not do without waiting or reading: a range not of whole units, a whole stripe, a range
+// across stripes, a stripe whose lock is held, a stripe with no head while every head is
+// dirty. After Close every member byte matches the model.
+func TestWriteCached(t *testing.T) {
+	l, _ := stripe.NewLayout(4, 16<<10, stripe.LeftSymmetric)
+	ss := l.StripeSize()
+	const stripes, capacity = 8, 2
+	c, mm, model := newTestCache(t, l, stripes, capacity, -1, 11)
+	c.delay = time.Hour // and not started: the heads stay dirty until Close writes them out
+	miss := readMembers(l, mm)
+	write := func(off, n int64, want bool) {
+		t.Helper()
+		p := make([]byte, n)
+		for i := range p {
+			p[i] = byte(off) ^ byte(i*7)
+		}
+		before := c.Counters()
+		mm.mu.Lock()
+		reads, written := mm.reads, mm.written
+		mm.mu.Unlock()
+		got := c.WriteCached(p, off)
+		if got != want {
+			t.Fatalf("WriteCached at %d+%d = %v, want %v", off, n, got, want)
+		}
+		mm.mu.Lock()
+		if mm.reads != reads || mm.written != written {
+			t.Fatalf("WriteCached at %d+%d did member I/O", off, n)
+		}
+		mm.mu.Unlock()
+		if c.Counters().WriteThroughs != before.WriteThroughs {
+			t.Fatalf("WriteCached at %d+%d wrote through", off, n)
+		}
+		if !got {
+			return
+		}
+		copy(model[off:], p)
+		clear(p) // not kept
+		back := make([]byte, n)
+		for _, e := range l.Extents(nil, off, n) {
+			if err := c.ReadExtent(back[e.BufOff:e.BufOff+e.Len], e, miss); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !bytes.Equal(back, model[off:off+n]) {
+			t.Fatalf("read after WriteCached at %d+%d differs", off, n)
+		}
+	}
+	const U = stripe.UnitSize
+	write(0, U, true)       // binds a head
+	write(2*U, 3*U, true)   // into the same head, across a chunk boundary
+	write(ss+U, U, true)    // a second head: the cache is full of dirty heads
+	write(2*ss, U, false)   // no head to bind
+	write(U+512, U, false)  // not whole units
+	write(U, U/2, false)    //
+	write(0, ss, false)     // a whole stripe
+	write(ss-U, 2*U, false) // across stripes
+	c.locks.For(1).Lock()   // as a write-out would
+	write(ss+4*U, U, false) // its lock is held
+	c.locks.For(1).Unlock() //
+	write(ss+4*U, U, true)  // free again
+	write(ss-U, U, true)    // the end of stripe 0
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	check(t, l, mm, model)
+}
