@@ -253,7 +253,10 @@ func (m *File) InFile(mp []byte, end int64) (ok bool) {
 // meanwhile (reclaim, swap), but not become holes: a store to one reads it back, it allocates
 // nothing. Only a hole punched from outside the daemon (which holds the file exclusively) goes
 // unseen, and a store into it on a full tmpfs faults, which the caller meets as an error of
-// its copy (the NBD server's readv: EFAULT, the write not acknowledged).
+// its copy (the NBD server's readv: EFAULT, the write not acknowledged). A region found in
+// memory has its pages mapped at once (MADV_POPULATE_READ; within the page-table region the
+// caller Touches), as a fault per page was 10-20% of the CPU of a daemon's first pass over
+// its members under 48 KiB placed writes.
 func (m *File) WritableRange(off, n int64) []byte {
 	mp := m.Mapping()
 	if mp == nil || m.prot&unix.PROT_WRITE == 0 || off < 0 || n <= 0 || off > int64(len(mp))-n {
@@ -309,7 +312,11 @@ func (m *File) findResident(mp []byte, off, n int64) bool {
 			m.inMemory[k/64].Or(1 << (k % 64))
 			if m.forgets.Load() != gen { // a Trim may have punched it after mincore looked
 				m.inMemory[k/64].And(^uint64(1 << (k % 64)))
+				continue
 			}
+			// Its pages mapped in one call, not one fault at a time as the stores and
+			// mapped reads meet them (advice only: a failure changes nothing).
+			unix.Madvise(mp[r:min(r+residentRegion, hi)], unix.MADV_POPULATE_READ)
 		}
 	}
 	return in

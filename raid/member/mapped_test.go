@@ -2,9 +2,11 @@ package member_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/raid5d/raid5d/raid/member"
 	"golang.org/x/sys/unix"
@@ -249,4 +251,54 @@ func TestWritableRangeRemembers(t *testing.T) {
 	if m.WritableRange(2*M+M/2, 4096) != nil {
 		t.Fatal("WritableRange handed out a hole left by a cut the file's size check saw")
 	}
+}
+
+// TestWritableRangePopulates: a region WritableRange finds wholly in memory has its pages mapped
+// in one call (MADV_POPULATE_READ), so that the stores into it do not fault page by page (525k
+// minor faults in 5 s of 48 KiB placed writes before, 34k after); a region in memory in part is
+// left alone. Whether a page of the mapping is mapped is read from /proc/self/pagemap.
+func TestWritableRangePopulates(t *testing.T) {
+	const M = 1 << 20
+	m, _ := openSparse(t, shmDir(t), 4*M)
+	if _, err := m.WriteAt(pattern(M, 1), M); err != nil { // region 1 in memory
+		t.Fatal(err)
+	}
+	if _, err := m.WriteAt(pattern(M/2, 2), 2*M); err != nil { // region 2 in part
+		t.Fatal(err)
+	}
+	mp := m.Mapping()
+	if n := mappedPages(t, mp[M:3*M]); n != 0 {
+		t.Fatalf("%d pages mapped before any use of the mapping", n)
+	}
+	if m.WritableRange(M+4096, 8192) == nil || m.WritableRange(2*M, 8192) == nil {
+		t.Fatal("WritableRange refused pages in memory")
+	}
+	if n := mappedPages(t, mp[M:2*M]); n != M/4096 {
+		t.Errorf("%d of %d pages of the region found in memory mapped; want all", n, M/4096)
+	}
+	if n := mappedPages(t, mp[2*M:3*M]); n != 0 {
+		t.Errorf("%d pages of a region in memory in part mapped; want none (nothing was stored)", n)
+	}
+}
+
+// mappedPages counts the pages of b (page aligned) present in this process's page tables.
+func mappedPages(t *testing.T, b []byte) int {
+	t.Helper()
+	f, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	first := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) / 4096
+	ents := make([]byte, len(b)/4096*8)
+	if _, err := f.ReadAt(ents, int64(first*8)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i := 0; i < len(ents); i += 8 {
+		if binary.LittleEndian.Uint64(ents[i:])&(1<<63) != 0 {
+			n++
+		}
+	}
+	return n
 }
