@@ -70,6 +70,13 @@ func (b *budget) tryTake(n int64) bool {
 	}
 }
 
+// wouldWait reports whether a take of n bytes now would wait (the reader's check before it
+// holds replies back across one: admitsNow).
+func (b *budget) wouldWait(n int64) bool {
+	u := b.used.Load()
+	return b.waiters.Load() > 0 || u > 0 && u+n > b.max
+}
+
 // take waits until n bytes may be charged to h and charges them; mid says they are for the
 // payload of a request already admitted. It reports whether it had to wait.
 func (b *budget) take(h *holder, n int64, mid bool) (waited bool) {

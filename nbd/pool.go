@@ -238,6 +238,7 @@ func (c *conn) acquire(h *protocol.TransmissionRequestHeader) (*request, error) 
 
 	req.typ, req.flags, req.cookie = h.Type, h.CommandFlags, h.Handle
 	req.off, req.length = h.Offset, h.Length
+	req.pinned = false
 	if n > 0 {
 		if b == nil {
 			var err error

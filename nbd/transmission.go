@@ -65,6 +65,7 @@ type request struct {
 	off        uint64
 	length     uint32
 	buf        *buffer // pooled buffer for READ and WRITE, nil otherwise
+	pinned     bool    // a WRITE's buf was pinned by the reader already (writeCached)
 
 	hdr     [maxReplyHeader]byte // the reply's header (simple, or a chunk header and its fixed part)
 	hdrLen  int                  // bytes of hdr in use
@@ -160,11 +161,6 @@ func (c *conn) readRequests() error {
 			}
 			continue
 		}
-		if h.Type == wire.CmdWrite && h.Length > 0 && h.CommandFlags&wire.CmdFlagFUA == 0 && c.cached != nil &&
-			int(h.Length) <= c.br.Buffered() && c.writeCached(&h) {
-			direct = false
-			continue
-		}
 		if h.Type == wire.CmdWrite && h.Length >= placedMin && h.CommandFlags&wire.CmdFlagFUA == 0 && c.placed.pw != nil {
 			placed, err := c.writePlaced(&h) // the payload read straight into the device: placed.go
 			if err != nil {
@@ -175,7 +171,9 @@ func (c *conn) readRequests() error {
 				continue
 			}
 		}
-		c.flushDeferred() // before waiting for the in-flight bound or a payload
+		if !c.admitsNow(&h) {
+			c.flushDeferred() // before waiting for the in-flight bound or a payload
+		}
 		req, err := c.acquire(&h)
 		if err != nil {
 			// No memory for the buffer: refuse this request, keep the stream in sync.
@@ -193,6 +191,9 @@ func (c *conn) readRequests() error {
 			direct = h.Length >= directReadMin
 		}
 		c.serving.Add(1)
+		if c.writeCached(req) {
+			continue
+		}
 		c.work <- req // never blocks: acquire keeps inflight <= cap(c.work)
 	}
 }
@@ -307,7 +308,9 @@ func (c *conn) serveRequest(req *request) {
 		case !fua && c.pinned != nil:
 			// Stable pages: the device may keep p after the call; from here on nothing in the
 			// server writes to it, and it returns to the pool only after the device's release.
-			req.buf.pin(c.srv.debugImmutable)
+			if !req.pinned {
+				req.buf.pin(c.srv.debugImmutable)
+			}
 			n, err = c.pinned.WritePinned(p, off, req.buf.release)
 		default:
 			n, err = dev.WriteAt(p, off)

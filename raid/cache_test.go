@@ -870,7 +870,8 @@ func TestWriteAllocs(t *testing.T) {
 		name           string
 		size           int64
 		pinned, cached bool
-	}{{"4k", 4 << 10, false, false}, {"4k-pinned", 4 << 10, true, false}, {"4k-cached", 4 << 10, false, true}, {"512", 512, false, false}} {
+	}{{"4k", 4 << 10, false, false}, {"4k-pinned", 4 << 10, true, false}, {"4k-cached", 4 << 10, false, true},
+		{"4k-pinned-cached", 4 << 10, true, true}, {"512", 512, false, false}} {
 		t.Run(w.name, func(t *testing.T) {
 			io := raid.IOOptions{StripeCache: 16, WriteBackDelay: time.Microsecond, StablePages: w.pinned}
 			a, _ := newCached(t, 4, 16<<10, 64, raid.AssembleOptions{IOOptions: io})
@@ -884,8 +885,14 @@ func TestWriteAllocs(t *testing.T) {
 			write := func() {
 				off := rng.Int64N(n) * w.size
 				var err error
-				if w.cached && a.WriteCached(p, off) {
-					return
+				if w.cached {
+					var rel func()
+					if w.pinned {
+						rel = release
+					}
+					if a.WriteCached(p, off, rel) {
+						return
+					}
 				}
 				if w.pinned {
 					_, err = a.WritePinned(p, off, release)
@@ -935,14 +942,14 @@ func TestWriteCached(t *testing.T) {
 	a, fs, ms, model := faultyArray(t, 4, 16, raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: time.Millisecond}})
 	ss := a.Layout().StripeSize()
 	p := bytes.Repeat([]byte{0x5A}, 4096)
-	if a.WriteCached(p, 0) {
+	if a.WriteCached(p, 0, nil) {
 		t.Fatal("WriteCached before the array was marked dirty")
 	}
 	if _, err := a.WriteAt(p, ss); err != nil { // marks it dirty
 		t.Fatal(err)
 	}
 	copy(model[ss:], p)
-	if a.WriteCached(make([]byte, ss), 0) {
+	if a.WriteCached(make([]byte, ss), 0, nil) {
 		t.Fatal("WriteCached of a whole stripe")
 	}
 	rng := newRand(9)
@@ -951,7 +958,7 @@ func TestWriteCached(t *testing.T) {
 		off := rng.Int64N(int64(len(model))/4096) * 4096
 		q := make([]byte, 4096*(1+rng.Int64N(2)))
 		fill(rng, q)
-		if off+int64(len(q)) > int64(len(model)) || !a.WriteCached(q, off) {
+		if off+int64(len(q)) > int64(len(model)) || !a.WriteCached(q, off, nil) {
 			continue
 		}
 		cached++
@@ -991,7 +998,7 @@ func TestWriteCached(t *testing.T) {
 	if _, err := b.WriteAtFUA(make([]byte, ss), 0); !errors.Is(err, raid.ErrArrayFailed) {
 		t.Fatalf("write that fails a second member: %v; want ErrArrayFailed", err)
 	}
-	if b.WriteCached(p, 0) {
+	if b.WriteCached(p, 0, nil) {
 		t.Fatal("WriteCached into a failed array")
 	}
 	c, _ := newCached(t, 4, 16<<10, 16, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}})
@@ -999,7 +1006,7 @@ func TestWriteCached(t *testing.T) {
 	if _, err := c.WriteAt(p, ss); err != nil {
 		t.Fatal(err)
 	}
-	if c.WriteCached(p, 0) {
+	if c.WriteCached(p, 0, nil) {
 		t.Fatal("WriteCached without a cache")
 	}
 }

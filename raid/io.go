@@ -279,14 +279,16 @@ func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
 	return a.writeAt(p, off, pin)
 }
 
-// WriteCached (nbd.CachedWriter) is WriteAt for a write it can do without waiting: a write of
-// whole 4 KiB units within one stripe, not all of it, into the stripe cache (Cache.WriteCached:
-// the stripe's lock free, a head for it at hand) of an array already marked dirty, with no
-// member failure being recorded and no lock of its own held by someone else. It reports
-// whether it wrote p (copied, never kept); false: nothing was done, and the caller writes p
-// with WriteAt, which reports any error. A cached write touches no member (the write-out does,
-// later), so there is no failure for it to wait for (awaitRecord).
-func (a *Array) WriteCached(p []byte, off int64) bool {
+// WriteCached (nbd.CachedWriter) is WriteAt (release nil) or WritePinned for a write it can do
+// without waiting: a write of whole 4 KiB units within one stripe, not all of it, into the
+// stripe cache (Cache.WriteCached: the stripe's lock free, a head for it at hand) of an array
+// already marked dirty, with no member failure being recorded and no lock of its own held by
+// someone else. It reports whether it wrote p; false: nothing was done, release is not called,
+// and the caller writes p with WriteAt or WritePinned, which report any error. With release
+// non-nil and StablePages, p is kept by reference as WritePinned keeps it, and release runs
+// once the last write-out that reads it has completed. A cached write touches no member (the
+// write-out does, later), so there is no failure for it to wait for (awaitRecord).
+func (a *Array) WriteCached(p []byte, off int64, release func()) bool {
 	if a.cache == nil || len(p) == 0 || a.check(off, int64(len(p))) != nil || !a.dirty.Load() || a.records.n.Load() != 0 {
 		return false
 	}
@@ -294,7 +296,7 @@ func (a *Array) WriteCached(p []byte, off int64) bool {
 		return false
 	}
 	defer a.opMu.RUnlock()
-	if a.writable() != nil || !a.cache.WriteCached(p, off) {
+	if a.writable() != nil || !a.cache.WriteCached(p, off, a.stable, release) {
 		return false
 	}
 	a.clientOps.Add(1)

@@ -214,13 +214,13 @@ func (d *metricsDevice) PlaceWrite(off int64, n int, v [][]byte) ([][]byte, any,
 
 // WriteCached passes a cached write through when the wrapped device is an nbd.CachedWriter, and
 // answers "write as usual" otherwise; like ReadMapped, the base wrapper carries it.
-func (d *metricsDevice) WriteCached(p []byte, off int64) bool {
+func (d *metricsDevice) WriteCached(p []byte, off int64, release func()) bool {
 	cw, ok := d.d.(nbd.CachedWriter)
 	if !ok {
 		return false
 	}
 	start := time.Now()
-	if !cw.WriteCached(p, off) {
+	if !cw.WriteCached(p, off, release) {
 		return false
 	}
 	d.m.done(cmdWrite, start, int64(len(p)), nil)

@@ -92,12 +92,15 @@ func (c *Cache) writeStripe(q []byte, pos int64, stable bool, pin *Pin) error {
 // WriteCached is writeStripe for a write that can be done without waiting for anything: q
 // lies within one stripe at array offset pos, covers whole 4 KiB units only and not the whole
 // stripe, the stripe's lock is free, and the stripe has a head or a free or clean head can be
-// bound to it. Then q is copied into the head as dirty units (never kept), the head is queued
-// for write-out as writeStripe queues it, and WriteCached reports true; otherwise it reports
-// false having done nothing (the caller writes q with Write, which may wait or write through).
+// bound to it. Then q goes into the head as dirty units, the head is queued for write-out as
+// writeStripe queues it, and WriteCached reports true; otherwise it reports false having done
+// nothing (the caller writes q with Write, which may wait or write through). With ref and
+// release non-nil, the units are referenced in q as Write references them for a Pin whose
+// release is release (run once the last write-out that reads q has completed: possibly before
+// WriteCached returns); otherwise they are copied, and release, if any, runs before it returns.
 // The caller has checked the range. (The NBD server's reader takes short writes this way
 // itself, without handing them to a worker: nbd.CachedWriter.)
-func (c *Cache) WriteCached(q []byte, pos int64) bool {
+func (c *Cache) WriteCached(q []byte, pos int64, ref bool, release func()) bool {
 	ss, n := c.layout.StripeSize(), int64(len(q))
 	s := pos / ss
 	if n == 0 || n >= ss || pos%stripe.UnitSize != 0 || n%stripe.UnitSize != 0 || pos+n > (s+1)*ss || c.cap == 0 {
@@ -107,18 +110,29 @@ func (c *Cache) WriteCached(q []byte, pos int64) bool {
 	if !lk.TryLock() {
 		return false
 	}
-	defer lk.Unlock()
 	h := c.lookup(s)
 	if h == nil {
 		if h = c.bind(s); h == nil {
+			lk.Unlock()
 			return false
 		}
 	}
+	var pin *Pin
+	if ref && release != nil {
+		pin = NewPin(release)
+	}
 	// Whole units only: fill reads nothing in, so it cannot fail.
-	if err := c.fill(h, s, q, pos-s*ss, nil); err != nil {
+	if err := c.fill(h, s, q, pos-s*ss, pin); err != nil {
 		panic("cache: fill of whole units failed: " + err.Error())
 	}
 	c.dirtied(h, false)
+	lk.Unlock()
+	switch {
+	case pin != nil:
+		pin.Drop()
+	case release != nil:
+		release()
+	}
 	return true
 }
 
