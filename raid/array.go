@@ -46,6 +46,7 @@ type Array struct {
 	clientOps atomic.Uint64
 
 	timeout      time.Duration // IOOptions.MemberTimeout; ≤ 0: none
+	ticks        atomic.Int64  // the watchdog's ticks so far (hung.go): the slow-read check's clock
 	readErrLimit int           // IOOptions.ReadErrorLimit
 
 	// locks serialise writes, and reads that reconstruct, per stripe (hashed, stripe.Locks);
@@ -287,12 +288,12 @@ func (a *Array) start() {
 		a.startIO()
 		a.cache.Start(context.Background())
 	}
+	if a.timeout > 0 { // read-only too: nothing is written there, but its ticks time the reads
+		ctx, cancel := context.WithCancel(context.Background())
+		a.stopWatchdog = cancel
+		a.watchWG.Go(func() { a.watchdog(ctx) })
+	}
 	if !a.readOnly {
-		if a.timeout > 0 {
-			ctx, cancel := context.WithCancel(context.Background())
-			a.stopWatchdog = cancel
-			a.watchWG.Go(func() { a.watchdog(ctx) })
-		}
 		a.maybeRebuild()
 		a.maybeResync()
 		if a.bm != nil {

@@ -295,8 +295,10 @@
 // end its connections, and Close reports what the cache could not write out in one error.
 //
 // A member that stops answering is failed after IOOptions.MemberTimeout (hung.go): each
-// member's writes are on a clock (begin/end), and a watchdog fails a member that has had writes
-// under way with none completing for the timeout (ErrMemberHung). Superblock updates, syncs
+// member's writes are counted (begin/end: under way and completed, no clock read), and a
+// watchdog that looks at the counts every eighth of the timeout fails a member that has had
+// writes under way with none completing for the timeout (ErrMemberHung), at most a quarter of
+// it late; its ticks are also the clock that times member reads. Superblock updates, syncs
 // and bitmap flushes run on all members at once and are bounded the same way (eachMember): a
 // member that does not finish in time, or is marked faulty meanwhile, is left behind and
 // failed. fail marks the member faulty before it takes sbMu, and Status answers from a snapshot

@@ -3,6 +3,7 @@ package raid
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -24,10 +25,13 @@ type member struct {
 	// regions whose write-intent bits are set.
 	readd               atomic.Bool
 	readErrs, writeErrs atomic.Uint64
-	// The watchdog's clock (hung.go): blocking operations under way, and when the member last
-	// completed one or became busy.
-	ops   atomic.Int32
-	since atomic.Int64
+	// The watchdog's record (hung.go): io counts the writes under way and completed; seenAt is
+	// the first look that found writes under way with seenDone completed, zero if the last
+	// found none. lookMu guards seenDone and seenAt.
+	io       atomic.Int64
+	lookMu   sync.Mutex
+	seenDone int64
+	seenAt   time.Time
 	// abandoned counts writes (superblock, bitmap, sync) the array stopped waiting for
 	// (eachMember) that have not returned yet: adding the member back must wait for them.
 	abandoned atomic.Int32
@@ -215,15 +219,19 @@ func (a *Array) fail(m *member, why error) {
 // readMember reads buf at off from m straight into buf, in the calling goroutine. With a member
 // timeout (IOOptions.MemberTimeout > 0), a read that succeeds but takes longer is counted as a
 // read error of m (slowRead) and its data is still returned: the read cannot be cancelled, so
-// a hung member holds its caller until the system call returns (see doc.go # Caveats).
+// a hung member holds its caller until the system call returns (see doc.go # Caveats). The
+// time is the watchdog's count of ticks (readTook), not a clock read: a read slower than the
+// timeout by up to two ticks (a quarter of it) may pass.
 func (a *Array) readMember(m *member, buf []byte, off int64) (int, error) {
 	if a.timeout <= 0 {
 		return a.readMemberNow(m, buf, off)
 	}
-	t0 := time.Now()
+	t0 := a.ticks.Load()
 	n, err := a.readMemberNow(m, buf, off)
-	if d := time.Since(t0); err == nil && d > a.timeout {
-		a.slowRead(m, off, d)
+	if err == nil && a.ticks.Load() != t0 {
+		if d := a.readTook(t0); d > a.timeout {
+			a.slowRead(m, off, d)
+		}
 	}
 	return n, err
 }
@@ -245,7 +253,7 @@ func (a *Array) readMemberNow(m *member, buf []byte, off int64) (int, error) {
 // error (ErrTimeout) and marks m faulty past the read-error limit. The read's data was good.
 func (a *Array) slowRead(m *member, off int64, d time.Duration) {
 	n := m.readErrs.Add(1)
-	err := fmt.Errorf("%w: took %v, limit %v", memberErr(m, -1, "read", off, ErrTimeout), d, a.timeout)
+	err := fmt.Errorf("%w: took over %v, limit %v", memberErr(m, -1, "read", off, ErrTimeout), d, a.timeout)
 	a.log.Warn("raid: member read slower than the member timeout; its data was used", "err", err, "read_errors", n)
 	if n > uint64(a.readErrLimit) {
 		a.fail(m, fmt.Errorf("%d read errors, more than the limit %d; last: %w", n, a.readErrLimit, err))

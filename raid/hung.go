@@ -7,57 +7,85 @@ import (
 	"time"
 )
 
-// A member's clock of its writes (data, trims, syncs, the bitmap, superblocks) for the
-// watchdog: begin and end bracket each one. since is when the member last completed an operation, or
-// became busy after being idle; with ops > 0 and since older than the member timeout, nothing
-// has completed for that long although something was asked: the member hangs. Costs two
-// atomic adds and two clock reads per operation.
-func (m *member) begin() {
-	if m.ops.Load() == 0 {
-		m.since.Store(time.Now().UnixNano())
-	}
-	m.ops.Add(1)
-}
+// A member's record of its writes (data, trims, syncs, the bitmap, superblocks) for the
+// watchdog: begin and end bracket each one with one atomic add each and no clock read, counting
+// in io the writes under way (its low opsBits bits) and those completed (the rest), both in one
+// word so that a look sees them together. A look (the watchdog's, every tick, and the gate's
+// drain) that finds writes under way notes when it first found them with the present count of
+// completed ones: while that count stays, none of the writes under way then has ended, so the
+// member has been stuck since that look at least. It is never found stuck for longer than it
+// has been, and at most one look later than with a clock read per write.
+const (
+	opsBits = 24
+	opsMask = 1<<opsBits - 1
+)
 
-func (m *member) end() {
-	m.since.Store(time.Now().UnixNano())
-	m.ops.Add(-1)
-}
+func (m *member) begin() { m.io.Add(1) }
 
-// stuckFor reports how long m has had operations under way with none completing, or 0.
-func (m *member) stuckFor(now time.Time) time.Duration {
-	if m.ops.Load() == 0 {
+func (m *member) end() { m.io.Add(1<<opsBits - 1) } // one fewer under way, one more completed
+
+// writesUnderWay returns how many writes m has under way.
+func (m *member) writesUnderWay() int64 { return m.io.Load() & opsMask }
+
+// look looks at m's writes at time now and returns how long, at least, m has had writes under
+// way with none completing; 0 if it has none under way, or completed one since the last look.
+func (m *member) look(now time.Time) time.Duration {
+	v := m.io.Load()
+	m.lookMu.Lock()
+	defer m.lookMu.Unlock()
+	switch done := v >> opsBits; {
+	case v&opsMask == 0:
+		m.seenAt = time.Time{}
+		return 0
+	case m.seenAt.IsZero() || done != m.seenDone:
+		m.seenDone, m.seenAt = done, now
 		return 0
 	}
-	return now.Sub(time.Unix(0, m.since.Load()))
+	return now.Sub(m.seenAt)
 }
 
-// watchdog fails members that stop answering: every quarter of the member timeout it looks at
-// each working member's clock, and one that has had writes under way for longer than the
-// timeout with none completing is failed (ErrMemberHung). The writes themselves cannot be
-// cancelled (a system call on a hung device returns when the device does); failing the member
-// makes every later read and write go around it, so the array goes on degraded. Started by
-// start when the array has a member timeout, stopped by Close.
+// watchEvery returns the watchdog's tick for member timeout t: an eighth of it (between 10 ms and
+// 500 ms), so that a member stuck for t is failed by t + 2 ticks, t/4 after (as by a look every
+// quarter of t at an exact clock), and a read slower than t plus two ticks is always caught.
+func watchEvery(t time.Duration) time.Duration {
+	return min(max(t/8, 10*time.Millisecond), 500*time.Millisecond)
+}
+
+// watchdog fails members that stop answering: every tick (watchEvery) it looks at each working
+// member's writes, and one that has had writes under way for longer than the member timeout
+// with none completing is failed (ErrMemberHung). The writes themselves cannot be cancelled (a
+// system call on a hung device returns when the device does); failing the member makes every
+// later read and write go around it, so the array goes on degraded. It also counts its ticks
+// (Array.ticks): the coarse clock of the slow-read check (readMember). Started by start when
+// the array has a member timeout, stopped by Close.
 func (a *Array) watchdog(ctx context.Context) {
-	tick := time.NewTicker(min(max(a.timeout/4, 10*time.Millisecond), time.Second))
+	tick := time.NewTicker(watchEvery(a.timeout))
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-tick.C:
+		case <-tick.C:
+			a.ticks.Add(1)
+			now := time.Now() // not the tick's time: a look must note when it looked
 			for r := range a.roles.n() {
 				m := a.roles.working(r)
 				if m == nil {
 					continue
 				}
-				if d := m.stuckFor(now); d > a.timeout {
+				if d := m.look(now); d > a.timeout {
 					a.fail(m, fmt.Errorf("%w: %d writes under way, none completed for %v (limit %v)",
-						memberErr(m, r, "write", -1, ErrMemberHung), m.ops.Load(), d.Round(time.Millisecond), a.timeout))
+						memberErr(m, r, "write", -1, ErrMemberHung), m.writesUnderWay(), d.Round(time.Millisecond), a.timeout))
 				}
 			}
 		}
 	}
+}
+
+// readTook returns how long a read that began at watchdog tick t0 (Array.ticks) has taken at
+// least: the whole ticks that have passed since.
+func (a *Array) readTook(t0 int64) time.Duration {
+	return time.Duration(max(a.ticks.Load()-t0-1, 0)) * watchEvery(a.timeout)
 }
 
 // eachMember runs fn(i, ms[i]) for every member of ms concurrently and waits for them, but

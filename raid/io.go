@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/stripe"
@@ -225,10 +224,12 @@ func (a *Array) readMemberv(m *member, bufs [][]byte, off int64, iov []unix.Iove
 	if a.timeout <= 0 {
 		return readv(m.Member, bufs, off, iov)
 	}
-	t0 := time.Now()
+	t0 := a.ticks.Load()
 	n, err := readv(m.Member, bufs, off, iov)
-	if d := time.Since(t0); err == nil && d > a.timeout {
-		a.slowRead(m, off, d)
+	if err == nil && a.ticks.Load() != t0 {
+		if d := a.readTook(t0); d > a.timeout {
+			a.slowRead(m, off, d)
+		}
 	}
 	return n, err
 }

@@ -288,6 +288,6 @@ func (t *roleTable) drain() {
 	}
 	t.gate.drain(len(t.byRole), func(r int) bool {
 		m := t.byRole[r].Load()
-		return m != nil && !m.faulty.Load() && (t.timeout <= 0 || m.stuckFor(time.Now()) <= t.timeout)
+		return m != nil && !m.faulty.Load() && (t.timeout <= 0 || m.look(time.Now()) <= t.timeout)
 	})
 }
