@@ -548,13 +548,14 @@ func TestNoAllocs(t *testing.T) {
 	}
 	dev := nbdtest.FUADevice{MemDevice: nbdtest.NewMemDevice(1 << 20)}
 	c := dial(t, "nbd+unix:///?socket="+serve(t, nbd.Export{Name: "a", Device: dev}))
-	buf := make([]byte, 4096)
+	buf, big := make([]byte, 4096), make([]byte, 64<<10)
 	for _, tc := range []struct {
 		name string
 		fn   func()
 	}{
 		{"write", func() { c.WriteAt(buf, 8192) }},
 		{"read", func() { c.ReadAt(buf, 8192) }},
+		{"read-64k", func() { c.ReadAt(big, 65536) }}, // straight into big (directMin)
 		{"fua", func() { c.WriteAtFUA(buf, 8192) }},
 		{"flush", func() { c.Flush() }},
 	} {

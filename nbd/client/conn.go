@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -152,7 +151,7 @@ func NewConn(ctx context.Context, nc net.Conn, export string, opts Options) (*Co
 		c.slots[i].done = make(chan uint32, 1)
 		c.free <- uint32(i)
 	}
-	go c.readReplies(br)
+	go c.readReplies(newReplyReader(tnc, br))
 	return c, nil
 }
 
@@ -393,12 +392,12 @@ func (c *Conn) waitWriterIdle() {
 }
 
 // readReplies reads replies until the connection breaks, handing each to its slot.
-func (c *Conn) readReplies(br *bufio.Reader) {
+func (c *Conn) readReplies(rr *replyReader) {
 	defer close(c.readerEnd)
 	defer c.endReader()
 	var h [wire.ReplyHeaderSize]byte
 	for {
-		if _, err := io.ReadFull(br, h[:]); err != nil {
+		if err := rr.readFull(h[:]); err != nil {
 			if c.closing.Load() {
 				err = errors.New("closed by Close")
 			}
@@ -430,11 +429,12 @@ func (c *Conn) readReplies(br *bufio.Reader) {
 			errno = wire.EIO // keep the sentinel value ours
 		}
 		if len(dst) > 0 {
-			if _, err := io.ReadFull(br, dst); err != nil {
+			if err := rr.readFull(dst); err != nil {
 				c.fail(fmt.Errorf("%w: reading READ payload: %v", ErrDisconnected, err))
 				return
 			}
 		}
+		rr.direct(len(dst) >= directMin)
 		s.done <- errno
 	}
 }

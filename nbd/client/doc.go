@@ -28,9 +28,13 @@
 // call is one request on the wire, so N goroutines keep N requests in flight (up to
 // Options.MaxInFlight; further calls wait for a slot). Requests are queued and written in
 // batches: a caller that finds nobody writing writes everything queued, one writev per batch,
-// until the queue is empty, so under load many requests share a system call. One reader goroutine reads the replies in whatever order the server
-// sends them, matches each to its request by cookie, reads a READ's payload straight into the
-// caller's buffer, and wakes the caller. No request allocates.
+// until the queue is empty, so under load many requests share a system call. One reader
+// goroutine reads the replies in whatever order the server sends them, matches each to its
+// request by cookie, reads a READ's payload into the caller's buffer, and wakes the caller.
+// A payload of 16 KiB or more is read from the socket straight into that buffer, with readv(2)
+// taking the next reply's header in the same system call (replies.go; on TLS connections
+// through a buffer and a copy); smaller replies come many at a time through a 64 KiB buffer.
+// No request allocates.
 //
 // A failed request (the server replied with an error) returns an *Error carrying the NBD
 // errno; the connection goes on. A broken connection (I/O error, a reply that breaks the
