@@ -30,7 +30,7 @@ func TestBenchRemote(t *testing.T) {
 
 // runBench boots once for a benchmark script (under RAID5D_VM_BENCH=1, else it skips: target
 // is the make target that sets it), with 3 GiB and the benchmarks' kernel command line, and
-// prints benchTable's table of its RESULT lines.
+// prints its RESULT and "vm:" lines, then benchTable's table of the RESULT lines.
 func runBench(t *testing.T, target, script string, modules ...string) {
 	if os.Getenv("RAID5D_VM_BENCH") != "1" {
 		t.Skipf("a benchmark: make %s runs it (RAID5D_VM_BENCH=1)", target)
@@ -39,7 +39,7 @@ func runBench(t *testing.T, target, script string, modules ...string) {
 	res := runVM(t, vmRun{
 		script:  guestScript(t, script),
 		modules: modules,
-		env:     passEnv("ROUNDS", "RUNTIME", "SIZE", "CONFIGS"),
+		env:     passEnv("ROUNDS", "RUNTIME", "SIZE", "CONFIGS", "JOBS", "STALL_SECS"),
 		memMiB:  3072,
 		append:  benchAppend,
 		timeout: 50 * time.Minute,
@@ -48,6 +48,11 @@ func runBench(t *testing.T, target, script string, modules ...string) {
 	table, err := benchTable(res.output)
 	if err != nil {
 		t.Fatalf("%v; console:\n%s", err, res.output)
+	}
+	for _, line := range strings.Split(res.output, "\n") { // the rounds and the script's notes
+		if strings.HasPrefix(line, "RESULT ") || strings.HasPrefix(line, "vm: ") {
+			fmt.Println(line)
+		}
 	}
 	fmt.Print(table)
 }

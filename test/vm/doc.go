@@ -36,8 +36,16 @@
 //   - RAID5D_VM_BENCH=1 runs TestBench (make bench-vm): md RAID-5, raid5d and md+nbdkit side
 //     by side in one boot; and TestBenchRemote (make bench-vm-remote): md RAID-5 over
 //     nbd-client devices against raid5d with nbd+unix:// members, the same four nbdkit servers.
-//   - RAID5D_VM_PROFILE=DIR runs TestProfile (make profile-vm): the servers' CPU per request
-//     behind the kernel client and raid5d's CPU profiles, written to DIR.
+//     ROUNDS, RUNTIME, SIZE, CONFIGS and JOBS (the fio jobs by name) pass through to the
+//     scripts (guest/bench.sh, guest/bench-remote.sh say what they mean), and so does
+//     STALL_SECS (bench-remote.sh: a device with requests in flight and none completed for
+//     that long gets lib.sh's stall_report: the driver's in-flight list, the servers' and the
+//     driver's kernel stacks, the blocked tasks).
+//   - RAID5D_VM_PROFILE=DIR runs TestProfile (make profile-vm): the servers' CPU and system
+//     calls per request behind the kernel client, raid5d's counter deltas per job and its CPU
+//     profiles, written to DIR; RUNTIME, SIZE, SPECS, JOBS, SERVE_FLAGS, QUEUE and TRACE
+//     (1: the requests the client issued, from the block_rq_issue tracepoint) pass through
+//     (guest/profile.sh).
 //   - RAID5D_VM_APPEND adds to the guest kernel's command line, e.g. "clocksource=tsc
 //     tsc=reliable" (under TCG the kernel picks hpet, and every clock read is a system call).
 //

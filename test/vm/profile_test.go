@@ -28,7 +28,7 @@ func TestProfile(t *testing.T) {
 	res := runVM(t, vmRun{
 		script:  guestScript(t, "profile.sh"),
 		modules: []string{"nbd", "brd rd_nr=4 rd_size=262144", "crc32c_generic", "raid456"},
-		env:     passEnv("RUNTIME", "SIZE", "SPECS"),
+		env:     passEnv("RUNTIME", "SIZE", "SPECS", "JOBS", "SERVE_FLAGS", "QUEUE", "TRACE"),
 		memMiB:  3072,
 		append:  benchAppend,
 		timeout: 30 * time.Minute,

@@ -8,8 +8,12 @@
 # members, raid5d's attach) and raid5d --member-conns 2. The jobs are lib.sh's WORKLOADS, as in
 # bench.sh; one RESULT line per round, config and job (lib.sh's bench_rounds).
 #
+# A device with requests in flight and none completed for STALL_SECS (60) gets lib.sh's
+# stall_report on the console (lines "vm: STALL:").
+#
 # Environment: ROUNDS (3), RUNTIME (seconds per job, 5), SIZE (MiB of the device the jobs
-# use, 256), CONFIGS (the configs, in round 1's order; later rounds alternate the order).
+# use, 256), CONFIGS (the configs, in round 1's order; later rounds alternate the order), JOBS
+# (lib.sh's WORKLOADS by name), STALL_SECS.
 
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
@@ -81,7 +85,9 @@ teardown() {
 
 log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 log "bench-remote: $ROUNDS rounds of $RUNTIME s jobs on $SIZE MiB; configs $CONFIGS; $(nproc) CPUs"
+stall_watch "${STALL_SECS:-60}"
 bench_rounds
+stall_unwatch
 for i in 0 1 2 3; do
 	kill "$(cat "$SRV/m$i.pid")"
 done

@@ -5,13 +5,17 @@
 # served, not deferred to the page cache's writeback); and
 # raid5d+msk, raid5d with the nbd device's max_sectors_kb raised from the kernel's 128 to 1024,
 # so that 1 MiB requests reach the server whole; raid5d+nm, with the nbd device's nomerges 2
-# (the client's queue does not merge adjacent requests); and raid5d-pc, raid5d with the RAM disks through
-# the page cache (--direct off; block devices are opened O_DIRECT by default). fio with
+# (the client's queue does not merge adjacent requests); raid5d-pc, raid5d with the RAM disks
+# through the page cache (--direct off; block devices are opened O_DIRECT by default); raid5d-nb,
+# raid5d created with --consistency none (no write-intent bitmap, as md has none at this size);
+# raid5d-rSIZE (e.g. raid5d-r64m), raid5d created with --bitmap-region SIZE (64M: mdadm's
+# default bitmap chunk). fio with
 # libaio and O_DIRECT, each job time-bounded. Prints one RESULT line per round, config and
 # workload: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
 #
 # Environment: ROUNDS (3), RUNTIME (seconds per job, 5), SIZE (MiB of the device the jobs
-# use, 256), CONFIGS (the configs, in round 1's order; later rounds alternate the order).
+# use, 256), CONFIGS (the configs, in round 1's order; later rounds alternate the order), JOBS
+# (the workloads' names, of lib.sh's WORKLOADS; all by default).
 
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
@@ -57,11 +61,15 @@ setup() {
 		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
 		DEV=$NBD
 		;;
-	raid5d | raid5d+msk | raid5d+nm | raid5d-pc)
+	raid5d | raid5d+msk | raid5d+nm | raid5d-pc | raid5d-nb | raid5d-r*)
 		# raid5d-pc: the RAM disks through the page cache (--direct off) instead of O_DIRECT
 		# (the default for block devices), so whole-stripe writes can be placed.
 		md_down
-		create --chunk 16K
+		case $1 in
+		raid5d-nb) create --chunk 16K --consistency none ;;
+		raid5d-r*) create --chunk 16K --bitmap-region "${1#raid5d-r}" ;;
+		*) create --chunk 16K ;;
+		esac
 		# over a unix socket, as nbdkit
 		if [ "$1" = raid5d-pc ]; then serve --socket "$SOCK" --direct off >/dev/null; else serve --socket "$SOCK" >/dev/null; fi
 		attach -u "$SOCK" >/dev/null
@@ -82,11 +90,16 @@ teardown() {
 		kill "$(cat /run/nbdkit.pid)"
 		wait_for 30 "nbdkit to exit" sh -c '! kill -0 $(cat /run/nbdkit.pid)'
 		;;
-	raid5d | raid5d+msk | raid5d+nm | raid5d-pc)
+	raid5d | raid5d+msk | raid5d+nm | raid5d-pc | raid5d-nb | raid5d-r*)
 		detach
 		stop_daemon
 		;;
 	esac
+}
+
+# bitmap_flushes: raid5d's bitmap writes so far (each: the changed pages to every member, durably).
+bitmap_flushes() {
+	wget -q -O - "http://$METRICS/metrics" | awk '$1 == "raid5d_bitmap_flushes_total" { n = $2 } END { printf "%.0f\n", n }'
 }
 
 # before_job and after_job: raid5d's request counters around each job, the average request
@@ -95,7 +108,7 @@ before_job() {
 	case $1 in raid5d*)
 		w0=$(metric raid5d_requests_total 'cmd="write"') b0=$(metric raid5d_request_bytes_total 'cmd="write"')
 		r0=$(metric raid5d_requests_total 'cmd="read"') rb0=$(metric raid5d_request_bytes_total 'cmd="read"')
-		f0=$(metric raid5d_requests_total 'cmd="flush"') ;;
+		f0=$(metric raid5d_requests_total 'cmd="flush"') bm0=$(bitmap_flushes) ;;
 	esac
 }
 
@@ -103,8 +116,8 @@ after_job() {
 	case $1 in raid5d*)
 		w1=$(metric raid5d_requests_total 'cmd="write"') b1=$(metric raid5d_request_bytes_total 'cmd="write"')
 		r1=$(metric raid5d_requests_total 'cmd="read"') rb1=$(metric raid5d_request_bytes_total 'cmd="read"')
-		f1=$(metric raid5d_requests_total 'cmd="flush"')
-		[ "$3" != 1 ] || log "$1 $2: requests at raid5d: $((w1 - w0)) writes of $(((b1 - b0) / ((w1 - w0) > 0 ? (w1 - w0) : 1) / 1024)) KiB average, $((r1 - r0)) reads of $(((rb1 - rb0) / ((r1 - r0) > 0 ? (r1 - r0) : 1) / 1024)) KiB, $((f1 - f0)) flushes" ;;
+		f1=$(metric raid5d_requests_total 'cmd="flush"') bm1=$(bitmap_flushes)
+		[ "$3" != 1 ] || log "$1 $2: requests at raid5d: $((w1 - w0)) writes of $(((b1 - b0) / ((w1 - w0) > 0 ? (w1 - w0) : 1) / 1024)) KiB average, $((r1 - r0)) reads of $(((rb1 - rb0) / ((r1 - r0) > 0 ? (r1 - r0) : 1) / 1024)) KiB, $((f1 - f0)) flushes, $((bm1 - bm0)) bitmap writes" ;;
 	esac
 }
 

@@ -159,8 +159,12 @@ dmesg_clean() {
 	fi
 }
 
-# The benchmarks' fio jobs (bench.sh, bench-remote.sh), NAME:RW:BS:IODEPTH.
-WORKLOADS="seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:16 randwrite-4k:randwrite:4k:32 randread-4k:randread:4k:32"
+# The benchmarks' fio jobs (bench.sh, bench-remote.sh), NAME:RW:BS:IODEPTH; $JOBS, if set,
+# names the ones to run.
+WORKLOADS=""
+for _w in seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:16 randwrite-4k:randwrite:4k:32 randread-4k:randread:4k:32; do
+	case " ${JOBS:-${_w%%:*}} " in *" ${_w%%:*} "*) WORKLOADS="$WORKLOADS $_w" ;; esac
+done
 
 # fio_job NAME RW BS DEPTH DEV: one fio job, libaio and O_DIRECT on the first $SIZE MiB of DEV,
 # $RUNTIME s after a second of ramp; prints KIB_PER_S IOPS.
@@ -214,4 +218,66 @@ bench_rounds() {
 		_order=$_rev
 		_round=$((_round + 1))
 	done
+}
+
+# stall_watch SECONDS: in the background, every 5 s, looks at each nbd device with requests in
+# flight (/sys/block/nbdN/inflight) whose completed requests (stat) have not moved for SECONDS,
+# and then, once per stall, prints what the kernel and the servers are doing: the device's
+# in-flight requests as the nbd driver lists them (debugfs), the stacks of the nbd driver's
+# threads and of every nbdkit and raid5d thread, and the blocked tasks (sysrq w). The kernel
+# client's own timeout should be longer than SECONDS (nbd-client -t), so the state is seen
+# before the driver requeues. stall_unwatch stops it.
+STALL_PID=
+stall_watch() {
+	STALL_SECS=$1
+	[ -d /sys/kernel/debug/nbd ] || mount -t debugfs nodev /sys/kernel/debug 2>/dev/null || true
+	echo 1 >/proc/sys/kernel/sysrq 2>/dev/null || true
+	(
+		while sleep 5; do
+			for d in /sys/block/nbd* /sys/block/md*; do
+				[ -e "$d/inflight" ] || continue
+				n=${d#/sys/block/}
+				set -- $(cat "$d/inflight")
+				if [ $(($1 + $2)) = 0 ]; then
+					eval "since_$n=0 seen_$n="
+					continue
+				fi
+				done_now=$(awk '{ print $1 + $5 }' "$d/stat")
+				eval "last=\${done_$n:-} since=\${since_$n:-0} seen=\${seen_$n:-}"
+				if [ "$done_now" != "$last" ]; then
+					eval "done_$n=$done_now since_$n=0 seen_$n="
+					continue
+				fi
+				since=$((since + 5))
+				eval "since_$n=$since"
+				[ "$since" -ge "$STALL_SECS" ] || continue
+				[ -z "$seen" ] || continue
+				eval "seen_$n=1"
+				stall_report "$n" "$since"
+			done
+		done
+	) &
+	STALL_PID=$!
+}
+stall_unwatch() {
+	[ -z "$STALL_PID" ] || kill "$STALL_PID" 2>/dev/null || true
+	STALL_PID=
+}
+
+# stall_report DEV SECONDS: what stall_watch prints.
+stall_report() {
+	echo "vm: STALL: $1: $(cat /sys/block/$1/inflight | tr -s ' ') in flight (reads writes), none completed for $2 s"
+	for t in /sys/kernel/debug/nbd/$1/tasks; do
+		[ -r "$t" ] && { echo "vm: STALL: $1 debugfs tasks:"; cat "$t"; }
+	done
+	for p in /proc/[0-9]*; do
+		c=$(cat "$p/comm" 2>/dev/null) || continue
+		case $c in nbdkit | raid5d | knbd* | kworker*nbd* | nbd-client | md*_raid5 | mdadm | fio) ;; *) continue ;; esac
+		for t in "$p"/task/*; do
+			echo "vm: STALL: pid ${p#/proc/} task ${t##*/} ($(cat "$t/comm" 2>/dev/null)) state $(awk '{ print $3 }' "$t/stat" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)"
+			sed 's/^/vm: STALL:     /' "$t/stack" 2>/dev/null | head -n 12
+		done
+	done
+	echo w >/proc/sysrq-trigger 2>/dev/null || true
+	dmesg | tail -n 80 | sed 's/^/vm: STALL: dmesg: /'
 }

@@ -4,12 +4,22 @@
 # the IOPS, the server's CPU time per request (utime+stime from /proc, in clock ticks) and, for raid5d with one connection, a CPU profile
 # (--pprof) sent out on the console in base64 between PPROF-BEGIN NAME and PPROF-END lines,
 # which the test writes to DIR/NAME.pprof. Prints one line per job:
-# PROF CONFIG CONNS WORKLOAD IOPS SERVER_CPU_US_PER_REQ.
+# PROF CONFIG CONNS WORKLOAD IOPS SERVER_CPU_US_PER_REQ READ_CALLS_PER_REQ WRITE_CALLS_PER_REQ
+# (the server's read and write system calls, all its threads, from /proc/PID/io's syscr and
+# syscw: socket reads, member and reply writes).
+#
+# For raid5d, each job's deltas of its array and bitmap counters (raid5d status, metrics) are
+# logged; with TRACE=1,
+# also the requests the kernel client issued on $NBD (the block layer's block_rq_issue
+# tracepoint): how many, their sizes, and how many were whole 48 KiB stripes.
 #
 # Environment: RUNTIME (seconds per job, 6), SIZE (MiB the jobs use, 256), SPECS (what runs, in
 # order: SERVER:TRANSPORT:CONNS[:CLOCKSOURCE]; SERVER raid5d, raid5d-nb (--consistency none: no
 # bitmap, as md here) or nbdkit; TRANSPORT tcp or unix; CONNS nbd-client's -C; CLOCKSOURCE
-# switches the kernel's clock first, e.g. tsc where RAID5D_VM_APPEND="tsc=reliable" made it one).
+# switches the kernel's clock first, e.g. tsc where RAID5D_VM_APPEND="tsc=reliable" made it one),
+# JOBS (the workloads' names, of randread-4k randwrite-4k seqwrite-48k), SERVE_FLAGS (more flags
+# for raid5d serve, e.g. --write-back-delay 50ms), QUEUE (ATTR=VALUE settings of $NBD's queue
+# after attach, e.g. nomerges=2 max_sectors_kb=1024), TRACE (1: the request trace above).
 
 RUNTIME=${RUNTIME:-6}
 SIZE=${SIZE:-256}
@@ -21,7 +31,11 @@ SPACE=$IFS
 HZ=100 # USER_HZ: /proc/PID/stat's clock ticks
 
 # NAME:RW:BS:IODEPTH, as lib.sh's WORKLOADS
-WORKLOADS="randread-4k:randread:4k:32 randwrite-4k:randwrite:4k:32 seqwrite-48k:write:48k:16"
+WORKLOADS=""
+for w in randread-4k:randread:4k:32 randwrite-4k:randwrite:4k:32 seqwrite-48k:write:48k:16; do
+	case " ${JOBS:-randread-4k randwrite-4k seqwrite-48k} " in *" ${w%%:*} "*) WORKLOADS="$WORKLOADS $w" ;; esac
+done
+TRACING=/sys/kernel/tracing
 
 log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)" \
 	"(available: $(cat /sys/devices/system/clocksource/clocksource0/available_clocksource))"
@@ -29,6 +43,51 @@ log "cpu flags: $(grep -m1 -o -w -E 'constant_tsc|nonstop_tsc|tsc_known_freq' /p
 
 # ticks PID: the process' utime+stime, all its threads, in clock ticks.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# counters: raid5d's array counters as NAME=VALUE words (status --json's "counters").
+counters() {
+	raid5d status --json 2>/dev/null | tr -d '\n ' | sed 's/.*"counters":{//; s/}.*//' | tr ',' '\n' | tr -d '"' | tr ':' '='
+	wget -q -O - "http://$METRICS/metrics" | awk '$1 == "raid5d_bitmap_flushes_total" { print "bitmap_flushes=" $2 }
+		$1 == "raid5d_bitmap_waits_total" { print "bitmap_waits=" $2 }'
+}
+
+# counter_deltas BEFORE AFTER: the counters that moved, NAME+DELTA.
+counter_deltas() {
+	echo "$1" >/tmp/c0
+	echo "$2" | awk -F= 'NR == FNR { c0[$1] = $2; next } $2 != c0[$1] { printf " %s+%d", $1, $2 - c0[$1] }' /tmp/c0 -
+}
+
+# trace_start and trace_stop: block_rq_issue on $NBD during a job (TRACE=1); trace_stop
+# summarises the writes issued: count, whole stripes (48 KiB aligned, 96 sectors, multiples of
+# it), the sizes seen most.
+trace_start() {
+	[ "${TRACE:-}" = 1 ] || return 0
+	[ -e $TRACING/trace ] || mount -t tracefs nodev $TRACING || die "tracefs"
+	echo 0 >$TRACING/tracing_on
+	echo 16384 >$TRACING/buffer_size_kb
+	echo >$TRACING/trace
+	echo "dev == $((43 << 20))" >$TRACING/events/block/block_rq_issue/filter # nbd0: 43,0
+	echo 1 >$TRACING/events/block/block_rq_issue/enable
+	echo 1 >$TRACING/tracing_on
+}
+
+trace_stop() {
+	[ "${TRACE:-}" = 1 ] || return 0
+	echo 0 >$TRACING/tracing_on
+	echo 0 >$TRACING/events/block/block_rq_issue/enable
+	# ... block_rq_issue: 43,0 WS 98304 () SECTOR + NR [fio]
+	awk '/block_rq_issue:/ { for (i = 1; i < NF; i++) if ($i == "+") { sec = $(i - 1); nr = $(i + 1) }
+		for (i = 1; i < NF; i++) if ($i == "block_rq_issue:") rw = $(i + 2)
+		if (rw !~ /W/ || nr == 0) next
+		n++; kib[nr / 2]++; if (sec % 96 == 0 && nr % 96 == 0) whole++
+		if (sec % 96 != 0) unaligned++ }
+		END { printf "vm: trace: %d writes issued on nbd0, %d whole stripes, %d not starting on one; KiB:count", n, whole, unaligned
+		for (k in kib) if (kib[k] * 50 >= n) printf " %d:%d", k, kib[k]; print "" }' $TRACING/trace
+	echo >$TRACING/trace
+}
+
+# syscalls PID: the process' read and write system calls so far (syscr, syscw), all threads.
+syscalls() { awk '$1 == "syscr:" { r = $2 } $1 == "syscw:" { w = $2 } END { print r, w }' "/proc/$1/io"; }
 
 # run CONFIG CONNS PID [PROFILE]: the workloads on $NBD, served by PID; with PROFILE, a CPU
 # profile of raid5d during each job.
@@ -43,19 +102,31 @@ run() {
 			wget -q -O "/tmp/$config-$name.pprof" "http://$PPROF/debug/pprof/profile?seconds=$((RUNTIME - 1))" &
 			wpid=$!
 		fi
-		t0=$(ticks "$pid")
+		case $config in raid5d*) c0=$(counters) ;; esac
+		trace_start
+		t0=$(ticks "$pid") s0=$(syscalls "$pid")
 		set -- $config $conns $pid $prof
 		iops=$(fio_job "$name" "$rw" "$bs" "$depth" "$NBD" | awk '{ print $2 }')
-		t1=$(ticks "$pid")
+		t1=$(ticks "$pid") s1=$(syscalls "$pid")
+		trace_stop
+		case $config in raid5d*) log "$config $name counters:$(counter_deltas "$c0" "$(counters)")" ;; esac
 		# fio's ramp second is not in its IOPS but is in the ticks: count RUNTIME+1 seconds
 		reqs=$((iops * (RUNTIME + 1)))
-		echo "PROF $config $conns $name $iops $(((t1 - t0) * (1000000 / HZ) / (reqs > 0 ? reqs : 1)))"
+		calls=$(echo "$s0 $s1 $reqs" | awk '{ n = $5 > 0 ? $5 : 1; printf "%.1f %.1f", ($3 - $1) / n, ($4 - $2) / n }')
+		echo "PROF $config $conns $name $iops $(((t1 - t0) * (1000000 / HZ) / (reqs > 0 ? reqs : 1))) $calls"
 		if [ -n "$prof" ]; then
 			wait "$wpid" || die "pprof of $name"
 			echo "PPROF-BEGIN $config-$name"
 			base64 "/tmp/$config-$name.pprof"
 			echo "PPROF-END"
 		fi
+	done
+}
+
+# queue: $QUEUE's settings of $NBD's queue.
+queue() {
+	for q in ${QUEUE:-}; do
+		echo "${q#*=}" >"/sys/block/nbd0/queue/${q%%=*}" || die "queue $q"
 	done
 }
 
@@ -83,12 +154,13 @@ for spec in $SPECS; do
 		flags=""
 		[ $conns != 1 ] || flags="--pprof $PPROF"
 		if [ $transport = unix ]; then
-			serve --socket "$SOCK" $flags >/dev/null
+			serve --socket "$SOCK" $flags ${SERVE_FLAGS:-} >/dev/null
 			attach -u "$SOCK" -C $conns >/dev/null
 		else
-			serve $flags >/dev/null
+			serve $flags ${SERVE_FLAGS:-} >/dev/null
 			attach -C $conns >/dev/null
 		fi
+		queue
 		if [ $conns = 1 ]; then run $server-$transport${clock:+-$clock} $conns "$RAID5D_PID" profile; else run $server-$transport${clock:+-$clock} $conns "$RAID5D_PID"; fi
 		raid5d status --json >/tmp/status.json 2>&1 && log "raid5d status counters: $(tr -d '\n ' </tmp/status.json | sed 's/.*"counters"://')"
 		detach
@@ -112,6 +184,7 @@ for spec in $SPECS; do
 			nbd-client 127.0.0.1 "$PORT" "$NBD" -b 4096 -C $conns >/dev/null || die "nbd-client -C $conns to nbdkit"
 		fi
 		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
+		queue
 		run md+nbdkit-$transport${clock:+-$clock} $conns "$(cat /run/nbdkit.pid)"
 		detach
 		kill "$(cat /run/nbdkit.pid)"
