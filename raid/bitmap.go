@@ -11,8 +11,13 @@ import (
 // Write-intent bitmap defaults and limits (doc.go # Layout, # Crash consistency).
 const (
 	// DefaultBitmapBits is the most bits the default region size gives: the region is the
-	// smallest power-of-two number of stripes for which the array needs at most this many.
+	// smallest power-of-two number of stripes for which the array needs at most this many
+	// and that covers at least DefaultBitmapMinRegion.
 	DefaultBitmapBits = bitmap.DefaultBits
+	// DefaultBitmapMinRegion is the fewest array bytes a default region covers (4 MiB): a
+	// write to a region whose bit is clear waits for a bitmap write, so smaller regions made a
+	// sequential writer wait every few stripes.
+	DefaultBitmapMinRegion = bitmap.DefaultMinRegion
 	// BitmapOffset is the member offset of the bitmap, the start of the reserved area.
 	BitmapOffset = ReservedOffset
 	// MaxBitmapBytes is the room the reserved area has for it.

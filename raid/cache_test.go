@@ -638,7 +638,12 @@ func TestWriteOutError(t *testing.T) {
 // TestFUA: WriteAtFUA writes out the stripes it touched and syncs before it returns.
 func TestFUA(t *testing.T) {
 	const C = 4 << 10
-	a, ms := newCached(t, 3, C, 8, raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: never}})
+	ms := newMems("c", 3, raid.DataOffset+8*C)
+	createClosed(t, ms, raid.CreateOptions{Chunk: C, BitmapRegion: 2 * C}) // a region per stripe
+	a, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{IOOptions: raid.IOOptions{WriteBackDelay: never}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer a.Close()
 	p := bytes.Repeat([]byte{9}, 3*C/2)
 	off := a.Layout().StripeSize() - C/2               // across two stripes

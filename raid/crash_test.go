@@ -503,6 +503,7 @@ func (l powerCutLoad) run(a *raid.Array, blocks []int64, durable, issued []int64
 // every stripe's parity is consistent right after assembly.
 func TestPowerCut(t *testing.T) {
 	const C, chunks, members, writers = 4 << 10, 256, 4, 4
+	const stripe = (members - 1) * C // the bitmap's region: one stripe, so the resync's extent shows
 	for _, tc := range []struct {
 		name    string
 		region  int64
@@ -510,9 +511,9 @@ func TestPowerCut(t *testing.T) {
 		cache   int
 		journal bool
 	}{
-		{"bitmap/lose-all", 0, 0, 0, false},
-		{"bitmap/reorder", 0, 0.5, 0, false},
-		{"bitmap/write-through/reorder", 0, 0.5, -1, false},
+		{"bitmap/lose-all", stripe, 0, 0, false},
+		{"bitmap/reorder", stripe, 0.5, 0, false},
+		{"bitmap/write-through/reorder", stripe, 0.5, -1, false},
 		{"no-bitmap/reorder", -1, 0.5, 0, false},
 		{"journal/lose-all", 0, 0, 0, true},
 		{"journal/reorder", 0, 0.5, 0, true},

@@ -381,7 +381,9 @@
 //
 // Which stripes: with the write-intent bitmap (the default; CreateOptions.BitmapRegion sets the
 // region size, default the smallest power-of-two number of stripes that needs at most
-// DefaultBitmapBits = 4096 bits), only the regions whose bits are set; without a bitmap, or
+// DefaultBitmapBits = 4096 bits and covers at least DefaultBitmapMinRegion = 4 MiB: a write to
+// a region whose bit is clear waits for a bitmap write, and smaller regions made a sequential
+// writer wait every few stripes), only the regions whose bits are set; without a bitmap, or
 // when it cannot be read, all of them. The bitmap is also the resync's checkpoint: a region's
 // bit is cleared only after its parity was rewritten and the members synced, so a crash during
 // the resync resumes with the regions left. A full resync (no bitmap) is checkpointed only by

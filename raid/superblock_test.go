@@ -182,10 +182,13 @@ func TestSuperblockBitmap(t *testing.T) {
 			}
 		})
 	}
-	// The default region: at most DefaultBitmapBits bits, a power of two, at least a stripe.
-	for _, stripes := range []int64{1, 100, 4096, 4097, 1 << 20} {
-		r := bitmapRegionStripes(stripes, 3<<16, 0)
-		if r&(r-1) != 0 || (stripes+r-1)/r > DefaultBitmapBits || r > 1 && (stripes+r/2-1)/(r/2) <= DefaultBitmapBits {
+	// The default region: the smallest power of two of stripes giving at most
+	// DefaultBitmapBits bits and covering at least DefaultBitmapMinRegion bytes.
+	const stripe = 3 << 16
+	for _, stripes := range []int64{1, 100, 4096, 4097, 1 << 20, 1 << 24} {
+		r := bitmapRegionStripes(stripes, stripe, 0)
+		fits := func(r int64) bool { return (stripes+r-1)/r <= DefaultBitmapBits && r*stripe >= DefaultBitmapMinRegion }
+		if r&(r-1) != 0 || !fits(r) || r > 1 && fits(r/2) {
 			t.Fatalf("%d stripes: region %d stripes", stripes, r)
 		}
 	}

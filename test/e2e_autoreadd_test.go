@@ -2,6 +2,7 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"syscall"
@@ -41,7 +42,8 @@ func TestAutoReAdd(t *testing.T) {
 	needRaid5d(t)
 	need(t, "nbdkit", "nbd-server")
 	ms := newRemoteMembers(t)
-	runTool(t, raid5dBin, append([]string{"create", "--chunk", "64K"}, uris(ms)...)...)
+	// a write-intent region per stripe: the re-add's resync shows which stripes it took
+	runTool(t, raid5dBin, append([]string{"create", "--chunk", "64K", "--bitmap-region", fmt.Sprint(stripeData)}, uris(ms)...)...)
 	a := &array{dir: t.TempDir(), members: uris(ms)}
 	s := a.serve(t, "--auto-re-add", "--auto-re-add-interval", "200ms", "--stripe-cache", "off", "--member-timeout", "5s")
 	if ar := s.autoReAdd(); ar == nil || len(ar.Members) != 0 {

@@ -23,9 +23,9 @@ func (s *server) crash() {
 	s.proc.stop(syscall.SIGKILL, stopGrace)
 }
 
-// crashBenchSize is the region of the array the crash loops' bench writes (from offset 0): a
-// few dozen of the bitmap's regions, so that a resync limited to them is plainly smaller than
-// a full one.
+// crashBenchSize is the region of the array the crash loops' bench writes (from offset 0): an
+// eighth of the array, a few of the bitmap's default regions (6 MiB), so that a resync limited
+// to them is plainly smaller than a full one.
 const crashBenchSize = 24 << 20
 
 // crashSyncSpeed is the crash loops' --sync-speed-min: the resync and the scrub run at full

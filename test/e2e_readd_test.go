@@ -2,6 +2,7 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -41,12 +42,14 @@ func TestReAdd(t *testing.T) {
 	checkParity(t, a)
 }
 
-// servePrefilled serves a new array and writes its first 16 MiB with qemu-io, pattern 0x11.
+// servePrefilled serves a new array whose write-intent regions are one stripe each (so that
+// a re-add's resync shows which stripes it took) and writes its first 16 MiB with qemu-io,
+// pattern 0x11.
 func servePrefilled(t *testing.T) (*array, *server) {
 	t.Helper()
 	needRaid5d(t)
 	need(t, "qemu-io")
-	a := newArray(t)
+	a := newArrayWith(t, "--bitmap-region", fmt.Sprint(stripeData))
 	s := a.serve(t)
 	qemuIO(t, s.uri, []qemuOp{{kind: "write", off: 0, n: 16 << 20, pattern: 0x11}})
 	return a, s

@@ -331,7 +331,8 @@ func newNetArray(t *testing.T, filters map[int][]string) *netArray {
 		n.uris = append(n.uris, m.uri)
 	}
 	n.client = n.lab.host(t, "client")
-	runToolIn(t, n.lab.hub.prefix(), raid5dBin, append([]string{"create", "--chunk", "64K"}, n.uris...)...)
+	// a write-intent region per stripe, so that re-adds and resyncs show which stripes they took
+	runToolIn(t, n.lab.hub.prefix(), raid5dBin, append([]string{"create", "--chunk", "64K", "--bitmap-region", fmt.Sprint(stripeData)}, n.uris...)...)
 	return n
 }
 

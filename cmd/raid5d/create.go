@@ -41,7 +41,7 @@ superblock, so give them to serve with the members.
 	fs.Var(&journalSize, "journal-size", "`size` of a journal file created by --journal (at least 1M, more for large stripes)")
 	var bitmapRegion sizeFlag
 	fs.Var(&bitmapRegion, "bitmap-region", "array bytes each bitmap bit covers (`size`, rounded up to a power-of-two number of stripes);\n"+
-		"default: the smallest giving at most 4096 bits")
+		"default: the smallest giving at most 4096 bits, and at least 4M")
 	force := fs.Bool("force", false, "overwrite members and spares that already carry a raid5d superblock (destroys that array)")
 	setMemberOpts := memberFlags(fs)
 	setDirect := directFlag(fs)

@@ -14,8 +14,17 @@ import (
 
 const (
 	// DefaultBits is the most bits the default region size gives: the region is the smallest
-	// power-of-two number of stripes for which the array needs at most this many.
+	// power-of-two number of stripes for which the array needs at most this many, and that
+	// covers at least DefaultMinRegion.
 	DefaultBits = 4096
+	// DefaultMinRegion is the fewest array bytes a default region covers. A write into a
+	// region whose bit is clear waits for a bitmap write, and the cleaner writes the bitmap
+	// again once the region is idle: with regions of a few stripes (an array of a few GiB
+	// split into 4096) a sequential writer waited for a bitmap write every few stripes, and
+	// random writes across a few hundred MiB kept setting and clearing bits. md's default
+	// bitmap chunk is 64 MiB; 4 MiB keeps a resync after a crash, or a re-add, to the
+	// regions written on arrays of a few hundred MiB too.
+	DefaultMinRegion = 4 << 20
 	// ClearDelay is how long a region must have seen no write before its bit is cleared
 	// (after the members are synced): a region written again soon after would need its bit
 	// set, and synced, again.
@@ -30,13 +39,13 @@ var ErrCorrupt = errors.New("raid: write-intent bitmap corrupt")
 
 // RegionStripes returns the stripes per region for an array of stripes stripes of
 // stripeSize bytes: regionBytes rounded up to a power-of-two number of stripes, or for 0 the
-// default (at most DefaultBits bits).
+// default (at most DefaultBits bits, at least DefaultMinRegion bytes).
 func RegionStripes(stripes, stripeSize, regionBytes int64) int64 {
 	want := int64(1)
 	if regionBytes > 0 {
 		want = (regionBytes + stripeSize - 1) / stripeSize
 	} else {
-		want = (stripes + DefaultBits - 1) / DefaultBits
+		want = max((stripes+DefaultBits-1)/DefaultBits, (DefaultMinRegion+stripeSize-1)/stripeSize)
 	}
 	if want <= 1 {
 		return 1

@@ -102,7 +102,9 @@ func TestCodec(t *testing.T) {
 		}
 	}
 	for _, tt := range []struct{ stripes, size, region, want int64 }{
-		{1000, 3 << 16, 0, 1}, {4096, 1, 0, 1}, {4097, 1, 0, 2}, {1 << 20, 1, 0, 256},
+		// the default: at most DefaultBits bits, at least DefaultMinRegion (4 MiB) each
+		{1000, 3 << 16, 0, 32}, {21845, 48 << 10, 0, 128}, // 4 MiB: 21.3 and 85.3 stripes
+		{4 * 4096, 1 << 20, 0, 4}, {4*4096 + 1, 1 << 20, 0, 8}, {1 << 20, 1 << 20, 0, 256},
 		{1000, 3 << 16, 5 * 3 << 16, 8}, {1000, 100, 1, 1}, {1000, 100, 101, 2},
 	} {
 		if got := RegionStripes(tt.stripes, tt.size, tt.region); got != tt.want {
