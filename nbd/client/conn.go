@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -332,6 +333,13 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 // was already broken.
 func (c *Conn) notSent() error { return fmt.Errorf("%w: %w", ErrNotSent, c.deadErr) }
 
+// yieldBelow is the queue length below which the caller that becomes the writer yields the
+// processor once before it takes the batch. Measured (test/bench/netns.sh, against the same
+// binary without the yield, two runs, load 11-14): remote 4 KiB random writes 1.64× and
+// 1.29×, reads 1.29× and 0.85×, 1 MiB writes 1.07×; over loopback with serve's CPU counted,
+// 4 KiB reads 1.49× at 0.62× the CPU per read, writes 1.14× at 0.98×.
+const yieldBelow = 4
+
 // send queues r and, unless another caller is writing, writes the queue until it is empty.
 // A write error breaks the connection (the reader then fails every request in flight). It
 // returns false, queueing nothing, if an earlier write error has broken the connection already.
@@ -347,6 +355,13 @@ func (c *Conn) send(r *wreq) bool {
 		return true
 	}
 	c.writing = true
+	if len(c.wq) < yieldBelow {
+		// Let the callers about to send (requests in flight together are issued by many
+		// goroutines at once) queue theirs into this batch: fewer writev(2) calls.
+		c.wmu.Unlock()
+		runtime.Gosched()
+		c.wmu.Lock()
+	}
 	for len(c.wq) > 0 && c.werr == nil {
 		batch := c.wq
 		c.wq = c.wspare[:0]

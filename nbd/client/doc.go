@@ -28,7 +28,8 @@
 // call is one request on the wire, so N goroutines keep N requests in flight (up to
 // Options.MaxInFlight; further calls wait for a slot). Requests are queued and written in
 // batches: a caller that finds nobody writing writes everything queued, one writev per batch,
-// until the queue is empty, so under load many requests share a system call. One reader
+// until the queue is empty (yielding the processor once first when few are queued, so that
+// the callers about to send join the batch), so under load many requests share a system call. One reader
 // goroutine reads the replies in whatever order the server sends them, matches each to its
 // request by cookie, reads a READ's payload into the caller's buffer, and wakes the caller.
 // A payload of 16 KiB or more is read from the socket straight into that buffer, with readv(2)
