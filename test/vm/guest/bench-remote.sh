@@ -3,9 +3,10 @@
 # member hosts); md-nbd is Linux md RAID-5 (16 KiB chunks, --assume-clean) over the kernel's
 # nbd-client devices /dev/nbd0..3 attached to them, fio on /dev/md0; raid5d-nbd is raid5d with
 # the same four servers as nbd+unix:// members, attached through nbd-client on /dev/nbd4, fio
-# there. The -C2 configs (not run by default: md-nbd-C2 stalled twice, its fill or mdadm
-# --create waiting for a request over 9 minutes) give every kernel client two connections (md's
-# members, raid5d's attach) and raid5d --member-conns 2. The jobs are lib.sh's WORKLOADS, as in
+# there. The -C2 configs give every kernel client two connections (md's members, raid5d's
+# attach) and raid5d --member-conns 2; they are not run by default: md-nbd-C2 stalls now and
+# then in the kernel client (README, "Through the kernel's nbd client, in a VM": a read of a
+# freshly attached two-connection device never completes while its server waits for requests). The jobs are lib.sh's WORKLOADS, as in
 # bench.sh; one RESULT line per round, config and job (lib.sh's bench_rounds).
 #
 # A device with requests in flight and none completed for STALL_SECS (60) gets lib.sh's

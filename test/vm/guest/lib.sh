@@ -221,10 +221,11 @@ bench_rounds() {
 }
 
 # stall_watch SECONDS: in the background, every 5 s, looks at each nbd device with requests in
-# flight (/sys/block/nbdN/inflight) whose completed requests (stat) have not moved for SECONDS,
-# and then, once per stall, prints what the kernel and the servers are doing: the device's
-# in-flight requests as the nbd driver lists them (debugfs), the stacks of the nbd driver's
-# threads and of every nbdkit and raid5d thread, and the blocked tasks (sysrq w). The kernel
+# flight (/sys/block/nbdN/inflight, md too) whose completed requests (stat) have not moved for
+# SECONDS, and then, once per stall, prints what the kernel and the servers are doing: the nbd
+# driver's debugfs tasks file (its receive task, ioctl setups only), the stacks of the nbd
+# driver's receive workers (kworker/...+nbdN-recv, and the workqueue's rescuer nbdN-recv) and
+# of every nbdkit, raid5d, mdadm and fio thread, and the blocked tasks (sysrq w). The kernel
 # client's own timeout should be longer than SECONDS (nbd-client -t), so the state is seen
 # before the driver requeues. stall_unwatch stops it.
 STALL_PID=
@@ -272,7 +273,8 @@ stall_report() {
 	done
 	for p in /proc/[0-9]*; do
 		c=$(cat "$p/comm" 2>/dev/null) || continue
-		case $c in nbdkit | raid5d | knbd* | kworker*nbd* | nbd-client | md*_raid5 | mdadm | fio) ;; *) continue ;; esac
+		# nbd*: nbd-client, and nbdN-recv, the receive workqueue's rescuer thread
+		case $c in nbdkit | raid5d | knbd* | nbd* | kworker*nbd* | md*_raid5 | mdadm | fio) ;; *) continue ;; esac
 		for t in "$p"/task/*; do
 			echo "vm: STALL: pid ${p#/proc/} task ${t##*/} ($(cat "$t/comm" 2>/dev/null)) state $(awk '{ print $3 }' "$t/stat" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)"
 			sed 's/^/vm: STALL:     /' "$t/stack" 2>/dev/null | head -n 12
