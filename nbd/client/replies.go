@@ -38,12 +38,12 @@ type replyReader struct {
 	// header after a large payload (direct).
 	ahead int
 
-	// The readv in progress, for readvFn (a method value made once: no allocation per call).
-	iov     [2][]byte
-	n       int
-	err     error
-	readvFn func(fd uintptr) bool
-	readFn  func(fd uintptr) bool
+	// The read in progress, for readFn (rawRead as a method value made once: no allocation
+	// per call).
+	iov    [2][]byte
+	n      int
+	err    error
+	readFn func(fd uintptr) bool
 }
 
 // newReplyReader reads replies from nc, starting with what br (the handshake's reader of
@@ -59,7 +59,7 @@ func newReplyReader(nc net.Conn, br *bufio.Reader) *replyReader {
 	}
 	rr := &replyReader{rc: rc, buf: make([]byte, replyBufSize), ahead: replyBufSize}
 	rr.w, _ = br.Read(rr.buf[:br.Buffered()]) // only the buffered bytes: no read(2), no error
-	rr.readvFn, rr.readFn = rr.readv, rr.read
+	rr.readFn = rr.rawRead
 	return rr
 }
 
@@ -78,7 +78,7 @@ func (rr *replyReader) readFull(p []byte) error {
 	// The buffer is empty from here on.
 	for len(p) > 0 {
 		if len(p) < directMin {
-			if err := rr.sys(rr.readFn, rr.buf[:min(max(len(p), rr.ahead), len(rr.buf))], nil); err != nil {
+			if err := rr.sys(rr.buf[:min(max(len(p), rr.ahead), len(rr.buf))], nil); err != nil {
 				return err
 			}
 			rr.w = rr.n
@@ -92,7 +92,7 @@ func (rr *replyReader) readFull(p []byte) error {
 		}
 		// The payload and what follows it (no further than a header: the next payload is
 		// probably large too) in one readv.
-		if err := rr.sys(rr.readvFn, p, rr.buf[:min(rr.ahead, wire.ReplyHeaderSize)]); err != nil {
+		if err := rr.sys(p, rr.buf[:min(rr.ahead, wire.ReplyHeaderSize)]); err != nil {
 			return err
 		}
 		if rr.n <= len(p) {
@@ -114,12 +114,12 @@ func (rr *replyReader) direct(large bool) {
 	}
 }
 
-// sys runs fn (read or readv of a, then b) on the socket until it has read something, and
-// leaves the count in rr.n; the end of the stream is io.ErrUnexpectedEOF.
-func (rr *replyReader) sys(fn func(uintptr) bool, a, b []byte) error {
+// sys reads from the socket into a, then b (if not nil: one readv), until it has read
+// something, and leaves the count in rr.n; the end of the stream is io.ErrUnexpectedEOF.
+func (rr *replyReader) sys(a, b []byte) error {
 	rr.iov[0], rr.iov[1] = a, b
 	rr.n, rr.err = 0, nil
-	err := rr.rc.Read(fn)
+	err := rr.rc.Read(rr.readFn)
 	rr.iov[0], rr.iov[1] = nil, nil // keep no caller's buffer
 	switch {
 	case err != nil:
@@ -132,25 +132,17 @@ func (rr *replyReader) sys(fn func(uintptr) bool, a, b []byte) error {
 	return nil
 }
 
-// read and readv are the RawConn.Read functions of sys: false (wait for the socket to be
-// readable) on EAGAIN, again on EINTR.
-func (rr *replyReader) read(fd uintptr) bool {
+// rawRead is sys's RawConn.Read function: read(2) into iov[0], or readv(2) into both when
+// iov[1] is set; false (wait for the socket to be readable) on EAGAIN, again on EINTR.
+func (rr *replyReader) rawRead(fd uintptr) bool {
 	for {
-		n, err := unix.Read(int(fd), rr.iov[0])
-		if errors.Is(err, unix.EINTR) {
-			continue
+		var n int
+		var err error
+		if rr.iov[1] == nil {
+			n, err = unix.Read(int(fd), rr.iov[0])
+		} else {
+			n, err = unix.Readv(int(fd), rr.iov[:])
 		}
-		if errors.Is(err, unix.EAGAIN) {
-			return false
-		}
-		rr.n, rr.err = max(n, 0), err
-		return true
-	}
-}
-
-func (rr *replyReader) readv(fd uintptr) bool {
-	for {
-		n, err := unix.Readv(int(fd), rr.iov[:])
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
