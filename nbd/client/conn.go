@@ -66,11 +66,12 @@ type wreq struct {
 	payload []byte
 }
 
-// slot is one request in flight. Its cookie is seq<<32 | index, so a late or duplicated reply
-// for an earlier use of the slot is caught.
+// slot is one request in flight. Its cookie is seq<<32 | index, so a late reply for an earlier
+// use of the slot is caught, and a duplicated one because the reader clears active when it
+// takes the first.
 type slot struct {
 	seq    uint32
-	active bool
+	active bool // awaiting its reply
 	cmd    uint16
 	buf    []byte      // READ destination
 	done   chan uint32 // errno of the reply, or errnoBroken
@@ -430,6 +431,10 @@ func (c *Conn) readReplies(rr *replyReader) {
 		var s *slot
 		if idx < uint32(len(c.slots)) && c.slots[idx].active && c.slots[idx].seq == seq {
 			s = &c.slots[idx]
+			// Taken: a second reply with this cookie (a server answering twice) finds the
+			// slot inactive and breaks the connection, rather than answer the next request
+			// that reuses the slot or land in a buffer its caller has been given back.
+			s.active = false
 		}
 		var dst []byte
 		if s != nil && s.cmd == wire.CmdRead && errno == 0 {
@@ -446,6 +451,7 @@ func (c *Conn) readReplies(rr *replyReader) {
 		if len(dst) > 0 {
 			if err := rr.readFull(dst); err != nil {
 				c.fail(fmt.Errorf("%w: reading READ payload: %v", ErrDisconnected, err))
+				s.done <- errnoBroken // taken, so endReader no longer answers it
 				return
 			}
 		}

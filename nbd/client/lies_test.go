@@ -1,0 +1,121 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/raid5d/raid5d/nbd/client"
+)
+
+// goHandshake plays a fixed-newstyle server's side of the handshake on nc: the greeting, then
+// NBD_OPT_GO answered with NBD_INFO_EXPORT (size, flags) and an acknowledgement.
+func goHandshake(nc net.Conn, size uint64, flags uint16) {
+	g := binary.BigEndian.AppendUint64(nil, 0x4e42444d41474943)
+	g = binary.BigEndian.AppendUint64(g, 0x49484156454f5054)
+	nc.Write(binary.BigEndian.AppendUint16(g, 3))
+	readN(nc, 4)
+	h := readN(nc, 16)
+	readN(nc, int(binary.BigEndian.Uint32(h[12:16])))
+	info := binary.BigEndian.AppendUint16(nil, 0) // NBD_INFO_EXPORT
+	info = binary.BigEndian.AppendUint64(info, size)
+	info = binary.BigEndian.AppendUint16(info, flags)
+	var out []byte
+	for _, d := range [][]byte{info, nil} {
+		typ := uint32(1) // NBD_REP_ACK
+		if d != nil {
+			typ = 3 // NBD_REP_INFO
+		}
+		out = binary.BigEndian.AppendUint64(out, 0x3e889045565a9)
+		out = binary.BigEndian.AppendUint32(out, 7)
+		out = binary.BigEndian.AppendUint32(out, typ)
+		out = binary.BigEndian.AppendUint32(out, uint32(len(d)))
+		out = append(out, d...)
+	}
+	nc.Write(out)
+}
+
+// simpleReply is a simple reply to the request header req, with errno and payload.
+func simpleReply(req []byte, errno uint32, payload []byte) []byte {
+	rep := binary.BigEndian.AppendUint32(nil, 0x67446698)
+	rep = binary.BigEndian.AppendUint32(rep, errno)
+	rep = append(rep, req[8:16]...)
+	return append(rep, payload...)
+}
+
+// TestDuplicateReply: a server that answers a READ twice (a lying or broken member server)
+// breaks the connection; the second answer is never taken for the next request that reuses
+// the slot, which would return success with data the server never sent (a READ into a buffer
+// left as it was), and never lands in the first caller's buffer after its ReadAt returned.
+// One request in flight at a time, so the next request reuses the slot; repeated, because the
+// old code took the duplicate only when its reader got to it before the first caller had
+// released the slot.
+func TestDuplicateReply(t *testing.T) {
+	first, second := bytes.Repeat([]byte{0x11}, 512), bytes.Repeat([]byte{0x22}, 512)
+	for i := range 200 {
+		cc := fakeServer(t, func(nc net.Conn) {
+			goHandshake(nc, 1<<20, client.FlagHasFlags)
+			req := readN(nc, 28)
+			rep := simpleReply(req, 0, first)
+			nc.Write(append(rep, rep...)) // the READ answered twice, in one write
+			req = readN(nc, 28)
+			if len(req) == 28 && req[7] == 0 { // a READ: answer it truly
+				nc.Write(simpleReply(req, 0, second))
+			}
+			readN(nc, 28)
+		})
+		c, err := client.NewConn(context.Background(), cc, "", client.Options{MaxInFlight: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p1 := make([]byte, 512)
+		if _, err := c.ReadAt(p1, 0); err != nil || !bytes.Equal(p1, first) {
+			t.Fatalf("round %d: first ReadAt: %v, data %x...", i, err, p1[:4])
+		}
+		p2 := make([]byte, 512)
+		_, err = c.ReadAt(p2, 512)
+		if err == nil {
+			t.Fatalf("round %d: ReadAt after a duplicated reply succeeded (data %x..., the server's %x...): the duplicate answered it", i, p2[:4], second[:4])
+		}
+		if !errors.Is(err, client.ErrDisconnected) {
+			t.Fatalf("round %d: ReadAt after a duplicated reply: %v, want ErrDisconnected", i, err)
+		}
+		c.Close()
+		if !bytes.Equal(p1, first) {
+			t.Fatalf("round %d: the first ReadAt's buffer changed after it returned: %x...", i, p1[:4])
+		}
+	}
+}
+
+// TestTruncatedReadPayload: a server that sends a READ's reply header and then only part of
+// its payload before closing fails that ReadAt with ErrDisconnected (it does not hang, and
+// does not return the part as data).
+func TestTruncatedReadPayload(t *testing.T) {
+	cc := fakeServer(t, func(nc net.Conn) {
+		goHandshake(nc, 1<<20, client.FlagHasFlags)
+		req := readN(nc, 28)
+		nc.Write(simpleReply(req, 0, bytes.Repeat([]byte{0x33}, 100)))
+	})
+	c, err := client.NewConn(context.Background(), cc, "", client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.ReadAt(make([]byte, 512), 0)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, client.ErrDisconnected) {
+			t.Fatalf("ReadAt with its payload cut short: %v, want ErrDisconnected", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("ReadAt with its payload cut short still waiting after 20 s")
+	}
+}
