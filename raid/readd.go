@@ -1,9 +1,14 @@
 package raid
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/raid5d/raid5d/internal/aligned"
 )
 
 // ReAdd brings back a member that failed, was removed, or was missing at assembly, with its
@@ -241,4 +246,131 @@ func (a *Array) readdRuns(s0, k int64, fn func(s, n int64) error) error {
 		}
 	}
 	return nil
+}
+
+// A re-add works through a window of stripes from its position to the end of the
+// readdWindow-th piece of the bitmap's regions to resync (at most a batch each), and at most
+// readdMaxBatches batches (readdSpan), and resyncs those pieces concurrently (readdWindow):
+// each is a round trip to read the survivors and one to write the member, which a remote
+// member makes the whole cost, and the regions of a re-add lie far apart (1% of them: one
+// every 100 regions). Each piece is resynced under its own stripes' locks only, so client I/O
+// waits for the pieces it meets, not for the window (whose span, at 1024 stripes or more
+// (stripe.NumLocks), would hold every stripe's lock).
+const (
+	readdWindow     = 8
+	readdMaxBatches = 256
+)
+
+// readdSpan returns how many stripes from s0, at most limit and at least min(batch, limit), a
+// re-add's window takes: up to the end of the readdWindow-th piece of regions whose bits are
+// set now (read without the locks: readdWindow reads them again under them).
+func (a *Array) readdSpan(s0, limit, batch int64) int64 {
+	pieces, end := 0, int64(0)
+	a.readdRuns(s0, limit, func(s, n int64) error {
+		for ; n > 0 && pieces < readdWindow; s, n = s+batch, n-batch {
+			pieces++
+			end = s + min(n, batch) - s0
+		}
+		if pieces == readdWindow {
+			return errStop
+		}
+		return nil
+	})
+	if pieces < readdWindow {
+		return limit // nothing more to resync up to limit: take it all
+	}
+	return max(end, min(batch, limit))
+}
+
+// errStop stops readdRuns early (readdSpan).
+var errStop = errors.New("stop")
+
+// readdWindow resyncs onto sp, for role, the stripes of [s0, s0+k) whose write-intent bits
+// are set, and marks every stripe of the window rebuilt ahead of the rebuild position
+// (roleTable.setAhead) as it goes, so the caller can move the position past the window
+// without its locks. The window is cut in pieces of at most a batch, the runs of regions set
+// now and the clean stretches between them, which up to readdWindow goroutines take in order,
+// each under its own stripes' locks (readdPiece): the first into bufs, the others into
+// buffers of extra, which it grows as needed (each like bufs) and returns. It returns the
+// stripes resynced, and the error of the lowest piece that failed.
+func (a *Array) readdWindow(sp *member, role int, s0, k, batch int64, bufs [][]byte, extra [][][]byte) (int64, [][][]byte, error) {
+	var pieces [][2]int64
+	cut := func(s, n int64) {
+		for ; n > 0; s, n = s+batch, n-batch {
+			pieces = append(pieces, [2]int64{s, min(n, batch)})
+		}
+	}
+	at := s0
+	a.readdRuns(s0, k, func(s, n int64) error {
+		cut(at, s-at)
+		cut(s, n)
+		at = s + n
+		return nil
+	})
+	cut(at, s0+k-at)
+	workers := min(len(pieces), readdWindow)
+	for len(extra) < workers-1 {
+		b := make([][]byte, len(bufs))
+		for i := range b {
+			b[i] = aligned.Make(len(bufs[i])) // members read into it: aligned for direct I/O
+		}
+		extra = append(extra, b)
+	}
+	ahead := newStripeSet(s0, k)
+	a.roles.setAhead(ahead)
+	errs := make([]error, len(pieces))
+	var next, moved atomic.Int64
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	for w := range workers {
+		b := bufs
+		if w > 0 {
+			b = extra[w-1]
+		}
+		wg.Go(func() {
+			for !failed.Load() {
+				i := next.Add(1) - 1
+				if i >= int64(len(pieces)) {
+					return
+				}
+				n, err := a.readdPiece(sp, role, pieces[i][0], pieces[i][1], b, ahead)
+				moved.Add(n)
+				if err != nil {
+					errs[i] = err
+					failed.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return moved.Load(), extra, err
+		}
+	}
+	return moved.Load(), extra, nil
+}
+
+// readdPiece resyncs onto sp the stripes of [s, s+n) (n at most a batch, the length of each of
+// bufs) whose write-intent bits are set, under their stripe locks, after their dirty heads are
+// written out: every write to them has then set its region's bit, and no bit is cleared while
+// the role is being rebuilt (bitmap.Members.Whole), so a clear bit is a region unchanged since
+// the member left. Then, still under the locks, it adds them to ahead: from then on writes to
+// them write the member too. It returns the stripes resynced.
+func (a *Array) readdPiece(sp *member, role int, s, n int64, bufs [][]byte, ahead *stripeSet) (int64, error) {
+	a.locks.LockSpan(s, n)
+	defer a.locks.UnlockSpan(s, n)
+	if err := a.writeOutSpan(s, n); err != nil {
+		return 0, err
+	}
+	var moved int64
+	err := a.readdRuns(s, n, func(rs, rn int64) error {
+		moved += rn
+		return a.rebuildSpan(sp, role, rs, rn, bufs)
+	})
+	if err != nil {
+		return 0, err
+	}
+	ahead.add(s, n)
+	return moved, nil
 }

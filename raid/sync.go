@@ -393,8 +393,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	t := a.newThrottle()
 	lastCk := time.Now()
 	var err error
-	var pieces [][2]int64 // a re-add's runs of stripes to rebuild in the window (readdPieces)
-	var extra [][][]byte  // and the buffers of its pieces after the first
+	var extra [][][]byte // a re-add's buffers for its pieces after the first (readdWindow)
 	for pos < total {
 		if err = ctx.Err(); err != nil {
 			break
@@ -404,30 +403,23 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 			k = a.readdSpan(pos, min(batch*readdMaxBatches, total-pos), batch)
 		}
 		moved := k
-		a.locks.LockSpan(s0, k)
 		if readd {
-			moved = 0
-			if err = a.writeOutSpan(s0, k); err == nil {
-				pieces = pieces[:0]
-				a.readdRuns(s0, k, func(s, n int64) error {
-					for ; n > 0; s, n = s+batch, n-batch {
-						pieces = append(pieces, [2]int64{s, min(n, batch)})
-					}
-					return nil
-				})
-				for _, pc := range pieces {
-					moved += pc[1]
-				}
-				extra, err = a.readdPieces(sp, role, pieces, bufs, extra)
+			// Each piece under its own locks; the position moves past stripes marked
+			// rebuilt ahead of it.
+			moved, extra, err = a.readdWindow(sp, role, s0, k, batch, bufs, extra)
+			if err == nil {
+				pos = s0 + k
+				a.roles.setRebuilt(pos)
 			}
 		} else {
+			a.locks.LockSpan(s0, k)
 			err = a.rebuildSpan(sp, role, s0, k, bufs)
+			if err == nil {
+				pos = s0 + k
+				a.roles.setRebuilt(pos)
+			}
+			a.locks.UnlockSpan(s0, k)
 		}
-		if err == nil {
-			pos = s0 + k
-			a.roles.setRebuilt(pos)
-		}
-		a.locks.UnlockSpan(s0, k)
 		if err != nil {
 			break
 		}
@@ -475,80 +467,6 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		a.log.Error("raid: recording the finished rebuild failed", "err", werr)
 	}
 	return nil
-}
-
-// A re-add holds under one set of stripe locks the stripes from its position to the end of
-// the readdWindow-th piece of the bitmap's regions to resync (at most a batch each), and at
-// most readdMaxBatches batches (readdSpan), and resyncs those pieces concurrently
-// (readdPieces): each is a round trip to read the survivors and one to write the member,
-// which a remote member makes the whole cost, and the regions of a re-add lie far apart (1%
-// of them: one every 100 regions). The pieces after the first take a batch's buffers each,
-// allocated at the first need. While it holds them, client I/O to those stripes waits: for a
-// span of 1024 stripes or more (stripe.NumLocks), to every stripe.
-const (
-	readdWindow     = 8
-	readdMaxBatches = 256
-)
-
-// readdSpan returns how many stripes from s0, at most limit and at least min(batch, limit), a
-// re-add takes under one set of locks: up to the end of the readdWindow-th piece of regions
-// whose bits are set now (read without the locks: readdRuns reads them again under them).
-func (a *Array) readdSpan(s0, limit, batch int64) int64 {
-	pieces, end := 0, int64(0)
-	a.readdRuns(s0, limit, func(s, n int64) error {
-		for ; n > 0 && pieces < readdWindow; s, n = s+batch, n-batch {
-			pieces++
-			end = s + min(n, batch) - s0
-		}
-		if pieces == readdWindow {
-			return errStop
-		}
-		return nil
-	})
-	if pieces < readdWindow {
-		return limit // nothing more to resync up to limit: take it all
-	}
-	return max(end, min(batch, limit))
-}
-
-// errStop stops readdRuns early (readdSpan).
-var errStop = errors.New("stop")
-
-// readdPieces rebuilds sp's pieces of stripes (start, count; count at most a batch) for role,
-// on up to readdWindow goroutines, each taking every readdWindow-th piece: the first into bufs,
-// the others into buffers of extra, which it grows as needed (each like bufs) and returns. The
-// caller holds the pieces' stripe locks. It returns the error of the lowest piece that failed.
-func (a *Array) readdPieces(sp *member, role int, pieces [][2]int64, bufs [][]byte, extra [][][]byte) ([][][]byte, error) {
-	workers := min(len(pieces), readdWindow)
-	for len(extra) < workers-1 {
-		b := make([][]byte, len(bufs))
-		for i := range b {
-			b[i] = aligned.Make(len(bufs[i])) // members read into it: aligned for direct I/O
-		}
-		extra = append(extra, b)
-	}
-	errs := make([]error, len(pieces))
-	var wg sync.WaitGroup
-	for w := range workers {
-		b := bufs
-		if w > 0 {
-			b = extra[w-1]
-		}
-		wg.Go(func() {
-			for i := w; i < len(pieces); i += workers {
-				if errs[i] = a.rebuildSpan(sp, role, pieces[i][0], pieces[i][1], b); errs[i] != nil {
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return extra, err
-		}
-	}
-	return extra, nil
 }
 
 // checkpoint makes the rebuilt part of sp durable, then records the position in the

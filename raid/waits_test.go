@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/raid5d/raid5d/raid"
+	"github.com/raid5d/raid5d/raid/raidtest"
 )
 
 // meter counts the data-area writes in flight on a set of members and holds each until want
@@ -133,21 +134,10 @@ func TestWaitingMembersConcurrent(t *testing.T) {
 // they lie batches apart (each is a read of the survivors and a write of the member: round
 // trips on a remote member), only those, and the stripes' parity matches their data after it.
 func TestReAddConcurrent(t *testing.T) {
-	const chunk = 4 << 10
-	const stripes = 4096 // 64 batches of 64 stripes (a 64th of each member)
-	ms := newMems("r", 4, raid.DataOffset+stripes*chunk)
-	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk, BitmapRegion: 3 * chunk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	raid.StopBitmapCleaner(a)
-	if err := a.Fail(ms[1].Name()); err != nil {
-		t.Fatal(err)
-	}
+	a, ms := windowArray(t, "r")
 	ss := a.Layout().StripeSize()
 	want := bytes.Repeat([]byte{0xa5}, int(ss))
-	for s := int64(0); s < stripes; s += 600 { // 7 regions, 9 batches apart
+	for s := int64(0); s < readdStripes; s += 600 { // 7 regions, 9 batches apart
 		if _, err := a.WriteAt(want, s*ss); err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +159,7 @@ func TestReAddConcurrent(t *testing.T) {
 	if st.LastRebuild == nil || !st.LastRebuild.ReAdd || st.LastRebuild.Err != "" {
 		t.Fatalf("last rebuild %+v, want a finished re-add", st.LastRebuild)
 	}
-	if want := int64(7 * chunk); st.LastRebuild.Resynced != want { // 7 regions of a stripe
+	if want := 7 * ss / 3; st.LastRebuild.Resynced != want { // 7 regions of a stripe
 		t.Errorf("re-add resynced %d bytes, want %d", st.LastRebuild.Resynced, want)
 	}
 	if got := mt.max(); got < 4 {
@@ -179,3 +169,26 @@ func TestReAddConcurrent(t *testing.T) {
 		t.Errorf("stripes with wrong parity after the re-add: %v", bad[:min(len(bad), 10)])
 	}
 }
+
+// windowArray returns an array of 4096 stripes of 4 KiB chunks on 4 members (64 sync batches
+// of 64 stripes, a 64th of each member), with a write-intent region per stripe, its bitmap
+// cleaner stopped and member 1 failed: ready to be written degraded, then re-added. The array
+// is closed at the test's end.
+func windowArray(t *testing.T, prefix string) (*raid.Array, []*raidtest.Mem) {
+	t.Helper()
+	const chunk = 4 << 10
+	ms := newMems(prefix, 4, raid.DataOffset+readdStripes*chunk)
+	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk, BitmapRegion: 3 * chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	raid.StopBitmapCleaner(a)
+	if err := a.Fail(ms[1].Name()); err != nil {
+		t.Fatal(err)
+	}
+	return a, ms
+}
+
+// readdStripes is the stripes of windowArray's array.
+const readdStripes = 4096
