@@ -93,7 +93,7 @@ stress: ## the concurrency-heavy unit tests STRESS_COUNT times (30), then STRESS
 
 # package:target pairs for `make fuzz`
 FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock raid/internal/journal:FuzzJournalRecord \
-                cmd/raid5d/internal/loadgen:FuzzDecodeHeader
+                cmd/raid5d/internal/loadgen:FuzzDecodeHeader nbd/client:FuzzServerStream nbd/client:FuzzParseURI
 
 fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 	@set -e; for t in $(FUZZ_TARGETS); do \
