@@ -91,14 +91,19 @@ stress: ## the concurrency-heavy unit tests STRESS_COUNT times (30), then STRESS
 	$(GO) test -short -count=$(STRESS_COUNT) -timeout 60m -run '$(STRESS_RUN)' $(STRESS_PKGS)
 	$(GO) test -short -race -count=$(STRESS_RACE_COUNT) -timeout 60m -run '$(STRESS_RUN)' $(STRESS_PKGS)
 
-# package:target pairs for `make fuzz`
+# package:target pairs for `make fuzz`; package:target:COUNT runs that target for COUNT inputs
+# instead of TEST_FUZZTIME's under make test (a slow target: FuzzConfigFile runs the whole
+# command line twice per input, a few hundred a second).
 FUZZ_TARGETS := stripe:FuzzExtents nbd:FuzzRequestHeader nbd:FuzzHandshake raid:FuzzDecodeSuperblock raid/internal/journal:FuzzJournalRecord \
-                cmd/raid5d/internal/loadgen:FuzzDecodeHeader nbd/client:FuzzServerStream nbd/client:FuzzParseURI
+                cmd/raid5d/internal/loadgen:FuzzDecodeHeader nbd/client:FuzzServerStream nbd/client:FuzzParseURI \
+                cmd/raid5d:FuzzConfigFile:3000x
 
 fuzz: ## run each fuzz target for FUZZTIME (default 20s)
 	@set -e; for t in $(FUZZ_TARGETS); do \
-	  pkg=$${t%%:*}; fn=$${t##*:}; echo "== $$pkg $$fn"; \
-	  $(GO) test ./$$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME); \
+	  pkg=$${t%%:*}; fn=$${t#*:}; time=$(FUZZTIME); \
+	  case $$fn in *:*) [ "$(FUZZTIME)" = "$(TEST_FUZZTIME)" ] && time=$${fn#*:}; fn=$${fn%%:*};; esac; \
+	  echo "== $$pkg $$fn"; \
+	  $(GO) test ./$$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $$time; \
 	done
 
 bench-peers: ## raid5d vs nbdkit file/null, nbd-server and go-nbd's file backend: same fio jobs (test/fio/peers), one table
