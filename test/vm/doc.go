@@ -21,6 +21,11 @@
 // bound every wait), prints RAID5D-VM-EXIT=<status> on the serial console and powers off; the
 // harness reads the console from qemu's stdout and kills qemu after the run's timeout.
 //
+// Every nbd-client attach goes through lib.sh's nbd_connect, which waits for a receive worker
+// per connection and attaches again while the kernel's nbd driver has left one without (its
+// recv workqueue's rescuer runs them one after the other under load; lib.sh says more); each
+// retry prints a "vm: KERNEL:" line, which runVM logs even when the test passes.
+//
 // qemu runs with TCG (-accel tcg,thread=multi -cpu max): some hosts offer /dev/kvm but only
 // run specially built guest kernels. KVM is used only where a probe boot of the stock kernel
 // under it succeeds; the result is remembered per host and guest kernel in the cache.

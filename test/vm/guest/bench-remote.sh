@@ -4,10 +4,11 @@
 # nbd-client devices /dev/nbd0..3 attached to them, fio on /dev/md0; raid5d-nbd is raid5d with
 # the same four servers as nbd+unix:// members, attached through nbd-client on /dev/nbd4, fio
 # there. The -C2 configs give every kernel client two connections (md's members, raid5d's
-# attach) and raid5d --member-conns 2; they are not run by default: md-nbd-C2 stalls now and
-# then in the kernel client (README, "Through the kernel's nbd client, in a VM": a read of a
-# freshly attached two-connection device never completes while its server waits for requests). The jobs are lib.sh's WORKLOADS, as in
-# bench.sh; one RESULT line per round, config and job (lib.sh's bench_rounds).
+# attach) and raid5d --member-conns 2; they are not run by default (time). They used to stall
+# now and then in the kernel client, a freshly attached device left with a connection without
+# a receiver; lib.sh's nbd_connect now attaches such a device again (README, "Through the
+# kernel's nbd client, in a VM"). The jobs are lib.sh's WORKLOADS, as in bench.sh; one RESULT
+# line per round, config and job (lib.sh's bench_rounds).
 #
 # A device with requests in flight and none completed for STALL_SECS (60) gets lib.sh's
 # stall_report on the console (lines "vm: STALL:").
@@ -48,8 +49,7 @@ setup() {
 	case $1 in
 	md-nbd*)
 		for i in 0 1 2 3; do
-			nbd-client -u "$SRV/m$i.sock" /dev/nbd$i -b 4096 -t "$TIMEOUT" -C "$(conns "$1")" >/dev/null || die "nbd-client $i"
-			wait_for 30 "nbd$i to have a size" sh -c "[ \$(cat /sys/block/nbd$i/size) -gt 0 ]"
+			nbd_connect /dev/nbd$i -u "$SRV/m$i.sock" /dev/nbd$i -b 4096 -t "$TIMEOUT" -C "$(conns "$1")"
 		done
 		mdadm --create "$MD" --run --force --assume-clean --level=5 --raid-devices=4 --chunk=16 \
 			--metadata=1.2 /dev/nbd0 /dev/nbd1 /dev/nbd2 /dev/nbd3 >/tmp/mdadm.out 2>&1 ||

@@ -57,8 +57,7 @@ setup() {
 		[ "$1" != md+nbdkit-nc ] || cache=none
 		nbdkit --unix "$NBDKIT_SOCK" --pidfile /run/nbdkit.pid file file="$MD" cache=$cache || die "nbdkit"
 		wait_for 30 "nbdkit's socket" test -S "$NBDKIT_SOCK"
-		nbd-client -u "$NBDKIT_SOCK" "$NBD" -b 4096 >/dev/null || die "nbd-client to nbdkit"
-		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
+		nbd_connect "$NBD" -u "$NBDKIT_SOCK" "$NBD" -b 4096
 		DEV=$NBD
 		;;
 	raid5d | raid5d+msk | raid5d+nm | raid5d-pc | raid5d-nb | raid5d-r*)

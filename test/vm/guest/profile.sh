@@ -177,13 +177,12 @@ for spec in $SPECS; do
 			rm -f "$NBDKIT_SOCK"
 			nbdkit --unix "$NBDKIT_SOCK" --pidfile /run/nbdkit.pid file file="$MD" || die "nbdkit"
 			wait_for 30 "nbdkit's socket" test -S "$NBDKIT_SOCK"
-			nbd-client -u "$NBDKIT_SOCK" "$NBD" -b 4096 -C $conns >/dev/null || die "nbd-client -C $conns to nbdkit"
+			nbd_connect "$NBD" -u "$NBDKIT_SOCK" "$NBD" -b 4096 -C $conns
 		else
 			nbdkit --ipaddr 127.0.0.1 --port "$PORT" --pidfile /run/nbdkit.pid file file="$MD" || die "nbdkit"
 			wait_for 30 "nbdkit to listen on $PORT" sh -c "netstat -ltn | grep -q ':$PORT '"
-			nbd-client 127.0.0.1 "$PORT" "$NBD" -b 4096 -C $conns >/dev/null || die "nbd-client -C $conns to nbdkit"
+			nbd_connect "$NBD" 127.0.0.1 "$PORT" "$NBD" -b 4096 -C $conns
 		fi
-		wait_for 30 "$NBD to have a size" sh -c "[ \$(cat /sys/block/nbd0/size) -gt 0 ]"
 		queue
 		run md+nbdkit-$transport${clock:+-$clock} $conns "$(cat /run/nbdkit.pid)"
 		detach
