@@ -51,13 +51,13 @@ type PinnedWriter interface {
 
 // CachedWriter is implemented by devices that can take some short writes into memory of their
 // own without waiting for anything (raid5d: whole 4 KiB units of a partial stripe, into its
-// stripe cache). The server's reader offers it each WRITE without FUA whose payload had already
+// stripe cache, or in place into its members' page cache). The server's reader offers it each WRITE without FUA whose payload had already
 // arrived when its header was read, once the payload is in the request's buffer, and answers
 // what it takes itself, with the replies of the next requests if they have already arrived: no
 // hand-off to a worker, and fewer reply writes.
 //
-// WriteCached writes p at off and reports true if it can do so without waiting (no I/O, no
-// lock that another holds) and without error; the write is then complete in the WriteAt sense.
+// WriteCached writes p at off and reports true if it can do so without waiting (no I/O that
+// waits for a device, no lock that another holds) and without error; the write is then complete in the WriteAt sense.
 // With release nil, p is not kept after the call (WriteAt); with release non-nil (the export's
 // StablePages), the device may keep p as WritePinned does, under the same contract, and calls
 // release exactly once. Otherwise it reports false having done nothing (release is not called),

@@ -281,14 +281,17 @@ func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
 }
 
 // WriteCached (nbd.CachedWriter) is WriteAt (release nil) or WritePinned for a write it can do
-// without waiting: a write of whole 4 KiB units within one stripe, not all of it, into the
-// stripe cache (Cache.WriteCached: the stripe's lock free, a head for it at hand) of an array
+// without waiting: a write of whole 4 KiB units within one stripe, not all of it, of an array
 // already marked dirty, with no member failure being recorded and no lock of its own held by
-// someone else. It reports whether it wrote p; false: nothing was done, release is not called,
-// and the caller writes p with WriteAt or WritePinned, which report any error. With release
-// non-nil and StablePages, p is kept by reference as WritePinned keeps it, and release runs
-// once the last write-out that reads it has completed. A cached write touches no member (the
-// write-out does, later), so there is no failure for it to wait for (awaitRecord).
+// someone else: in place, as a placed read-modify-write (rmw.go: the stripe without dirty
+// units in the cache, mapped writes on; p is not kept and release runs before WriteCached
+// returns), or else into the stripe cache (Cache.WriteCached: the stripe's lock free, a head
+// for it at hand). It reports whether it wrote p; false: nothing was done, release is not
+// called, and the caller writes p with WriteAt or WritePinned, which report any error. With
+// release non-nil and StablePages, a cached p is kept by reference as WritePinned keeps it,
+// and release runs once the last write-out that reads it has completed. A cached write
+// touches no member (the write-out does, later), so there is no failure for it to wait for; a
+// placed one waits for the record of a failure its member writes ran into (awaitRecord).
 func (a *Array) WriteCached(p []byte, off int64, release func()) bool {
 	if a.cache == nil || len(p) == 0 || a.check(off, int64(len(p))) != nil || !a.dirty.Load() || a.records.n.Load() != 0 {
 		return false
@@ -297,7 +300,17 @@ func (a *Array) WriteCached(p []byte, off int64, release func()) bool {
 		return false
 	}
 	defer a.opMu.RUnlock()
-	if a.writable() != nil || !a.cache.WriteCached(p, off, a.stable, release) {
+	if a.writable() != nil {
+		return false
+	}
+	if a.wholeUnits(p, off) && a.rmwPlaced(p, off) { // placed in the members: rmw.go
+		if release != nil {
+			release()
+		}
+		a.clientOps.Add(1)
+		return true
+	}
+	if !a.cache.WriteCached(p, off, a.stable, release) {
 		return false
 	}
 	a.clientOps.Add(1)

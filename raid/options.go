@@ -105,6 +105,7 @@ type counters struct {
 	mappedRead             atomic.Uint64 // of memberRead, through ReadMapped
 	mappedWrit             atomic.Uint64 // of memberWrit, through the mappings (MappedWrites)
 	placed                 atomic.Uint64 // client bytes of complete placed writes
+	rmw                    atomic.Uint64 // placed read-modify-writes (rmw.go)
 }
 
 // Counters returns the array's cumulative I/O counters. It may be called concurrently with I/O.
@@ -118,7 +119,7 @@ func (a *Array) Counters() Counters {
 	}
 	if a.cache != nil {
 		cc := a.cache.Counters()
-		c.FullStripeWrites, c.RMWWrites, c.RCWWrites = cc.FullStripeWrites, cc.RMWWrites, cc.RCWWrites
+		c.FullStripeWrites, c.RMWWrites, c.RCWWrites = cc.FullStripeWrites, cc.RMWWrites+a.ctr.rmw.Load(), cc.RCWWrites
 		c.CopiedBytes = cc.CopiedBytes
 		c.CacheHits, c.CacheMisses, c.CacheEvictions = cc.Hits, cc.Misses, cc.Evictions
 		c.WriteThroughs = cc.WriteThroughs

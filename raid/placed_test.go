@@ -15,11 +15,18 @@ import (
 // member page is in memory: placement needs it) and returns it with its model.
 func placedArray(t *testing.T, opts raid.CreateOptions) (*raid.Array, []string, []byte) {
 	t.Helper()
+	opts.IOOptions.StablePages = true
+	opts.IOOptions.WriteBackDelay = time.Hour
+	return mappedArray(t, opts)
+}
+
+// mappedArray is placedArray with opts' stable pages and write-back delay.
+func mappedArray(t *testing.T, opts raid.CreateOptions) (*raid.Array, []string, []byte) {
+	t.Helper()
 	const chunk, stripes = 16 << 10, 32
 	paths := memberPaths(modeDir(t, ioMode{shm: true}), 4)
 	opts.Chunk, opts.MemberSize = chunk, raid.DataOffset+stripes*chunk
-	opts.IOOptions.MappedWrites, opts.IOOptions.StablePages = true, true
-	opts.IOOptions.WriteBackDelay = time.Hour
+	opts.IOOptions.MappedWrites = true
 	a, err := raid.Create(paths, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -51,6 +51,7 @@ type crashStatus struct {
 	} `json:"journal"`
 	Counters struct {
 		MemberBytesWritten int64 `json:"member_bytes_written"`
+		MappedBytesWritten int64 `json:"mapped_bytes_written"`
 	} `json:"counters"`
 }
 
@@ -140,6 +141,11 @@ type crashLoop struct {
 	// remote: the members are exports on hosts of their own in a lab (newNetArray), the
 	// daemon runs on the lab's raid5d host and bench on its client host.
 	remote bool
+	// bs: the block size of every round's bench, instead of the three taken in turn.
+	bs string
+	// mapped: the kill waits until the daemon has written some bytes through the members'
+	// mappings (with bs below a stripe: placed read-modify-writes).
+	mapped bool
 }
 
 // The soak (test/bench/crash-soak.sh) runs the crash loops longer through the environment:
@@ -201,6 +207,9 @@ func (c crashLoop) run(t *testing.T) {
 		// arrived: placed writes); all flush every 16 writes per job, two jobs on two
 		// connections.
 		bs := []string{"4K", "36K", fmt.Sprintf("%dK", stripeData>>10)}[i%3]
+		if c.bs != "" {
+			bs = c.bs
+		}
 		bench := startProcIn(t, client, raid5dBin, "bench", s.uri, "--rw", "randwrite", "--bs", bs,
 			"--iodepth", "8", "--jobs", "2", "--size", fmt.Sprint(crashBenchSize), "--time", "30s",
 			"--flush-every", "16", "--seed", fmt.Sprint(1000+i), "--verify-log", log)
@@ -220,6 +229,11 @@ func (c crashLoop) run(t *testing.T) {
 			}
 			return true
 		})
+		if c.mapped {
+			waitFor(t, "writes through the members' mappings", 20*time.Second, bench, func() bool {
+				return s.crashStatus().Counters.MappedBytesWritten > 0
+			})
+		}
 		time.Sleep(time.Duration(rng.IntN(600)) * time.Millisecond)
 		s.crash()
 		// bench must notice on its own: a SIGTERM would end its run politely (exit 0) if it
@@ -295,4 +309,17 @@ func TestCrashLoop(t *testing.T) {
 		t.Skip("kills raid5d")
 	}
 	crashLoop{rounds: 20, seed: 20261130}.run(t)
+}
+
+// TestCrashLoopRMW is TestCrashLoop under random 4 KiB writes only, each round killed once the
+// daemon is doing them as placed read-modify-writes (the data pwritten, the parity folded into
+// its member's mapping; raid/rmw.go): every write acknowledged after a flush survives, every
+// other block holds one of its writes or its old contents, the resync covers only the
+// regions written, and the scrub after the last round finds every stripe's parity right.
+func TestCrashLoopRMW(t *testing.T) {
+	needRaid5d(t)
+	if standin {
+		t.Skip("kills raid5d")
+	}
+	crashLoop{rounds: 8, seed: 20261202, bs: "4K", mapped: true}.run(t)
 }

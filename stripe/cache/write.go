@@ -365,6 +365,28 @@ func (c *Cache) Overwritten(s0, n int64) {
 	c.full.Add(uint64(n))
 }
 
+// DropClean forgets stripe s's head if it holds no dirty unit, and reports whether s now has
+// no head: true also when it had none, false when its head is dirty. The caller holds s's
+// lock and is about to write the stripe's members itself, data and parity (the array's placed
+// read-modify-writes), which a clean head's units would then no longer match.
+func (c *Cache) DropClean(s int64) bool {
+	if c.cap == 0 {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.heads[s]
+	if h == nil {
+		return true
+	}
+	if h.dirty || h.nDirty > 0 {
+		return false
+	}
+	h.reset()
+	c.unbindLocked(h)
+	return true
+}
+
 // forget empties h, a head whose stripe is being overwritten whole (its lock held).
 func (c *Cache) forget(h *head) {
 	wasDirty := h.nDirty > 0

@@ -158,21 +158,7 @@ func (b *Bitmap) setLocked(r int64, on bool) {
 // regions' bits are durable on the members (or the bitmap could not be written to enough of
 // them: then WritePages's error). Every Begin is paired with an End, error or not.
 func (b *Bitmap) Begin(s0, n int64) error {
-	r0, r1 := s0/b.regionStripes, (s0+n-1)/b.regionStripes
-	now := time.Now().UnixNano()
-	need := uint64(0)
-	b.mu.Lock()
-	for r := r0; r <= r1; r++ {
-		b.inflight[r]++
-		b.writes[r]++
-		b.last[r] = now
-		if !b.isSet(r) {
-			b.setLocked(r, true)
-			b.setSeq[r] = b.seq
-		}
-		need = max(need, b.setSeq[r])
-	}
-	b.mu.Unlock()
+	need := b.mark(s0, n)
 	if b.durable.Load() >= need { // the common case: the bit has long been on disk
 		return nil
 	}
@@ -183,6 +169,37 @@ func (b *Bitmap) Begin(s0, n int64) error {
 		return nil
 	}
 	return b.flushLocked()
+}
+
+// TryBegin is Begin for a caller that must not wait: it reports true, and the caller must call
+// End, when the regions' bits are durable already; else it reports false, having ended the
+// declaration itself (the bits stay set, to be written by the next flush).
+func (b *Bitmap) TryBegin(s0, n int64) bool {
+	if b.durable.Load() >= b.mark(s0, n) {
+		return true
+	}
+	b.End(s0, n)
+	return false
+}
+
+// mark declares a write to stripes [s0, s0+n) in memory, setting their regions' bits, and
+// returns the flush sequence number that makes them durable.
+func (b *Bitmap) mark(s0, n int64) (need uint64) {
+	r0, r1 := s0/b.regionStripes, (s0+n-1)/b.regionStripes
+	now := time.Now().UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for r := r0; r <= r1; r++ {
+		b.inflight[r]++
+		b.writes[r]++
+		b.last[r] = now
+		if !b.isSet(r) {
+			b.setLocked(r, true)
+			b.setSeq[r] = b.seq
+		}
+		need = max(need, b.setSeq[r])
+	}
+	return need
 }
 
 // End declares the writes of the matching Begin completed.

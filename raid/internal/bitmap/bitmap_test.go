@@ -157,6 +157,39 @@ func TestBeginDurable(t *testing.T) {
 	}
 }
 
+// TestTryBegin: TryBegin admits a write only to regions whose bits are durable already, writing
+// nothing itself; a refused one leaves its bit set in memory (and nothing in flight), and the
+// next Begin's flush writes it.
+func TestTryBegin(t *testing.T) {
+	f := newFake(3, 4096)
+	b := New(f, 64, 4, nil) // 16 regions of 4 stripes
+	if b.TryBegin(5, 1) {
+		t.Fatal("TryBegin admitted a write to a region whose bit is not on disk")
+	}
+	if fl, _, _ := f.counts(); fl != 0 || f.onDisk(0, 1) {
+		t.Fatalf("TryBegin wrote the bitmap (%d flushes)", fl)
+	}
+	if st := b.Status(); st.Set != 1 {
+		t.Fatalf("status %+v after a refused TryBegin: want region 1 set", st)
+	}
+	if err := b.Begin(9, 1); err != nil { // region 2; the flush takes region 1 along
+		t.Fatal(err)
+	}
+	b.End(9, 1)
+	for _, s := range []int64{5, 9} {
+		if !b.TryBegin(s, 1) {
+			t.Fatalf("TryBegin(%d) refused with its region's bit durable", s)
+		}
+		b.End(s, 1)
+	}
+	if !f.onDisk(0, 1) || !f.onDisk(2, 2) {
+		t.Fatal("the regions' bits are not on disk")
+	}
+	if fl, _, _ := f.counts(); fl != 1 {
+		t.Fatalf("%d flushes, want 1", fl)
+	}
+}
+
 // TestGroupCommit: writers that set bits while a flush is under way share the next one.
 func TestGroupCommit(t *testing.T) {
 	f := newFake(2, 4096)
