@@ -288,28 +288,31 @@ var errStop = errors.New("stop")
 // readdWindow resyncs onto sp, for role, the stripes of [s0, s0+k) whose write-intent bits
 // are set, and marks every stripe of the window rebuilt ahead of the rebuild position
 // (roleTable.setAhead) as it goes, so the caller can move the position past the window
-// without its locks. The window is cut in pieces of at most a batch, the runs of regions set
-// now and the clean stretches between them, which up to readdWindow goroutines take in order,
-// each under its own stripes' locks (readdPiece): the first into bufs, the others into
-// buffers of extra, which it grows as needed (each like bufs) and returns. It returns the
-// stripes resynced, and the error of the lowest piece that failed.
+// without its locks. The window is cut in pieces of at most a batch: the runs of regions set
+// now, which up to readdWindow goroutines resync at once into buffers of extra (grown as
+// needed, each like bufs, and returned), and the clean stretches between them, which the
+// caller checks meanwhile (into bufs, should a region have been written since), each piece
+// under its own stripes' locks (readdPiece). The clean pieces are not the goroutines': a
+// clean piece 1024 stripes from one being resynced shares its locks and waits for it, and
+// with them in the same queue every goroutine ended up waiting so, the resyncs one after
+// another. It returns the stripes resynced, and the errors of the pieces that failed.
 func (a *Array) readdWindow(sp *member, role int, s0, k, batch int64, bufs [][]byte, extra [][][]byte) (int64, [][][]byte, error) {
-	var pieces [][2]int64
-	cut := func(s, n int64) {
+	var set, clean [][2]int64
+	cut := func(to *[][2]int64, s, n int64) {
 		for ; n > 0; s, n = s+batch, n-batch {
-			pieces = append(pieces, [2]int64{s, min(n, batch)})
+			*to = append(*to, [2]int64{s, min(n, batch)})
 		}
 	}
 	at := s0
 	a.readdRuns(s0, k, func(s, n int64) error {
-		cut(at, s-at)
-		cut(s, n)
+		cut(&clean, at, s-at)
+		cut(&set, s, n)
 		at = s + n
 		return nil
 	})
-	cut(at, s0+k-at)
-	workers := min(len(pieces), readdWindow)
-	for len(extra) < workers-1 {
+	cut(&clean, at, s0+k-at)
+	workers := min(len(set), readdWindow)
+	for len(extra) < workers {
 		b := make([][]byte, len(bufs))
 		for i := range b {
 			b[i] = aligned.Make(len(bufs[i])) // members read into it: aligned for direct I/O
@@ -318,37 +321,41 @@ func (a *Array) readdWindow(sp *member, role int, s0, k, batch int64, bufs [][]b
 	}
 	ahead := newStripeSet(s0, k)
 	a.roles.setAhead(ahead)
-	errs := make([]error, len(pieces))
+	errs := make([]error, workers+1)
 	var next, moved atomic.Int64
 	var failed atomic.Bool
+	do := func(pc [2]int64, b [][]byte) error {
+		n, err := a.readdPiece(sp, role, pc[0], pc[1], b, ahead)
+		moved.Add(n)
+		if err != nil {
+			failed.Store(true)
+		}
+		return err
+	}
 	var wg sync.WaitGroup
 	for w := range workers {
-		b := bufs
-		if w > 0 {
-			b = extra[w-1]
-		}
 		wg.Go(func() {
 			for !failed.Load() {
 				i := next.Add(1) - 1
-				if i >= int64(len(pieces)) {
+				if i >= int64(len(set)) {
 					return
 				}
-				n, err := a.readdPiece(sp, role, pieces[i][0], pieces[i][1], b, ahead)
-				moved.Add(n)
-				if err != nil {
-					errs[i] = err
-					failed.Store(true)
+				if errs[w] = do(set[i], extra[w]); errs[w] != nil {
+					return
 				}
 			}
 		})
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return moved.Load(), extra, err
+	for _, pc := range clean {
+		if failed.Load() {
+			break
+		}
+		if errs[workers] = do(pc, bufs); errs[workers] != nil {
+			break
 		}
 	}
-	return moved.Load(), extra, nil
+	wg.Wait()
+	return moved.Load(), extra, errors.Join(errs...)
 }
 
 // readdPiece resyncs onto sp the stripes of [s, s+n) (n at most a batch, the length of each of

@@ -133,40 +133,56 @@ func TestWaitingMembersConcurrent(t *testing.T) {
 // TestReAddConcurrent: a re-add resyncs several of the bitmap's regions at once, also when
 // they lie batches apart (each is a read of the survivors and a write of the member: round
 // trips on a remote member), only those, and the stripes' parity matches their data after it.
+// In "aliased", the clean stretches between the first four regions and the last two hold
+// three pieces that share stripe locks with the first four (1024 stripes on) and so wait
+// for their resyncs: the last two are resynced together with the first four all the same
+// (when clean pieces took the same goroutines as the resyncs, three waited so and the sixth
+// region waited for the first four: at most 5 in flight).
 func TestReAddConcurrent(t *testing.T) {
-	a, ms := windowArray(t, "r")
-	ss := a.Layout().StripeSize()
-	want := bytes.Repeat([]byte{0xa5}, int(ss))
-	for s := int64(0); s < readdStripes; s += 600 { // 7 regions, 9 batches apart
-		if _, err := a.WriteAt(want, s*ss); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := a.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Remove(ms[1].Name()); err != nil { // then re-added as a fresh open would
-		t.Fatal(err)
-	}
-	mt := newMeter(4, 2*time.Second)
-	if err := a.ReAddMember(&metered{Member: ms[1], mt: mt}); err != nil {
-		t.Fatal(err)
-	}
-	st := waitStatus(t, a, "the re-added member active", func(st raid.Status) bool {
-		s, _ := memberState(st, ms[1].Name())
-		return s == raid.MemberActive && st.Sync == nil
-	})
-	if st.LastRebuild == nil || !st.LastRebuild.ReAdd || st.LastRebuild.Err != "" {
-		t.Fatalf("last rebuild %+v, want a finished re-add", st.LastRebuild)
-	}
-	if want := 7 * ss / 3; st.LastRebuild.Resynced != want { // 7 regions of a stripe
-		t.Errorf("re-add resynced %d bytes, want %d", st.LastRebuild.Resynced, want)
-	}
-	if got := mt.max(); got < 4 {
-		t.Errorf("at most %d writes of the re-added member in flight together, want 4", got)
-	}
-	if bad := badStripes(ms, a.Layout()); len(bad) > 0 {
-		t.Errorf("stripes with wrong parity after the re-add: %v", bad[:min(len(bad), 10)])
+	for _, tc := range []struct {
+		name    string
+		regions []int64 // the stripes written while the member was away, a region each
+		want    int     // the re-added member's writes in flight together
+	}{
+		{"apart", []int64{0, 600, 1200, 1800, 2400, 3000, 3600}, 4}, // 9 batches apart
+		{"aliased", []int64{0, 2, 4, 6, 3500, 3502}, 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, ms := windowArray(t, "r")
+			ss := a.Layout().StripeSize()
+			want := bytes.Repeat([]byte{0xa5}, int(ss))
+			for _, s := range tc.regions {
+				if _, err := a.WriteAt(want, s*ss); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := a.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Remove(ms[1].Name()); err != nil { // then re-added as a fresh open would
+				t.Fatal(err)
+			}
+			mt := newMeter(tc.want, 2*time.Second)
+			if err := a.ReAddMember(&metered{Member: ms[1], mt: mt}); err != nil {
+				t.Fatal(err)
+			}
+			st := waitStatus(t, a, "the re-added member active", func(st raid.Status) bool {
+				s, _ := memberState(st, ms[1].Name())
+				return s == raid.MemberActive && st.Sync == nil
+			})
+			if st.LastRebuild == nil || !st.LastRebuild.ReAdd || st.LastRebuild.Err != "" {
+				t.Fatalf("last rebuild %+v, want a finished re-add", st.LastRebuild)
+			}
+			if want := int64(len(tc.regions)) * ss / 3; st.LastRebuild.Resynced != want { // regions of a stripe
+				t.Errorf("re-add resynced %d bytes, want %d", st.LastRebuild.Resynced, want)
+			}
+			if got := mt.max(); got < tc.want {
+				t.Errorf("at most %d writes of the re-added member in flight together, want %d", got, tc.want)
+			}
+			if bad := badStripes(ms, a.Layout()); len(bad) > 0 {
+				t.Errorf("stripes with wrong parity after the re-add: %v", bad[:min(len(bad), 10)])
+			}
+		})
 	}
 }
 
