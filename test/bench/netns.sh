@@ -18,7 +18,10 @@
 # --bitmap-region 64M: at MEMBER 128M the default region is one stripe), RAID5D_B (a second
 # binary, e.g. one built from the commit before a change: every configuration runs with it
 # too, on members of its own, taking turns with the first, and a third table gives RAID5D /
-# RAID5D_B), JOBS (the jobs to run, of seqwrite-1M seqread-1M randread-4k randwrite-4k; all).
+# RAID5D_B), JOBS (the jobs to run, of seqwrite-1M seqread-1M randread-4k randwrite-4k; all),
+# PROFILE (a directory: each job's run is profiled with perf, on the daemon and, apart, on its
+# member servers: `perf record -e cpu-clock -g` into CONFIG-JOB-{raid5d,members}.data, and
+# perf stat's CPU time, system calls and context switches per MiB moved, in PROFILE/stat).
 # Bounded: every fio runs RUNTIME seconds under
 # a timeout; at the end every process in the lab's namespaces is killed by PID and the
 # namespaces (and so their veths) are deleted by name.
@@ -30,6 +33,7 @@ MEMBER=${MEMBER:-128M}
 DELAY=${DELAY:-5ms}
 CONNS=${CONNS:-4}
 DIR=${DIR:-/dev/shm/raid5d-netns}
+[[ -n ${PROFILE:-} ]] && { command -v perf >/dev/null || { echo "need perf for PROFILE"; exit 1; }; mkdir -p "$PROFILE"; }
 for t in ip nbdkit fio python3; do command -v $t >/dev/null || { echo "need $t (make deps)"; exit 1; }; done
 if [[ -z ${RAID5D:-} ]]; then
   go build -o bin/raid5d ./cmd/raid5d
@@ -73,7 +77,6 @@ host() { # host NAME K: namespace $id-NAME, linked to the hub on $net.K.0/24 (hu
   ip -n "$hub" link set "v$$h$2" up
   ip -n "$id-$1" link set "v$$u$2" up
 }
-on() { local ns=$1; shift; ip netns exec "$id-$ns" "$@"; } # on HOST CMD...
 up() { # up HOST PORT: wait until something on HOST (as seen from the hub) accepts on PORT
   for _ in $(seq 200); do
     ip netns exec "$hub" bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null && return 0
@@ -85,18 +88,23 @@ up() { # up HOST PORT: wait until something on HOST (as seen from the hub) accep
 host client 5
 for k in 0 1 2 3; do host "m$k" $((k + 1)); done
 declare -A port # configuration -> the port its daemon listens on
+declare -A dpid mpids # configuration -> its daemon's PID, its member servers' PIDs (a,b,c,d)
 for i in "${!bins[@]}"; do
   b=${sfx[$i]}
   remote=() delayed=() conns=()
+  mpids[remote${sfx[$i]}]="" mpids[delayed${sfx[$i]}]="" mpids[conns${sfx[$i]}]=""
   for k in 0 1 2 3; do
     p=$((10809 + 3 * i))
     truncate -s "$MEMBER" "$DIR/m$k$b.img" "$DIR/d$k$b.img" "$DIR/e$k$b.img"
-    on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port $p file file="$DIR/m$k$b.img" 2>>"$DIR/nbdkit.log" &
+    ip netns exec "$id-m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port $p file file="$DIR/m$k$b.img" 2>>"$DIR/nbdkit.log" &
     pids+=($!)
-    for d in d:$((p + 1)) e:$((p + 2)); do
-      on "m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port "${d#*:}" --filter=delay \
-        file file="$DIR/${d%%:*}$k$b.img" delay-read="$DELAY" delay-write="$DELAY" 2>>"$DIR/nbdkit.log" &
+    mpids[remote$b]+="${mpids[remote$b]:+,}$!"
+    for d in d:$((p + 1)):delayed e:$((p + 2)):conns; do
+      IFS=: read -r f q c <<<"$d"
+      ip netns exec "$id-m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port "$q" --filter=delay \
+        file file="$DIR/$f$k$b.img" delay-read="$DELAY" delay-write="$DELAY" 2>>"$DIR/nbdkit.log" &
       pids+=($!)
+      mpids[$c$b]+="${mpids[$c$b]:+,}$!"
     done
     remote+=("nbd://$net.$((k + 1)).2:$p/m$k$b")
     delayed+=("nbd://$net.$((k + 1)).2:$((p + 1))/d$k$b")
@@ -114,6 +122,7 @@ for i in "${!bins[@]}"; do
     ip netns exec "$hub" "${bins[$i]}" serve --listen "$net.5.1:$lp" --control "$DIR/$c.ctl" --log-level error \
       ${RAID5D_FLAGS:-} "$@" &
     daemons+=($!)
+    dpid[$c]=$!
     port[$c]=$lp
     up "$net.5.1" "$lp"
   }
@@ -126,17 +135,44 @@ done
 results=$DIR/results
 : >"$results"
 run() { # run CONFIG URI JOB RW BS
-  local out=$DIR/fio.json
+  local out=$DIR/fio.json prof=()
+  if [[ -n ${PROFILE:-} ]]; then # perf on the daemon and on its members, for the job's length
+    local who=("raid5d:${dpid[$1]}") ev=cpu-clock,raw_syscalls:sys_enter,context-switches
+    [[ -n ${mpids[$1]:-} ]] && who+=("members:${mpids[$1]}")
+    for w in "${who[@]}"; do
+      timeout -s INT $((RUNTIME + 60)) perf record -q -e cpu-clock -g -o "$PROFILE/$1-$3-${w%%:*}.data" -p "${w#*:}" 2>/dev/null &
+      prof+=($!)
+      timeout -s INT $((RUNTIME + 60)) perf stat -x, -e $ev -o "$PROFILE/$1-$3-${w%%:*}.stat" -p "${w#*:}" &
+      prof+=($!)
+    done
+  fi
   NBD_URI=$2 RW=$4 BS=$5 timeout $((RUNTIME + 60)) ip netns exec "$id-client" \
     fio --output-format=json --output="$out" "$JOBFILE" >/dev/null
-  python3 - "$out" "$1" "$3" >>"$results" <<'PY'
-import json, sys
-out, config, job = sys.argv[1:]
+  for p in "${prof[@]}"; do kill -INT "$p" 2>/dev/null; done
+  for p in "${prof[@]}"; do wait "$p" 2>/dev/null || true; done
+  python3 - "$out" "$1" "$3" "${PROFILE:-}" >>"$results" <<'PY'
+import json, os, sys
+out, config, job, prof = sys.argv[1:]
 with open(out) as f:
     text = f.read()
 j = json.loads(text[text.index("{"):])["jobs"][0]
 d = j["read"] if j["read"]["io_bytes"] > 0 else j["write"]
 print(config, job, d["bw_bytes"], d["iops"])
+if prof:
+    mib = d["io_bytes"] / 2**20
+    with open(os.path.join(prof, "stat"), "a") as st:
+        for w in ("raid5d", "members"):
+            path = os.path.join(prof, "%s-%s-%s.stat" % (config, job, w))
+            if not os.path.exists(path):
+                continue
+            v = {}
+            for line in open(path):
+                f = line.strip().split(",")
+                if len(f) > 2 and f[0] and f[0][0].isdigit():
+                    v[f[2]] = float(f[0])
+            st.write("%s %s %s: %.0f MiB, cpu %.0f us/MiB, syscalls %.1f/MiB, context switches %.1f/MiB\n" % (
+                config, job, w, mib, v.get("cpu-clock", 0) * 1e3 / mib,
+                v.get("raw_syscalls:sys_enter", 0) / mib, v.get("context-switches", 0) / mib))
 PY
 }
 jobs=()
