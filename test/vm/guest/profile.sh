@@ -17,7 +17,8 @@
 # order: SERVER:TRANSPORT:CONNS[:CLOCKSOURCE]; SERVER raid5d, raid5d-nb (--consistency none: no
 # bitmap, as md here) or nbdkit; TRANSPORT tcp or unix; CONNS nbd-client's -C; CLOCKSOURCE
 # switches the kernel's clock first, e.g. tsc where RAID5D_VM_APPEND="tsc=reliable" made it one),
-# JOBS (the workloads' names, of randread-4k randwrite-4k seqwrite-48k), SERVE_FLAGS (more flags
+# JOBS (the workloads' names, of randread-4k randwrite-4k seqwrite-48k seqwrite-1M; the first
+# three by default), SERVE_FLAGS (more flags
 # for raid5d serve, e.g. --write-back-delay 50ms), QUEUE (ATTR=VALUE settings of $NBD's queue
 # after attach, e.g. nomerges=2 max_sectors_kb=1024), TRACE (1: the request trace above).
 
@@ -32,7 +33,7 @@ HZ=100 # USER_HZ: /proc/PID/stat's clock ticks
 
 # NAME:RW:BS:IODEPTH, as lib.sh's WORKLOADS
 WORKLOADS=""
-for w in randread-4k:randread:4k:32 randwrite-4k:randwrite:4k:32 seqwrite-48k:write:48k:16; do
+for w in randread-4k:randread:4k:32 randwrite-4k:randwrite:4k:32 seqwrite-48k:write:48k:16 seqwrite-1M:write:1M:16; do
 	case " ${JOBS:-randread-4k randwrite-4k seqwrite-48k} " in *" ${w%%:*} "*) WORKLOADS="$WORKLOADS $w" ;; esac
 done
 TRACING=/sys/kernel/tracing
