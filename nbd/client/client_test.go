@@ -379,28 +379,7 @@ func TestBrokenConnection(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cc := fakeServer(t, func(nc net.Conn) {
-				g := binary.BigEndian.AppendUint64(nil, 0x4e42444d41474943)
-				g = binary.BigEndian.AppendUint64(g, 0x49484156454f5054)
-				nc.Write(binary.BigEndian.AppendUint16(g, 3))
-				readN(nc, 4)
-				h := readN(nc, 16)
-				readN(nc, int(binary.BigEndian.Uint32(h[12:16])))
-				var out []byte
-				for _, d := range [][]byte{
-					{0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, byte(client.FlagHasFlags | client.FlagSendFlush)},
-					nil,
-				} {
-					typ := uint32(1)
-					if d != nil {
-						typ = 3
-					}
-					out = binary.BigEndian.AppendUint64(out, 0x3e889045565a9)
-					out = binary.BigEndian.AppendUint32(out, 7)
-					out = binary.BigEndian.AppendUint32(out, typ)
-					out = binary.BigEndian.AppendUint32(out, uint32(len(d)))
-					out = append(out, d...)
-				}
-				nc.Write(out)
+				goHandshake(nc, 4096, client.FlagHasFlags|client.FlagSendFlush)
 				tc.reply(nc, readN(nc, 28))
 			})
 			c, err := client.NewConn(context.Background(), cc, "", client.Options{})

@@ -98,31 +98,15 @@ func socketPair(t *testing.T) (client net.Conn, server *net.UnixConn) {
 // flush, FUA, block sizes), then simple replies for the first three cookies the client uses
 // (slot indexes 0-2, first use), the READ's with 4 KiB of payload.
 func seedStream(noZeroesGreeting bool) []byte {
-	g := binary.BigEndian.AppendUint64(nil, 0x4e42444d41474943)
-	g = binary.BigEndian.AppendUint64(g, 0x49484156454f5054)
 	hf := uint16(1)
 	if noZeroesGreeting {
 		hf = 3
 	}
-	g = binary.BigEndian.AppendUint16(g, hf)
-	info := binary.BigEndian.AppendUint16(nil, 0)
-	info = binary.BigEndian.AppendUint64(info, 1<<20)
-	info = binary.BigEndian.AppendUint16(info, client.FlagHasFlags|client.FlagSendFlush|client.FlagSendFUA)
-	bs := binary.BigEndian.AppendUint16(nil, 3)
+	bs := binary.BigEndian.AppendUint16(nil, 3) // NBD_INFO_BLOCK_SIZE
 	bs = binary.BigEndian.AppendUint32(bs, 512)
 	bs = binary.BigEndian.AppendUint32(bs, 4096)
 	bs = binary.BigEndian.AppendUint32(bs, 1<<25)
-	for _, d := range [][]byte{info, bs, nil} {
-		typ := uint32(1)
-		if d != nil {
-			typ = 3
-		}
-		g = binary.BigEndian.AppendUint64(g, 0x3e889045565a9)
-		g = binary.BigEndian.AppendUint32(g, 7)
-		g = binary.BigEndian.AppendUint32(g, typ)
-		g = binary.BigEndian.AppendUint32(g, uint32(len(d)))
-		g = append(g, d...)
-	}
+	g := append(greeting(hf), goReply(infoExport(1<<20, client.FlagHasFlags|client.FlagSendFlush|client.FlagSendFUA), bs)...)
 	for idx := range uint64(3) {
 		g = binary.BigEndian.AppendUint32(g, 0x67446698)
 		g = binary.BigEndian.AppendUint32(g, 0)
@@ -137,10 +121,7 @@ func seedStream(noZeroesGreeting bool) []byte {
 // seedExportName is a server stream for NBD_OPT_EXPORT_NAME: a greeting that is not fixed
 // newstyle, the export's size and flags with the 124 zero bytes, then a READ's reply.
 func seedExportName() []byte {
-	g := binary.BigEndian.AppendUint64(nil, 0x4e42444d41474943)
-	g = binary.BigEndian.AppendUint64(g, 0x49484156454f5054)
-	g = binary.BigEndian.AppendUint16(g, 0)
-	g = binary.BigEndian.AppendUint64(g, 1<<16)
+	g := binary.BigEndian.AppendUint64(greeting(0), 1<<16)
 	g = binary.BigEndian.AppendUint16(g, client.FlagHasFlags)
 	g = append(g, make([]byte, 124)...)
 	g = binary.BigEndian.AppendUint32(g, 0x67446698)

@@ -15,17 +15,31 @@ import (
 // goHandshake plays a fixed-newstyle server's side of the handshake on nc: the greeting, then
 // NBD_OPT_GO answered with NBD_INFO_EXPORT (size, flags) and an acknowledgement.
 func goHandshake(nc net.Conn, size uint64, flags uint16) {
-	g := binary.BigEndian.AppendUint64(nil, 0x4e42444d41474943)
-	g = binary.BigEndian.AppendUint64(g, 0x49484156454f5054)
-	nc.Write(binary.BigEndian.AppendUint16(g, 3))
+	nc.Write(greeting(3))
 	readN(nc, 4)
 	h := readN(nc, 16)
 	readN(nc, int(binary.BigEndian.Uint32(h[12:16])))
-	info := binary.BigEndian.AppendUint16(nil, 0) // NBD_INFO_EXPORT
-	info = binary.BigEndian.AppendUint64(info, size)
-	info = binary.BigEndian.AppendUint16(info, flags)
+	nc.Write(goReply(infoExport(size, flags)))
+}
+
+// greeting is a newstyle server's greeting with handshake flags hflags.
+func greeting(hflags uint16) []byte {
+	g := binary.BigEndian.AppendUint64(nil, 0x4e42444d41474943)
+	g = binary.BigEndian.AppendUint64(g, 0x49484156454f5054)
+	return binary.BigEndian.AppendUint16(g, hflags)
+}
+
+// infoExport is the data of an NBD_INFO_EXPORT reply.
+func infoExport(size uint64, flags uint16) []byte {
+	d := binary.BigEndian.AppendUint16(nil, 0)
+	d = binary.BigEndian.AppendUint64(d, size)
+	return binary.BigEndian.AppendUint16(d, flags)
+}
+
+// goReply is the answer to NBD_OPT_GO: an NBD_REP_INFO with each of infos, then NBD_REP_ACK.
+func goReply(infos ...[]byte) []byte {
 	var out []byte
-	for _, d := range [][]byte{info, nil} {
+	for _, d := range append(infos, nil) {
 		typ := uint32(1) // NBD_REP_ACK
 		if d != nil {
 			typ = 3 // NBD_REP_INFO
@@ -36,7 +50,7 @@ func goHandshake(nc net.Conn, size uint64, flags uint16) {
 		out = binary.BigEndian.AppendUint32(out, uint32(len(d)))
 		out = append(out, d...)
 	}
-	nc.Write(out)
+	return out
 }
 
 // simpleReply is a simple reply to the request header req, with errno and payload.
