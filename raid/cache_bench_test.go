@@ -260,16 +260,18 @@ func BenchmarkFiles(b *testing.B) {
 // first) with stable pages and mapped reads, as raid5d serve sets them. through: the cache has no
 // heads, so each write's read-modify-write runs in the caller (a write-out's cost alone);
 // cached: writes land in the cache and its goroutines write them out (flushed at the end,
-// timed). cpu-ns/op is the whole process's CPU time per write. (BenchmarkRandWrite4K measures
-// the write-intent bitmap's cost.)
+// timed); placed: with mapped writes, through WriteCached as the NBD server's reader calls it
+// (placed read-modify-writes, rmw.go; what it declines, WriteAt). cpu-ns/op is the whole
+// process's CPU time per write. (BenchmarkRandWrite4K measures the write-intent bitmap's cost.)
 func BenchmarkServedRandWrite4K(b *testing.B) {
 	for _, m := range []struct {
-		name  string
-		cache int
-	}{{"through", -1}, {"cached", 0}} {
+		name   string
+		cache  int
+		placed bool
+	}{{"through", -1, false}, {"cached", 0, false}, {"placed", 0, true}} {
 		b.Run(m.name, func(b *testing.B) {
 			a, err := raid.Create(memberPaths(shmDir(b), 4), raid.CreateOptions{Chunk: 16 << 10, MemberSize: raid.DataOffset + 64<<20,
-				IOOptions: raid.IOOptions{StripeCache: m.cache, StablePages: true, MappedReads: true}})
+				IOOptions: raid.IOOptions{StripeCache: m.cache, StablePages: true, MappedReads: true, MappedWrites: m.placed}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -279,7 +281,12 @@ func BenchmarkServedRandWrite4K(b *testing.B) {
 			b.ReportAllocs()
 			cpu0, i := cpuTime(b), 0
 			for b.Loop() {
-				if _, err := a.WriteAt(p, rng.Int64N(n)*int64(len(p))); err != nil {
+				off := rng.Int64N(n) * int64(len(p))
+				if m.placed && a.WriteCached(p, off, func() {}) {
+					i++
+					continue
+				}
+				if _, err := a.WriteAt(p, off); err != nil {
 					b.Fatal(err)
 				}
 				i++

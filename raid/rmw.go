@@ -8,18 +8,20 @@ import (
 )
 
 // Placed read-modify-writes (WriteCached, IOOptions.MappedWrites): a short write of whole
-// 4 KiB units of one stripe that has no cache head is done in place, in the caller's
-// goroutine, instead of being copied into a head and written out later: the old data is
-// copied out of the data member's mapping, the new data is written to the data member with
-// pwrite, and old ^ new is folded into the parity member's mapping. One pwrite and one
-// store into memory per write, where the cache's write-out does two pwrites (data and
-// parity) after copying the old data and parity out of the mappings, on another goroutine.
+// 4 KiB units of one stripe that has no dirty units in the cache is done in place, in the
+// caller's goroutine, instead of being copied into a cache head and written out later: old ^
+// new is folded into the parity member's mapping, the old data read from the data member's
+// mapping, and the new data is written to the data member with pwrite. One pwrite and one
+// pass over memory per write, where the cache's write-out does two pwrites (data and parity)
+// after copying the old data and parity out of the mappings, on another goroutine.
 //
 // The crash contract holds as for placed writes (placed.go): only the kernel copies data into
 // a member (pwrite, which copies page by page, so a 4 KiB unit lands whole or not at all);
 // the one store in user space is the parity's, which the write-intent bitmap covers (its
 // region is dirty on disk before the first member write, TryBegin, so a resync after a crash
-// recomputes the parity from the data).
+// recomputes the parity from the data). The parity is folded first, in one pass that reads
+// the old data from the data member's mapping (where a separate copy of it first cost as much
+// as the fold: both wait for memory), then the data is written.
 //
 // What keeps it correct:
 //   - It runs under the stripe's lock (TryLock: it never waits for it) and only for a stripe
@@ -32,15 +34,16 @@ import (
 //     rebuilt) that are mapped files whose ranges are wholly in memory, the stripe's parity is
 //     trusted (not waiting for a resync: needsRCW), the array is not journaled, and mapped
 //     writes are on.
+//   - The parity store enters the parity role's write gate (nothing is stored into a member
+//     of a failed array) and leaves it before the data is written (a failing data write
+//     records the failure, which may drain the gate: it must not wait for us). A fault while
+//     folding, or a file found afterwards not to cover its range any more (the data member's:
+//     InFile, the parity member's: Covers), sends the write to the caller's ordinary path,
+//     after the stripe's parity has been rewritten from the members (which still hold the old
+//     data) through pread and pwrite, which meet the truncation as errors.
 //   - The data goes through memberIO, as a write-out's does: the write gate, the hung-member
 //     watchdog's count, the size guard of member files, and a failure fails the member (the
 //     stripe then holds the new data in its parity, as a write-out's skipped write does).
-//   - The parity store enters the parity role's write gate (nothing is stored into a member
-//     of a failed array) after the data writes have returned (a failing data write records
-//     the failure, which may drain the gate: it must not wait for us). A fault while storing,
-//     or a parity file that no longer covers the range afterwards (Covers), is repaired as a
-//     placed write's is: the stripe's parity is rewritten from the members through pread and
-//     pwrite, which meet the truncation as errors.
 //   - Concurrent mapped reads (ReadMapped) of the data may see old bytes, new bytes or a mix:
 //     they are concurrent with the write, for which NBD promises nothing. Degraded reads,
 //     which use parity, take the stripe lock.
@@ -51,9 +54,12 @@ import (
 // rmwState is one placed read-modify-write's scratch, pooled.
 type rmwState struct {
 	exts []stripe.Extent
-	old  []byte                     // the old data of the write's extents, back to back
-	par  [stripe.MaxMembers][]byte  // by extent: the parity mapping it folds into
-	mem  [stripe.MaxMembers]*member // by extent: the data member
+	// By extent: the data member's mapping of it (the old data), the parity member's (where
+	// old ^ new is folded in), and the data member, also as a mapper.
+	old [stripe.MaxMembers][]byte
+	par [stripe.MaxMembers][]byte
+	mem [stripe.MaxMembers]*member
+	dm  [stripe.MaxMembers]mapper
 }
 
 var rmwStates = sync.Pool{New: func() any { return new(rmwState) }}
@@ -98,18 +104,16 @@ func (a *Array) rmwLocked(p []byte, off int64) bool {
 	}
 	st := rmwStates.Get().(*rmwState)
 	defer func() {
+		clear(st.old[:])
 		clear(st.par[:])
 		clear(st.mem[:])
+		clear(st.dm[:])
 		st.exts = st.exts[:0]
 		rmwStates.Put(st)
 	}()
 	st.exts = a.layout.Extents(st.exts[:0], off, int64(len(p)))
-	if cap(st.old) < len(p) {
-		st.old = make([]byte, ss)
-	}
-	old := st.old[:len(p)]
-	// The old data, copied out of the data members' mappings (resident pages only: no
-	// waiting for a disk), and the parity's ranges.
+	// The data and parity ranges of the members' mappings, all of their pages in memory (no
+	// waiting for a disk, no store that allocates a page).
 	for i := range st.exts {
 		e := &st.exts[i]
 		at := a.dataOffset + e.MemberOff
@@ -118,14 +122,17 @@ func (a *Array) rmwLocked(p []byte, off int64) bool {
 			return false
 		}
 		dw, ok := m.Member.(mapWriter)
-		mp, ok2 := m.Member.(mapper)
-		if !ok || !ok2 || dw.WritableRange(at, e.Len) == nil || !mp.CopyMapped(old[e.BufOff:e.BufOff+e.Len], at) {
+		dm, ok2 := m.Member.(mapper)
+		if !ok || !ok2 {
+			return false
+		}
+		if st.old[i] = dw.WritableRange(at, e.Len); st.old[i] == nil {
 			return false
 		}
 		if st.par[i] = pw.WritableRange(at, e.Len); st.par[i] == nil {
 			return false
 		}
-		st.mem[i] = m
+		st.mem[i], st.dm[i] = m, dm
 	}
 	if a.bm != nil {
 		if !a.bm.TryBegin(s, 1) {
@@ -133,49 +140,49 @@ func (a *Array) rmwLocked(p []byte, off int64) bool {
 		}
 		defer a.bm.End(s, 1)
 	}
-	// The new data, through pwrite. A member that fails is failed and its write skipped: the
-	// parity below then holds the new data.
+	// First the parity: old ^ new folded in, the old data read from the data members'
+	// mappings, in one pass. Then the files are checked: the data members' still held the
+	// old bytes read (a truncated file's last page reads as zeroes past its new end), the
+	// parity member's still holds the stores.
+	if !a.roles.enter(pr) {
+		return false // the array has failed
+	}
+	folded := a.foldParity(st, p) && st.inFile(a.dataOffset) && pw.Covers(a.dataOffset+(s+1)*a.layout.ChunkSize())
+	a.roles.leave(pr)
+	if !folded {
+		// A page faulted or a file shrank: the parity is rewritten from the members (which
+		// still hold the old data) through the ordinary member I/O, which reports what is
+		// wrong and fails the member; the caller then writes p as usual.
+		bufs := make([][]byte, a.roles.n()+1)
+		for i := range bufs {
+			bufs[i] = make([]byte, a.layout.ChunkSize())
+		}
+		a.scrubSpan(s, 1, bufs, true) // an error is the caller's write's too
+		return false
+	}
+	// Then the data, through pwrite. A member that fails is failed and its write skipped: the
+	// stripe's parity holds the new data.
 	for i := range st.exts {
 		e := &st.exts[i]
 		if err := a.memberIO(e.Member, p[e.BufOff:e.BufOff+e.Len], a.dataOffset+e.MemberOff, true, true); err != nil {
 			return false // the array has failed: the caller's write reports it
 		}
 	}
-	if !a.roles.enter(pr) {
-		return false // failed meanwhile
-	}
-	// The parity member failed meanwhile (a watchdog): the stripe needs no parity.
-	skip := a.roles.usable(pr, s) != pm
-	stored := !skip && a.foldParity(st, p, old) && pw.Covers(a.dataOffset+(s+1)*a.layout.ChunkSize())
-	a.roles.leave(pr)
-	if !skip && !stored {
-		// The range faulted or shrank: rewrite the parity through the ordinary member I/O,
-		// which reports what is wrong (and fails the member).
-		bufs := make([][]byte, a.roles.n()+1)
-		for i := range bufs {
-			bufs[i] = make([]byte, a.layout.ChunkSize())
-		}
-		if _, err := a.scrubSpan(s, 1, bufs, true); err != nil {
-			return false
-		}
-	}
-	if stored {
-		a.ctr.memberWrit.Add(uint64(len(p)))
-		a.ctr.mappedWrit.Add(uint64(len(p)))
-		for i := range st.exts {
-			e := &st.exts[i]
-			a.touchMapped(pm, a.dataOffset+e.MemberOff, e.Len)
-			a.touchMapped(st.mem[i], a.dataOffset+e.MemberOff, e.Len)
-		}
+	a.ctr.memberWrit.Add(uint64(len(p)))
+	a.ctr.mappedWrit.Add(uint64(len(p)))
+	for i := range st.exts {
+		e := &st.exts[i]
+		a.touchMapped(pm, a.dataOffset+e.MemberOff, e.Len)
+		a.touchMapped(st.mem[i], a.dataOffset+e.MemberOff, e.Len)
 	}
 	a.cache.CheckStripes(s, 1, "placed read-modify-write")
 	a.ctr.rmw.Add(1)
 	return true
 }
 
-// foldParity folds old ^ new of each of st's extents into its parity range, and reports
-// false if a page faulted.
-func (a *Array) foldParity(st *rmwState, p, old []byte) (ok bool) {
+// foldParity folds old ^ new of each of st's extents into its parity range, the old data read
+// from the data member's mapping and the new from p, and reports false if a page faulted.
+func (a *Array) foldParity(st *rmwState, p []byte) (ok bool) {
 	defer func(was bool) {
 		debug.SetPanicOnFault(was)
 		if recover() != nil {
@@ -184,7 +191,19 @@ func (a *Array) foldParity(st *rmwState, p, old []byte) (ok bool) {
 	}(debug.SetPanicOnFault(true))
 	for i := range st.exts {
 		e := &st.exts[i]
-		if err := a.coder.Update(st.par[i], old[e.BufOff:e.BufOff+e.Len], p[e.BufOff:e.BufOff+e.Len]); err != nil {
+		if err := a.coder.Update(st.par[i], st.old[i], p[e.BufOff:e.BufOff+e.Len]); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// inFile reports whether each data member's file still covers the range st read its old data
+// from (mapper.InFile); dataOffset is the array's.
+func (st *rmwState) inFile(dataOffset int64) bool {
+	for i := range st.exts {
+		e := &st.exts[i]
+		if !st.dm[i].InFile(st.dm[i].Mapping(), dataOffset+e.MemberOff+e.Len) {
 			return false
 		}
 	}

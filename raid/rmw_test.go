@@ -2,6 +2,7 @@ package raid_test
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"testing"
@@ -192,5 +193,96 @@ func TestPlacedRMWDeclines(t *testing.T) {
 	mw := j.Counters().MappedBytesWritten
 	if j.WriteCached(make([]byte, 4096), 0, nil) && j.Counters().MappedBytesWritten != mw {
 		t.Fatal("a short write placed on a journaled array")
+	}
+}
+
+// TestPlacedRMWShrunk: a member file truncated to half under an array taking placed
+// read-modify-writes is never a source of zeroes. A short write to a stripe in the truncated
+// half, where the member holds the parity or the written data chunk, faults in the fold (its
+// pages are gone; the range was known to be in memory): it is not placed, the stripe's parity
+// is rewritten through the members, which fails the truncated one, and the write then goes to
+// the cache or through WriteAt. Random 4 KiB writes follow; every byte reads back as written,
+// and the member is faulty.
+func TestPlacedRMWShrunk(t *testing.T) {
+	for _, role := range []string{"parity", "data"} {
+		for _, cached := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/cache=%v", role, cached), func(t *testing.T) {
+				opts := raid.CreateOptions{}
+				opts.IOOptions.WriteBackDelay = time.Millisecond
+				opts.IOOptions.ReadErrorLimit = 1000 // failed by its writes, not by counted read errors
+				if !cached {
+					opts.IOOptions.StripeCache = -1
+				}
+				a, paths, model := mappedArray(t, opts)
+				l := a.Layout()
+				ss, C := l.StripeSize(), l.ChunkSize()
+				stripes := int64(len(model)) / ss
+				rng := newRand(44)
+				write := func(off int64, wantPlaced bool) {
+					t.Helper()
+					p := make([]byte, 4096)
+					fill(rng, p)
+					mw := a.Counters().MappedBytesWritten
+					ok := a.WriteCached(p, off, nil) // if not placed, perhaps cached
+					if placed := ok && a.Counters().MappedBytesWritten > mw; placed != wantPlaced {
+						t.Fatalf("write at %d: placed %v, want %v", off, placed, wantPlaced)
+					}
+					if !ok {
+						if _, err := a.WriteAt(p, off); err != nil {
+							t.Fatal(err)
+						}
+					}
+					copy(model[off:], p)
+				}
+				// A stripe at or after s where member 1 plays role, and the data chunk written.
+				find := func(s int64) (int64, int64) {
+					for ; role == "parity" && l.ParityMember(s) != 1 || role == "data" && l.ParityMember(s) == 1; s++ {
+					}
+					d := 0
+					for role == "data" && l.DataMember(s, d) != 1 {
+						d++
+					}
+					return s, int64(d)
+				}
+				// The write-intent bit on disk (an ordinary write), then a placed write in
+				// the first half, which finds member 1's pages there in memory.
+				if _, err := a.WriteAt(model[:4096], 0); err != nil {
+					t.Fatal(err)
+				}
+				s, d := find(1)
+				write(s*ss+d*C+8192, true)
+				if err := os.Truncate(paths[1], raid.DataOffset+stripes/2*C); err != nil {
+					t.Fatal(err)
+				}
+				s, d = find(stripes/2 + 1)
+				write(s*ss+d*C+8192, false)
+				// Without a cache nothing else has met the short file yet. (With one, the
+				// first write's write-out may have, after the truncation: then the range is no
+				// longer taken to be in memory, the write is declined before the fold, and the
+				// member is failed by the flush's check.)
+				if m := a.Status().Members[1]; !cached && m.State != raid.MemberFaulty {
+					t.Fatalf("member 1, truncated under the array: state %q after a write to its %s; want faulty", m.State, role)
+				}
+				compareArray(t, a, model)
+				for range 200 {
+					off := rng.Int64N(int64(len(model))/4096) * 4096
+					p := make([]byte, 4096)
+					fill(rng, p)
+					if !a.WriteCached(p, off, nil) {
+						if _, err := a.WriteAt(p, off); err != nil {
+							t.Fatal(err)
+						}
+					}
+					copy(model[off:], p)
+				}
+				if err := a.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				if m := a.Status().Members[1]; m.State != raid.MemberFaulty {
+					t.Fatalf("member 1, truncated under the array: state %q after a flush; want faulty", m.State)
+				}
+				compareArray(t, a, model)
+			})
+		}
 	}
 }
