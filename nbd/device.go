@@ -70,9 +70,10 @@ type CachedWriter interface {
 // PlacedWriter is implemented by devices that can take a WRITE's payload read straight into
 // the memory where it will live (raid5d: its members' files mapped into memory), so that the
 // kernel's copy out of the socket is the only copy. The server uses it, on connections without
-// TLS, for WRITEs without FUA: it places a WRITE in pieces, each a range whose bytes have all
-// arrived (in its buffered reader and the socket's receive queue), so that reading a piece
-// never waits for the client; what it cannot place it writes as usual.
+// TLS, for WRITEs without FUA whose payload its buffered reader holds none of: it places a
+// WRITE in pieces, each a range whose bytes have all arrived in the socket's receive queue, so
+// that reading a piece never waits for the client, and only the kernel's copy (readv) writes
+// the slices; what it cannot place it writes as usual.
 //
 // PlaceUnit is the device's unit of placement (raid5d: a stripe), a constant: a piece holds at
 // least one whole unit (aligned to a multiple of it), and the server cuts a WRITE into pieces

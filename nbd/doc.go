@@ -102,21 +102,22 @@
 //     reused, and never unmapped, while the device may still read it. FUA writes are not
 //     pinned: they go to WriteAtFUA (or WriteAt and Flush).
 //   - With a Device that is a PlacedWriter, on a connection without TLS, a WRITE without FUA of
-//     at least 16 KiB is offered to PlaceWrite first, in pieces of whole units (PlaceUnit)
-//     whose bytes have all arrived (buffered, or in the socket's receive queue), waiting up to
-//     2 ms with nothing held for a piece still arriving: for each piece the device takes, the
-//     reader reads its bytes straight into the device's slices (the buffered part by copy, the
-//     rest with readv: one, or for a PlacedProgresser one per ~192 KiB, each followed by
-//     PlacedReceived) and calls CommitPlaced. The rest of a WRITE that is not placed goes
+//     at least 16 KiB, none of whose payload the connection's buffered reader holds, is
+//     offered to PlaceWrite first, in pieces of whole units (PlaceUnit) whose bytes have all
+//     arrived in the socket's receive queue, waiting up to 2 ms with nothing held for a piece
+//     still arriving: for each piece the device takes, the reader reads its bytes straight into
+//     the device's slices with readv (one, or for a PlacedProgresser one per ~192 KiB, each
+//     followed by PlacedReceived) and calls CommitPlaced. Only the kernel copies into the
+//     slices: a copy from the buffered reader in user space could be cut anywhere by the
+//     daemon's death, tearing the device's 4 KiB units. The rest of a WRITE that is not placed goes
 //     to a worker as an ordinary WRITE of that range, whose reply answers the whole; a WRITE
 //     placed whole has no buffer, and its reply goes out as a worker's would. The reader never
 //     waits for the client while the device holds the slices.
 //   - With a Device that is a CachedWriter, a WRITE without FUA whose whole payload the
-//     connection's buffered reader already holds is offered to WriteCached straight from that
-//     buffer, by the reader: taken, it needs no request buffer and no worker, and its reply is
-//     held back, as a placed write's is, to go out with the replies of the requests that have
-//     already arrived; declined, it is read and written as usual. The buffer is the reader's
-//     and is reused once WriteCached returns.
+//     connection's buffered reader already holds is read into its request buffer and offered
+//     to WriteCached, by the reader: taken, it needs no worker, and its reply is held back, as
+//     a placed write's is, to go out with the replies of the requests that have already
+//     arrived; declined, it goes to a worker and is written as usual.
 //   - With Options.DebugImmutable, a buffer is mprotect'ed read-only from the WritePinned call
 //     until the last reference is dropped, then made writable before it is reused. A write to it
 //     meanwhile is a SIGSEGV, which the Go runtime reports as a fatal error ("unexpected fault

@@ -200,6 +200,14 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 	if (off+u-1)/u*u+u > off+int64(n) {
 		return false, nil // no whole unit in it: nothing to wait for
 	}
+	if c.br.Buffered() > 0 {
+		// The buffered reader holds the payload's start (read with the request before):
+		// placing it would copy those bytes into the device's memory in user space, where the
+		// daemon's death can cut the copy anywhere and tear a 4 KiB unit. Only the kernel
+		// copies into placed memory. (After a large WRITE the next header is read on its own,
+		// readHeader, so a run of large WRITEs is placed.)
+		return false, nil
+	}
 	done, ahead := 0, 0
 	var werr error // a piece's error: the reply's
 	for done < n {
@@ -282,9 +290,9 @@ func (c *conn) writeRest(h *protocol.TransmissionRequestHeader, done int, werr e
 	return nil
 }
 
-// readPlaced reads the n bytes of the placed piece ph into vec (slices adding up to n): first
-// what the buffered reader holds, then straight from the socket with readv, within
-// PayloadTimeout, telling a PlacedProgresser after each step (placedStep) how far it got. It
+// readPlaced reads the n bytes of the placed piece ph into vec (slices adding up to n),
+// straight from the socket with readv (the buffered reader holds none of them: writePlaced),
+// within PayloadTimeout, telling a PlacedProgresser after each step (placedStep) how far it got. It
 // returns the bytes read and, if fewer than n, why.
 func (c *conn) readPlaced(vec [][]byte, n int, ph any) (int, error) {
 	got := 0
@@ -299,13 +307,6 @@ func (c *conn) readPlaced(vec [][]byte, n int, ph any) (int, error) {
 				i, o = i+1, 0
 			}
 		}
-	}
-	for got < n && c.br.Buffered() > 0 {
-		k, _ := c.br.Read(vec[i][o:]) // a copy from the buffer: cannot fail
-		advance(k)
-	}
-	if got == n {
-		return got, nil
 	}
 	c.setReadDeadline(time.Now().Add(c.srv.payloadTimeout))
 	defer c.setReadDeadline(time.Time{})

@@ -87,6 +87,19 @@ func (d *pieceDevice) log() (pieces, writes [][2]int64) {
 	return append([][2]int64(nil), d.pieces...), append([][2]int64(nil), d.writes...)
 }
 
+// directHeaders writes 64 KiB at 0 as the connection's first request and forgets it from dev's
+// log: after a large WRITE the server reads the next request's header on its own, so that
+// its buffered reader holds none of that request's payload, which can then be placed.
+func directHeaders(t *testing.T, c *rawClient, dev *pieceDevice) {
+	t.Helper()
+	if e, _ := c.do(wire.CmdWrite, 0, 0, 64<<10, make([]byte, 64<<10)); e != 0 {
+		t.Fatalf("the first WRITE: errno %d", e)
+	}
+	dev.mu.Lock()
+	dev.tries, dev.pieces, dev.writes = 0, nil, nil
+	dev.mu.Unlock()
+}
+
 // sendSlowly sends a WRITE of payload at off as the header and the first first bytes, then,
 // after pause, the rest, and waits for the reply.
 func sendSlowly(t *testing.T, c *rawClient, off uint64, payload []byte, first int, pause time.Duration) uint32 {
@@ -129,6 +142,7 @@ func TestPlacedPieces(t *testing.T) {
 			_, _, path := serveUnix(t, Options{Exports: []Export{{Name: "", Device: dev}}})
 			c := dial(t, path)
 			c.handshakeGo("")
+			directHeaders(t, c, dev)
 			off := uint64(1 << 20)
 			want := pattern(5, n)
 			dev.want, dev.wantAt = want, int64(off)
@@ -222,5 +236,43 @@ func TestPlacedNoWholeUnit(t *testing.T) {
 	}
 	if e, got := c.do(wire.CmdRead, 0, 4096, uint32(len(want)), nil); e != 0 || !bytes.Equal(got, want) {
 		t.Fatalf("read back: errno %d", e)
+	}
+}
+
+// TestPlacedNotFromBuffer: a WRITE whose payload the connection's buffered reader already
+// holds in part (read together with the request before it) is not placed: placing it would
+// copy those bytes into the device's memory in user space, which the daemon's death can cut
+// anywhere, tearing a 4 KiB unit (only the kernel copies into placed memory: PlacedWriter). A
+// FLUSH and a 128 KiB WRITE sent in one go: the WRITE is written as usual, byte for byte.
+func TestPlacedNotFromBuffer(t *testing.T) {
+	dev := &pieceDevice{mem: make([]byte, 1<<20), failAt: -1}
+	_, _, path := serveUnix(t, Options{Exports: []Export{{Name: "", Device: dev}}})
+	c := dial(t, path)
+	c.handshakeGo("")
+	want := pattern(7, 128<<10)
+	var fh, wh [wire.RequestHeaderSize]byte
+	wire.PutRequest(&fh, 0, wire.CmdFlush, 1, 0, 0)
+	wire.PutRequest(&wh, 0, wire.CmdWrite, 2, 64<<10, uint32(len(want)))
+	c.write(append(append(fh[:], wh[:]...), want...))
+	for range 2 {
+		if errno, cookie := c.reply(); errno != 0 {
+			t.Fatalf("request %d: errno %d", cookie, errno)
+		}
+	}
+	pieces, writes := dev.log()
+	if len(pieces) != 0 || len(writes) != 1 {
+		t.Fatalf("a WRITE read in part with the FLUSH before it: pieces %v, ordinary writes %v; want none, one", pieces, writes)
+	}
+	// The next WRITE, its header read on its own after the large one, is placed.
+	if e, _ := c.do(wire.CmdWrite, 0, 256<<10, uint32(len(want)), want); e != 0 {
+		t.Fatalf("the next WRITE: errno %d", e)
+	}
+	if pieces, _ := dev.log(); len(pieces) == 0 {
+		t.Fatal("the WRITE after a large one was not placed")
+	}
+	for _, off := range []uint64{64 << 10, 256 << 10} {
+		if e, got := c.do(wire.CmdRead, 0, off, uint32(len(want)), nil); e != 0 || !bytes.Equal(got, want) {
+			t.Fatalf("read back at %d: errno %d", off, e)
+		}
 	}
 }
