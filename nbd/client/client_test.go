@@ -146,6 +146,85 @@ func TestMixedSizesPipelined(t *testing.T) {
 	}
 }
 
+// TestVectored: ReadvAt and WritevAt are one request each (the server sees one READ, one
+// WRITE), their buffers of mixed sizes (through the reply buffer and straight from the
+// socket) filled and written one after another; pipelined with single-buffer requests, every
+// byte checked; a total past the server's maximum block size is refused unsent.
+func TestVectored(t *testing.T) {
+	const max = 256 << 10
+	dev := nbdtest.NewMemDevice(4 << 20)
+	sock := serve(t, nbd.Export{Name: "m", Device: dev, MinBlock: 1, PreferredBlock: 4096, MaxBlock: max})
+	c := dial(t, "nbd+unix:///m?socket="+sock)
+	sizes := []int{4096, 64 << 10, 512, 16 << 10, 100 << 10, 20 << 10}
+	data := make([]byte, 0, max)
+	rng := rand.New(rand.NewPCG(7, 7))
+	var bufs, rbufs [][]byte
+	got := make([]byte, 0, max)
+	for _, n := range sizes {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		data = append(data, b...)
+		bufs = append(bufs, data[len(data)-n:])
+		got = got[:len(got)+n]
+		rbufs = append(rbufs, got[len(got)-n:])
+	}
+	const off = 1<<20 + 512
+	before := dev.Stats()
+	if n, err := c.WritevAt(bufs, off); n != len(data) || err != nil {
+		t.Fatalf("WritevAt = %d, %v", n, err)
+	}
+	if w := dev.Stats().Writes - before.Writes; w != 1 {
+		t.Errorf("WritevAt: %d WRITEs, want 1", w)
+	}
+	if !bytes.Equal(dev.Bytes()[off:off+len(data)], data) {
+		t.Fatal("the device does not hold what WritevAt wrote")
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 32 { // vectored reads among plain ones, pipelined on the one connection
+		wg.Go(func() {
+			if i%2 == 0 {
+				p := make([]byte, 64<<10)
+				if _, err := c.ReadAt(p, off); err != nil || !bytes.Equal(p, data[:len(p)]) {
+					errs <- fmt.Errorf("ReadAt: %v, or other bytes", err)
+				}
+				return
+			}
+			mine := make([]byte, len(data))
+			var bs [][]byte
+			at := 0
+			for _, n := range sizes {
+				bs = append(bs, mine[at:at+n])
+				at += n
+			}
+			if n, err := c.ReadvAt(bs, off); n != len(data) || err != nil || !bytes.Equal(mine, data) {
+				errs <- fmt.Errorf("ReadvAt = %d, %v; same bytes %v", n, err, bytes.Equal(mine, data))
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	before = dev.Stats()
+	if n, err := c.ReadvAt(rbufs, off); n != len(got) || err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("ReadvAt = %d, %v; same bytes %v", n, err, bytes.Equal(got, data))
+	}
+	if r := dev.Stats().Reads - before.Reads; r != 1 {
+		t.Errorf("ReadvAt: %d READs, want 1", r)
+	}
+	big := append(bufs, make([]byte, max))
+	if _, err := c.WritevAt(big, off); !errors.Is(err, client.ErrTooLarge) {
+		t.Errorf("WritevAt past the maximum block size: %v, want ErrTooLarge", err)
+	}
+	if _, err := c.ReadvAt(big, off); !errors.Is(err, client.ErrTooLarge) {
+		t.Errorf("ReadvAt past the maximum block size: %v, want ErrTooLarge", err)
+	}
+}
+
 func TestReadWritePipelined(t *testing.T) {
 	const size, bs, workers, rounds = 1 << 20, 4096, 32, 40
 	dev := nbdtest.NewMemDevice(size)
@@ -528,6 +607,7 @@ func TestNoAllocs(t *testing.T) {
 	dev := nbdtest.FUADevice{MemDevice: nbdtest.NewMemDevice(1 << 20)}
 	c := dial(t, "nbd+unix:///?socket="+serve(t, nbd.Export{Name: "a", Device: dev}))
 	buf, big := make([]byte, 4096), make([]byte, 64<<10)
+	bufs := [][]byte{big[:32<<10], big[32<<10:]}
 	for _, tc := range []struct {
 		name string
 		fn   func()
@@ -535,6 +615,8 @@ func TestNoAllocs(t *testing.T) {
 		{"write", func() { c.WriteAt(buf, 8192) }},
 		{"read", func() { c.ReadAt(buf, 8192) }},
 		{"read-64k", func() { c.ReadAt(big, 65536) }}, // straight into big (directMin)
+		{"readv", func() { c.ReadvAt(bufs, 65536) }},
+		{"writev", func() { c.WritevAt(bufs, 65536) }},
 		{"fua", func() { c.WriteAtFUA(buf, 8192) }},
 		{"flush", func() { c.Flush() }},
 	} {

@@ -60,10 +60,12 @@ type Conn struct {
 	readerEnd chan struct{} // closed when the reply reader has returned
 }
 
-// wreq is a request waiting to be written: its header and, for a WRITE, the caller's payload.
+// wreq is a request waiting to be written: its header and, for a WRITE, the caller's payload
+// (payload, or the buffers of payloads one after another).
 type wreq struct {
-	hdr     [wire.RequestHeaderSize]byte
-	payload []byte
+	hdr      [wire.RequestHeaderSize]byte
+	payload  []byte
+	payloads [][]byte
 }
 
 // slot is one request in flight. Its cookie is seq<<32 | index, so a late reply for an earlier
@@ -74,6 +76,7 @@ type slot struct {
 	active bool // awaiting its reply
 	cmd    uint16
 	buf    []byte      // READ destination
+	bufs   [][]byte    // or its buffers, filled one after another
 	done   chan uint32 // errno of the reply, or errnoBroken
 }
 
@@ -194,10 +197,48 @@ func (c *Conn) ReadAt(p []byte, off int64) (int, error) {
 	if err := c.checkData(wire.CmdRead, off, len(p)); err != nil {
 		return 0, err
 	}
-	if err := c.do(wire.CmdRead, 0, off, uint32(len(p)), p); err != nil {
+	if err := c.do(wire.CmdRead, 0, off, uint32(len(p)), p, nil); err != nil {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// ReadvAt reads into bufs, one after another, the bytes from off on, in one READ of their
+// total length (which the server's maximum block size bounds: ErrTooLarge), its payload read
+// straight into them: n is the total or 0, with an error.
+func (c *Conn) ReadvAt(bufs [][]byte, off int64) (int, error) {
+	n := buffersLen(bufs)
+	if err := c.checkData(wire.CmdRead, off, n); err != nil {
+		return 0, err
+	}
+	if err := c.do(wire.CmdRead, 0, off, uint32(n), nil, bufs); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// WritevAt writes bufs, one after another, from off on, in one WRITE of their total length
+// (bounded as ReadvAt's), as WriteAt writes.
+func (c *Conn) WritevAt(bufs [][]byte, off int64) (int, error) {
+	if c.info.flags&FlagReadOnly != 0 {
+		return 0, ErrReadOnly
+	}
+	n := buffersLen(bufs)
+	if err := c.checkData(wire.CmdWrite, off, n); err != nil {
+		return 0, err
+	}
+	if err := c.do(wire.CmdWrite, 0, off, uint32(n), nil, bufs); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+func buffersLen(bufs [][]byte) int {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	return n
 }
 
 // WriteAt writes p at off, as io.WriterAt. The write is complete (later reads see it) but
@@ -222,7 +263,7 @@ func (c *Conn) write(p []byte, off int64, flags uint16) (int, error) {
 	if err := c.checkData(wire.CmdWrite, off, len(p)); err != nil {
 		return 0, err
 	}
-	if err := c.do(wire.CmdWrite, flags, off, uint32(len(p)), p); err != nil {
+	if err := c.do(wire.CmdWrite, flags, off, uint32(len(p)), p, nil); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -233,7 +274,7 @@ func (c *Conn) Flush() error {
 	if c.info.flags&FlagSendFlush == 0 {
 		return fmt.Errorf("%w: FLUSH (NBD_FLAG_SEND_FLUSH not set)", ErrUnsupported)
 	}
-	return c.do(wire.CmdFlush, 0, 0, 0, nil)
+	return c.do(wire.CmdFlush, 0, 0, 0, nil, nil)
 }
 
 // Trim tells the server the range is no longer needed.
@@ -241,7 +282,7 @@ func (c *Conn) Trim(off, length int64) error {
 	if err := c.checkRange(FlagSendTrim, off, length); err != nil {
 		return err
 	}
-	return c.do(wire.CmdTrim, 0, off, uint32(length), nil)
+	return c.do(wire.CmdTrim, 0, off, uint32(length), nil, nil)
 }
 
 // WriteZeroes makes the range read back as zeroes; with noHole the server must allocate it.
@@ -253,7 +294,7 @@ func (c *Conn) WriteZeroes(off, length int64, noHole bool) error {
 	if noHole {
 		f = wire.CmdFlagNoHole
 	}
-	return c.do(wire.CmdWriteZeroes, f, off, uint32(length), nil)
+	return c.do(wire.CmdWriteZeroes, f, off, uint32(length), nil, nil)
 }
 
 func (c *Conn) checkData(cmd uint16, off int64, n int) error {
@@ -281,7 +322,7 @@ func (c *Conn) checkRange(flag uint16, off, length int64) error {
 
 // do sends one request and waits for its reply. For a WRITE, buf is the payload; for a READ,
 // the destination.
-func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error {
+func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte, bufs [][]byte) error {
 	var idx uint32
 	select {
 	case idx = <-c.free:
@@ -298,7 +339,7 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 	s.seq++
 	s.active, s.cmd = true, cmd
 	if cmd == wire.CmdRead {
-		s.buf = buf
+		s.buf, s.bufs = buf, bufs
 	}
 	cookie := uint64(s.seq)<<32 | uint64(idx)
 	c.smu.Unlock()
@@ -306,13 +347,13 @@ func (c *Conn) do(cmd, flags uint16, off int64, length uint32, buf []byte) error
 	var r wreq
 	wire.PutRequest(&r.hdr, flags, cmd, cookie, uint64(off), length)
 	if cmd == wire.CmdWrite {
-		r.payload = buf
+		r.payload, r.payloads = buf, bufs
 	}
 	sent := c.send(&r)
 
 	errno := <-s.done // the reader answers every active slot exactly once, if only at its end
 	c.smu.Lock()
-	s.active, s.buf = false, nil
+	s.active, s.buf, s.bufs = false, nil, nil
 	c.smu.Unlock()
 	c.free <- idx
 	switch errno {
@@ -373,6 +414,11 @@ func (c *Conn) send(r *wreq) bool {
 			iov = append(iov, batch[i].hdr[:])
 			if len(batch[i].payload) > 0 {
 				iov = append(iov, batch[i].payload)
+			}
+			for _, b := range batch[i].payloads {
+				if len(b) > 0 {
+					iov = append(iov, b)
+				}
 			}
 		}
 		c.wbufs = iov
@@ -437,8 +483,9 @@ func (c *Conn) readReplies(rr *replyReader) {
 			s.active = false
 		}
 		var dst []byte
+		var dsts [][]byte
 		if s != nil && s.cmd == wire.CmdRead && errno == 0 {
-			dst = s.buf
+			dst, dsts = s.buf, s.bufs
 		}
 		c.smu.Unlock()
 		if s == nil {
@@ -448,12 +495,13 @@ func (c *Conn) readReplies(rr *replyReader) {
 		if errno == errnoBroken {
 			errno = wire.EIO // keep the sentinel value ours
 		}
-		if len(dst) > 0 {
-			if err := rr.readFull(dst); err != nil {
-				c.fail(fmt.Errorf("%w: reading READ payload: %v", ErrDisconnected, err))
-				s.done <- errnoBroken // taken, so endReader no longer answers it
-				return
-			}
+		if len(dsts) > 0 {
+			dst = dsts[len(dsts)-1]
+		}
+		if err := rr.readPayload(dst, dsts); err != nil {
+			c.fail(fmt.Errorf("%w: reading READ payload: %v", ErrDisconnected, err))
+			s.done <- errnoBroken // taken, so endReader no longer answers it
+			return
 		}
 		rr.direct(len(dst) >= directMin)
 		s.done <- errno

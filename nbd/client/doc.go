@@ -35,7 +35,8 @@
 // A payload of 16 KiB or more is read from the socket straight into that buffer, with readv(2)
 // taking the next reply's header in the same system call (replies.go; on TLS connections
 // through a buffer and a copy); smaller replies come many at a time through a 64 KiB buffer.
-// No request allocates.
+// ReadvAt and WritevAt make one request of several buffers (one writev of the header and
+// every buffer; the payload read into each in turn). No request allocates.
 //
 // A failed request (the server replied with an error) returns an *Error carrying the NBD
 // errno; the connection goes on. A broken connection (I/O error, a reply that breaks the

@@ -63,6 +63,19 @@ func newReplyReader(nc net.Conn, br *bufio.Reader) *replyReader {
 	return rr
 }
 
+// readPayload reads a READ's payload into p, or into each of bufs in turn.
+func (rr *replyReader) readPayload(p []byte, bufs [][]byte) error {
+	if bufs == nil {
+		return rr.readFull(p)
+	}
+	for _, b := range bufs {
+		if err := rr.readFull(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // readFull reads len(p) bytes into p.
 func (rr *replyReader) readFull(p []byte) error {
 	if rr.br != nil {

@@ -27,8 +27,10 @@
 //     minimum block size is above 4 KiB, the array's smallest I/O, is refused at Open
 //     (ErrBlockSize).
 //   - ReadvAt and WritevAt (member.Vectored: the array's merged reads and writes of a
-//     member's consecutive chunks) send one request per buffer, all in flight at once, so a
-//     member's chunks cost one round trip rather than one each.
+//     member's consecutive chunks) send the buffers as one request (client.Conn's ReadvAt,
+//     WritevAt: one writev of the header and every buffer), or, past the server's maximum
+//     block size, as several all in flight at once, so a member's chunks cost one request
+//     and one round trip rather than one each.
 //   - Sync is FLUSH, on every connection (below), and succeeds only if every one does. A
 //     server that does not advertise FLUSH says it has no cache to flush: Sync then returns
 //     nil (its writes are as durable as it makes them).

@@ -529,7 +529,7 @@ func (m *Member) data(k kind, p []byte, off int64) (int, error) {
 	n := 0
 	for n < len(p) {
 		c := min(int64(len(p)-n), m.maxReq)
-		if err := m.do(k, p[n:n+int(c)], off+int64(n), c); err != nil {
+		if err := m.do(k, p[n:n+int(c)], nil, off+int64(n), c); err != nil {
 			return n, err
 		}
 		n += int(c)
@@ -537,9 +537,10 @@ func (m *Member) data(k kind, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// ReadvAt (member.Vectored) reads bufs from consecutive offsets from off with all their
-// requests in flight at once (one per buffer, split as ReadAt splits), so that a member's
-// chunks cost one round trip, not one each. The full length or an error.
+// ReadvAt (member.Vectored) reads bufs from consecutive offsets from off: runs of buffers
+// one after another in one READ each, up to the server's maximum block size (a buffer longer
+// than that split as ReadAt splits it), all in flight at once, so that a member's chunks cost
+// one request and one round trip, not one each. The full length or an error.
 func (m *Member) ReadvAt(bufs [][]byte, off int64, _ []unix.Iovec) (int, error) {
 	return m.vectored(kRead, bufs, off)
 }
@@ -549,32 +550,70 @@ func (m *Member) WritevAt(bufs [][]byte, off int64, _ []unix.Iovec) (int, error)
 	return m.vectored(kWrite, bufs, off)
 }
 
-// vectored runs data for each buffer of bufs at once and returns the bytes of the buffers
-// before the first that failed, with its error.
+// vectored sends bufs as runs of buffers, one request each (vecRuns), all at once, and
+// returns the bytes of the requests before the first that failed, with its error.
 func (m *Member) vectored(k kind, bufs [][]byte, off int64) (int, error) {
 	if len(bufs) == 1 {
 		return m.data(k, bufs[0], off)
 	}
-	errs := make([]error, len(bufs))
+	runs := vecRuns(bufs, m.maxReq)
+	run := func(i int, at int64) error {
+		r := bufs[runs[i]:runs[i+1]]
+		if len(r) == 1 {
+			_, err := m.data(k, r[0], at)
+			return err
+		}
+		return m.do(k, nil, r, at, int64(buffersLen(r)))
+	}
+	if len(runs) == 2 {
+		if err := run(0, off); err != nil {
+			return 0, err
+		}
+		return buffersLen(bufs), nil
+	}
+	errs := make([]error, len(runs)-1)
 	var wg sync.WaitGroup
 	at := off
-	for i, b := range bufs {
+	for i := range len(runs) - 1 {
 		wg.Add(1)
 		go func(at int64) {
 			defer wg.Done()
-			_, errs[i] = m.data(k, b, at)
+			errs[i] = run(i, at)
 		}(at)
-		at += int64(len(b))
+		at += int64(buffersLen(bufs[runs[i]:runs[i+1]]))
 	}
 	wg.Wait() // the buffers are the caller's again only once every request has returned
 	n := 0
-	for i, b := range bufs {
-		if errs[i] != nil {
-			return n, errs[i]
+	for i, err := range errs {
+		if err != nil {
+			return n, err
 		}
-		n += len(b)
+		n += buffersLen(bufs[runs[i]:runs[i+1]])
 	}
 	return n, nil
+}
+
+// vecRuns cuts bufs into runs of buffers of at most max bytes together (a longer buffer is a
+// run alone): run i is bufs[runs[i]:runs[i+1]].
+func vecRuns(bufs [][]byte, max int64) []int {
+	runs := []int{0}
+	var n int64
+	for i, b := range bufs {
+		if i > runs[len(runs)-1] && n+int64(len(b)) > max {
+			runs = append(runs, i)
+			n = 0
+		}
+		n += int64(len(b))
+	}
+	return append(runs, len(bufs))
+}
+
+func buffersLen(bufs [][]byte) int {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	return n
 }
 
 // maxZeroes bounds one WRITE_ZEROES (the protocol's length is 32 bits).
@@ -588,7 +627,7 @@ func (m *Member) Trim(off, length int64) error {
 	}
 	for length > 0 {
 		k := min(length, maxZeroes)
-		if err := m.do(kZeroes, nil, off, k); err != nil {
+		if err := m.do(kZeroes, nil, nil, off, k); err != nil {
 			return err
 		}
 		off, length = off+k, length-k
@@ -604,13 +643,14 @@ func (m *Member) deadline() time.Time {
 	return time.Now().Add(m.timeout)
 }
 
-// do runs one request of n bytes at off (p: a READ's destination, a WRITE's payload) under
-// its deadline, on the connection acquire gives. Past the deadline the connection is closed,
-// which makes the request (and every other in flight on it) return. A read cut off by a
+// do runs one request of n bytes at off (p: a READ's destination, a WRITE's payload; or, for
+// kRead and kWrite, bufs, one after another) under its deadline, on the connection acquire
+// gives. Past the deadline the connection is closed, which makes the request (and every
+// other in flight on it) return. A read cut off by a
 // break is sent again once reconnected, and so is any request the break kept from being
 // sent (client.ErrNotSent); a write the break cut off is not (see the package doc,
 // "Reconnecting"): it fails, and so does the member.
-func (m *Member) do(k kind, p []byte, off, n int64) (err error) {
+func (m *Member) do(k kind, p []byte, bufs [][]byte, off, n int64) (err error) {
 	defer m.stats.end(m.stats.begin(), &err)
 	deadline := m.deadline()
 	for {
@@ -628,14 +668,18 @@ func (m *Member) do(k kind, p []byte, off, n int64) (err error) {
 			}
 			t = time.AfterFunc(left, c.expire)
 		}
-		switch k {
-		case kRead:
+		switch {
+		case k == kRead && bufs != nil:
+			_, err = c.c.ReadvAt(bufs, off)
+		case k == kRead:
 			_, err = c.c.ReadAt(p, off)
-		case kWrite:
+		case k == kWrite && bufs != nil:
+			_, err = c.c.WritevAt(bufs, off)
+		case k == kWrite:
 			_, err = c.c.WriteAt(p, off)
-		case kWriteFUA:
+		case k == kWriteFUA:
 			_, err = c.c.WriteAtFUA(p, off)
-		case kZeroes:
+		case k == kZeroes:
 			err = c.c.WriteZeroes(off, n, false)
 		}
 		fired := t != nil && !t.Stop()

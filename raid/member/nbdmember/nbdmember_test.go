@@ -491,13 +491,15 @@ func TestTLS(t *testing.T) {
 	}
 }
 
-// TestVectored: ReadvAt and WritevAt have every buffer's request in flight at once (the
-// server sees them all before it answers any) and put every byte where it belongs; a failed
-// buffer gives the bytes of the buffers before it and the error.
+// TestVectored: ReadvAt and WritevAt send runs of consecutive buffers as one request each, up
+// to the server's maximum block size (a buffer longer than it split), those requests in
+// flight at once (the server sees them all before it answers any), every byte where it
+// belongs; a failed request gives the bytes of the requests before it and the error.
 func TestVectored(t *testing.T) {
-	const nbuf = 8
+	const max = 256 << 10
 	dev := nbdtest.NewMemDevice(4 << 20)
 	var arrived atomic.Int64
+	var want int64
 	all := make(chan struct{})
 	var once sync.Once
 	var barrier atomic.Bool
@@ -505,7 +507,7 @@ func TestVectored(t *testing.T) {
 		if !barrier.Load() {
 			return
 		}
-		if arrived.Add(1) == nbuf {
+		if arrived.Add(1) == want {
 			once.Do(func() { close(all) })
 		}
 		select {
@@ -519,37 +521,54 @@ func TestVectored(t *testing.T) {
 		}
 		return nil
 	}
-	sock := serve(t, nbd.Export{Name: "m", Device: dev})
+	sock := serve(t, nbd.Export{Name: "m", Device: dev, MinBlock: 512, PreferredBlock: 4096, MaxBlock: max})
 	m := open(t, uri(sock, "m"), member.Exclusive, nbdmember.Options{})
-	data := random(nbuf * 64 << 10)
-	var bufs [][]byte
-	for i := range nbuf {
-		bufs = append(bufs, data[i*64<<10:(i+1)*64<<10])
+	// 64 KiB buffers, then one of 320 KiB, then two more of 64 KiB: requests of 4, 4, 1
+	// (256 KiB, then 64 KiB: split as ReadAt splits, one after the other) and 2 buffers, so
+	// 5 requests, 4 in flight at once.
+	sizes := []int{64, 64, 64, 64, 64, 64, 64, 64, 320, 64, 64}
+	const requests, together = 5, 4
+	total := 0
+	for _, k := range sizes {
+		total += k << 10
+	}
+	data := random(total)
+	cut := func(p []byte) [][]byte {
+		var bufs [][]byte
+		for _, k := range sizes {
+			bufs, p = append(bufs, p[:k<<10]), p[k<<10:]
+		}
+		return bufs
 	}
 	const off = 1 << 20
+	want = together
 	barrier.Store(true)
-	if n, err := m.WritevAt(bufs, off, nil); n != len(data) || err != nil {
+	before := dev.Stats()
+	if n, err := m.WritevAt(cut(data), off, nil); n != len(data) || err != nil {
 		t.Fatalf("WritevAt = %d, %v", n, err)
 	}
 	barrier.Store(false)
-	if c := dev.Stats().MaxConcurrent; c != nbuf {
-		t.Errorf("WritevAt: at most %d writes in flight at once, want %d", c, nbuf)
+	if w := dev.Stats().Writes - before.Writes; w != requests {
+		t.Errorf("WritevAt: %d WRITEs, want %d", w, requests)
+	}
+	if c := dev.Stats().MaxConcurrent; c != together {
+		t.Errorf("WritevAt: at most %d writes in flight at once, want %d", c, together)
 	}
 	if !bytes.Equal(dev.Bytes()[off:off+len(data)], data) {
 		t.Fatal("device does not hold what WritevAt wrote")
 	}
 	got := make([]byte, len(data))
-	var rbufs [][]byte
-	for i := range nbuf {
-		rbufs = append(rbufs, got[i*64<<10:(i+1)*64<<10])
-	}
-	if n, err := m.ReadvAt(rbufs, off, nil); n != len(got) || err != nil || !bytes.Equal(got, data) {
+	before = dev.Stats()
+	if n, err := m.ReadvAt(cut(got), off, nil); n != len(got) || err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("ReadvAt = %d, %v; equal %v", n, err, bytes.Equal(got, data))
 	}
-	// Buffers 5.. fall at 3 MiB and beyond, where the device fails.
-	n, err := m.ReadvAt(rbufs, 3<<20-5*64<<10, nil)
+	if r := dev.Stats().Reads - before.Reads; r != requests {
+		t.Errorf("ReadvAt: %d READs, want %d", r, requests)
+	}
+	// The second request (buffers 4-7) falls at 3 MiB, where the device fails.
+	n, err := m.ReadvAt(cut(got), 3<<20-max, nil)
 	var e *nbdmember.Error
-	if n != 5*64<<10 || !errors.As(err, &e) {
-		t.Errorf("ReadvAt over a failing range = %d, %v; want %d and an *Error", n, err, 5*64<<10)
+	if n != max || !errors.As(err, &e) {
+		t.Errorf("ReadvAt over a failing range = %d, %v; want %d and an *Error", n, err, max)
 	}
 }
