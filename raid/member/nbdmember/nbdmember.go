@@ -58,8 +58,9 @@ type Options struct {
 // load 14), MB/s with 1, 2 and 4 connections: seqwrite-1M (qd16) 371, 407, 349 (1.10×, 0.94×);
 // randread-4k (qd32) 110, 79, 76 (0.72×, 0.69×); an earlier run (ROUNDS=3, RUNTIME=8):
 // 385, 387, 322 and 87, 104, 74; with 5 ms added to every read and write (nbdkit's delay
-// filter, RUNTIME=6 ROUNDS=3): 215, 183, 156 and 16, 16, 14. No gain beyond the spread of the
-// samples: one connection
+// filter, RUNTIME=6 ROUNDS=3): 215, 183, 156 and 16, 16, 14. Again with a member's run of
+// chunks as one request (RUNTIME=6 ROUNDS=3, load 8-10): 973, 813, 809 and 153, 156, 147; at
+// 5 ms 879, 682, 872 and 20, 20, 22. No gain beyond the spread of the samples: one connection
 // already carries up to client.DefaultMaxInFlight requests at once, and a server that works on
 // them in parallel (nbdkit does) gains nothing from more; more connections cost goroutines and
 // system calls. A server that serialises each connection's requests may gain: set Conns.
