@@ -50,6 +50,12 @@ import (
 //   - FUA writes never come here (the NBD server offers WriteCached no FUA write); a FLUSH
 //     after the reply fdatasyncs every member, which writes back the pages the pwrite and the
 //     parity store dirtied.
+//
+// Caveat: the caller (the NBD connection's reader) waits for the data's pwrite, a copy into
+// the page cache that the kernel may throttle when dirty pages pile up for a slow disk; the
+// connection's next requests wait with it, where a cached write would have let the reader go
+// on. Members whose writes wait for a device or a network (O_DIRECT, remote) have no mapping
+// and never come here.
 
 // rmwState is one placed read-modify-write's scratch, pooled.
 type rmwState struct {
