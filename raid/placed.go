@@ -30,7 +30,8 @@ import (
 //     the members see it) and mapped writes are on.
 //   - It enters the write gate of every role and the bitmap's regions (Begin) before it returns
 //     the slices, so nothing is stored into a member of a failed array, and the regions are
-//     dirty on disk before any byte lands; it leaves both in CommitPlaced. The caller must
+//     dirty on disk before any byte lands; it leaves both in CommitPlaced (the gates before a
+//     repair, below, whose member I/O enters them itself). The caller must
 //     read the payload without waiting for its sender (the NBD server places only a payload
 //     already received), so a failure's drain of the gate is not held up by a client.
 //   - PlacedReceived computes the parity of the stripes whose bytes have all arrived while the
@@ -160,13 +161,19 @@ func (pl *placement) unlock() {
 	if pl.begun {
 		a.bm.End(pl.s0, pl.k)
 	}
-	for r := range a.roles.n() {
-		if pl.entered&(1<<r) != 0 {
-			a.roles.leave(r)
-		}
-	}
+	pl.leaveGates()
 	a.locks.UnlockSpan(pl.s0, pl.k)
 	a.opMu.RUnlock()
+}
+
+// leaveGates leaves the write gates pl entered, once.
+func (pl *placement) leaveGates() {
+	for r := range pl.a.roles.n() {
+		if pl.entered&(1<<r) != 0 {
+			pl.a.roles.leave(r)
+		}
+	}
+	pl.entered = 0
 }
 
 // put returns pl to the pool.
@@ -237,7 +244,11 @@ func (pl *placement) commit(complete bool) error {
 	// what arrived. Those before have theirs (PlacedReceived), whole.
 	if pl.faulted || !pl.parity(pl.hot, pl.k) || !pl.covered() {
 		// The range faulted or shrank: rewrite the parity through the ordinary member I/O,
-		// which reports what is wrong (and fails the member).
+		// which reports what is wrong (and fails the member). The gates are left first: the
+		// stores into the mappings are over, the repair's member I/O enters them itself, and
+		// a failure it runs into that fails the array drains them, which would wait for ever
+		// for this placement's entries (TestPlacedRepairFailsArray).
+		pl.leaveGates()
 		bufs := make([][]byte, a.roles.n()+1)
 		for i := range bufs {
 			bufs[i] = make([]byte, pl.k*C)
