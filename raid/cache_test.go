@@ -866,7 +866,9 @@ func TestSmallWritesFUA(t *testing.T) {
 // free), with every write-intent bit already set (the cleaner stopped: setting a bit writes the
 // bitmap, which allocates). The count covers every goroutine. A few allocations per run of
 // 2000 writes are allowed (a Pin or workspace more when more are out at once than ever
-// before); an allocation per write or per write-out makes a thousand or more.
+// before: on a loaded machine the write-outs fall behind and more are out, and 4k-pinned once
+// took 5 where 4 were allowed); an allocation per write or per write-out makes a thousand or
+// more.
 func TestWriteAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops items: allocations are not counted")
@@ -920,7 +922,7 @@ func TestWriteAllocs(t *testing.T) {
 			// (TestAllocsAfterGC, package stripe/cache).
 			defer debug.SetGCPercent(debug.SetGCPercent(-1))
 			before := a.Counters()
-			const writes, runs, most = 2000, 5, 4
+			const writes, runs, most = 2000, 5, 20
 			allocs := testing.AllocsPerRun(runs, func() {
 				for range writes {
 					write()
