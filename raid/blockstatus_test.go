@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/raid5d/raid5d/raid"
 )
@@ -60,7 +61,7 @@ func blockStatus(t *testing.T, cache int) {
 	const chunk, stripes = 64 << 10, 32
 	paths := memberPaths(t.TempDir(), 3)
 	a, err := raid.Create(paths, raid.CreateOptions{Chunk: chunk, MemberSize: raid.DataOffset + stripes*chunk,
-		IOOptions: raid.IOOptions{StripeCache: cache}})
+		IOOptions: raid.IOOptions{StripeCache: cache, WriteBackDelay: time.Hour}}) // a write stays dirty until Flush
 	if err != nil {
 		t.Fatal(err)
 	}
