@@ -56,6 +56,9 @@ type File struct {
 	// a truncation has cut the file below it (reachesTail), where an fstat is a system call.
 	tail    []byte
 	tailOff int64
+	// grown is set once the write guard has found the file truncated under the array and grown
+	// back by one of its writes: reads of it are refused from then on (readGuard).
+	grown atomic.Bool
 }
 
 // OpenFile opens a regular file or a block device as a member, for use (see Use): it holds a
@@ -146,6 +149,9 @@ func (m *File) ReadAt(p []byte, off int64) (int, error) {
 	for n < len(p) {
 		if !m.isAligned(p[n:], off+int64(n)) { // a direct member, or a direct read that ended short
 			k, err := m.bounceRead([][]byte{p[n:]}, len(p)-n, off+int64(n))
+			if err == nil {
+				err = m.readGuard("pread", off, n+k)
+			}
 			return n + k, err
 		}
 		k, err := unix.Pread(m.fd, p[n:], off+int64(n))
@@ -160,7 +166,23 @@ func (m *File) ReadAt(p []byte, off int64) (int, error) {
 		}
 		n += k
 	}
-	return n, nil
+	return n, m.readGuard("pread", off, n)
+}
+
+// readGuard is the check after a read of n bytes at off that returned them all. A file
+// truncated under the array and grown back by one of the array's writes past its new end has
+// a hole between the two that pread and the mapping read as zeroes, which must not be
+// returned as the member's data: once the write guard has found the file grown (grown), every
+// read of it is ErrShortRead, and the array reconstructs the range from the other members, in
+// the moment until the member is failed with that write. (Between the growing write and the
+// guard's check after it, a read can still see the hole; a file grown by another writer is
+// not seen: TestShrunkMember* and the README's members section say what is covered.)
+func (m *File) readGuard(op string, off int64, n int) error {
+	if !m.grown.Load() {
+		return nil
+	}
+	return &os.PathError{Op: op, Path: m.path, Err: fmt.Errorf("%w: the member was truncated under the array and grown back by a write (a read at %d of %d bytes)",
+		ErrShortRead, off, n)}
 }
 
 // readEnd is the error of a read at off that met the end of the file after n of want bytes:
@@ -225,12 +247,17 @@ func (m *File) WriteAt(p []byte, off int64) (int, error) {
 // that grew the file, the one that ended last finds it ending at its end. A block device cannot
 // grow by a write (one that shrank refuses writes past its end), so it is not checked.
 //
+// Before a write that ends before Size the same load tells whether the file is cut at all;
+// one that is cut is fstat'ed, and a write that would end past its new end (grow it) is
+// refused: so the array's writes do not grow a cut file back and leave a hole that reads as
+// zeroes, save a truncation between that load and the write (TestReadGrownBack).
+//
 // The check after a write that ends before the file's last page is a load (reachesTail), not
 // an fstat: a file cut anywhere before that page and grown by this write only as far as its end
 // still does not reach into it. fstat is for the writes into the last page, and for a file found
 // cut (to tell a write that grew it from one within its new end).
 func (m *File) guardWrite(end int64, after bool) error {
-	if m.block || (!after && end < m.size) || (after && end <= m.tailOff && m.reachesTail()) {
+	if m.block || (!after && end < m.size && (m.tail == nil || m.reachesTail())) || (after && end <= m.tailOff && m.reachesTail()) {
 		return nil
 	}
 	now, err := m.sizeNow()
@@ -240,6 +267,8 @@ func (m *File) guardWrite(end int64, after bool) error {
 	what := fmt.Sprintf("%d bytes after a write ending at %d", now, end)
 	if !after {
 		what = fmt.Sprintf("%d bytes before a write ending at %d, refused", now, end)
+	} else {
+		m.grown.Store(true) // reads of the hole it left are refused from now on (readGuard)
 	}
 	return &os.PathError{Op: "pwrite", Path: m.path, Err: fmt.Errorf("%w: %s, %d when opened: truncated under the array, and grown back by its writes",
 		ErrShrunk, what, m.size)}
@@ -295,7 +324,11 @@ func (m *File) ReadvAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error) 
 		return 0, &os.PathError{Op: "preadv", Path: m.path, Err: unix.EINVAL}
 	}
 	if !m.vecAligned(bufs, off) {
-		return m.bounceRead(bufs, total, off)
+		n, err := m.bounceRead(bufs, total, off)
+		if err == nil {
+			err = m.readGuard("preadv", off, n)
+		}
+		return n, err
 	}
 	n, err := m.vec(unix.SYS_PREADV, Iovecs(iov, bufs, 0), off)
 	if err != nil {
@@ -309,7 +342,7 @@ func (m *File) ReadvAt(bufs [][]byte, off int64, iov []unix.Iovec) (int, error) 
 			return n, err
 		}
 	}
-	return n, nil
+	return n, m.readGuard("preadv", off, n)
 }
 
 // WritevAt writes bufs at consecutive offsets from off with pwritev (Vectored), finishing

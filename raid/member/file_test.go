@@ -78,8 +78,9 @@ func TestFile(t *testing.T) {
 	}
 }
 
-// TestWriteGrowsTruncated: a write that grows a file truncated under the array back towards its
-// size is ErrShrunk (its bytes are written: the member is failed with it), and a write that would
+// TestWriteGrowsTruncated: a write that would grow a file truncated under the array back towards
+// its size is ErrShrunk (refused before it writes where the file has its tail mapping, else
+// found after it: the member is failed with it), and a write that would
 // grow it back whole, to Size, is refused before it writes, for each of WriteAt, WritevAt and
 // WriteAtDSync, buffered and direct. A write within the new end is not refused (the flush's size
 // check fails the member), nor is any write to a file of its full size.
@@ -120,15 +121,19 @@ func TestWriteGrowsTruncated(t *testing.T) {
 					t.Fatalf("write within the new end: %v", err)
 				}
 				if _, err := write(m, p, cut+65536); !errors.Is(err, member.ErrShrunk) {
-					t.Fatalf("write that grew the truncated file: %v; want ErrShrunk", err)
+					t.Fatalf("write that would grow the truncated file: %v; want ErrShrunk", err)
 				}
-				if fi, err := os.Stat(path); err != nil || fi.Size() != cut+65536+8192 {
-					t.Fatalf("after the growing write: %v, %v; want it written", fi.Size(), err)
+				// Refused before it wrote where the file has its tail mapping (the file still
+				// cut), else found after (the file grown by it).
+				fi, err := os.Stat(path)
+				if err != nil || fi.Size() != cut && fi.Size() != cut+65536+8192 {
+					t.Fatalf("after the growing write: %v, %v; want %d (refused) or %d (written)", fi.Size(), err, cut, cut+65536+8192)
 				}
+				was := fi.Size()
 				if n, err := write(m, p, size-8192); !errors.Is(err, member.ErrShrunk) || n != 0 {
 					t.Fatalf("write that would grow the file back whole: %d, %v; want 0, ErrShrunk", n, err)
 				}
-				if fi, err := os.Stat(path); err != nil || fi.Size() != cut+65536+8192 {
+				if fi, err := os.Stat(path); err != nil || fi.Size() != was {
 					t.Fatalf("after the refused write: %v, %v; want the file unchanged", fi.Size(), err)
 				}
 			})

@@ -130,6 +130,9 @@ func (m *File) CopyMapped(p []byte, off int64) (ok bool) {
 // a copy, which may load its tail first): not zero, the file reached past it then; zero, the
 // file's size now (fstat) must cover the range. It may fault.
 func (m *File) covers(mp []byte, end int64) bool {
+	if m.grown.Load() {
+		return false // grown back by a write: the caller's pread reports it (readGuard)
+	}
 	if mp[end-1] != 0 || (end <= m.tailOff && m.reachesTail()) {
 		return true
 	}
