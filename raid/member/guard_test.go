@@ -43,16 +43,8 @@ func BenchmarkSizeGuard(b *testing.B) {
 // below that page (a fault, caught), and again once the file has grown back into it; a cut
 // within the last page leaves it reaching.
 func TestReachesTail(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.img")
 	const size = 1<<20 + 512 // not a whole number of pages
-	if err := CreateFile(path, size); err != nil {
-		t.Fatal(err)
-	}
-	m, err := OpenFile(path, Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m, path := openTestFile(t, size)
 	if m.tail == nil || m.tailOff != 1<<20 {
 		t.Fatalf("tail mapping %v at %d; want one at %d", m.tail != nil, m.tailOff, 1<<20)
 	}
@@ -75,16 +67,8 @@ func TestReachesTail(t *testing.T) {
 // data: ErrShortRead (or false), so the array reconstructs the range until the member is
 // failed with that write.
 func TestReadGrownBack(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.img")
 	const size = 4 << 20
-	if err := CreateFile(path, size); err != nil {
-		t.Fatal(err)
-	}
-	m, err := OpenFile(path, Exclusive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m, path := openTestFile(t, size)
 	data := make([]byte, size)
 	for i := range data {
 		data[i] = byte(i%251 + 1)
@@ -122,4 +106,20 @@ func TestReadGrownBack(t *testing.T) {
 	if m.CopyMapped(p, size/2-4096) { // ends in the grown-back write's data, not zero
 		t.Errorf("CopyMapped across the hole's end: true")
 	}
+}
+
+// openTestFile creates a member file of size bytes and opens it for exclusive use, closed at
+// the test's end.
+func openTestFile(t *testing.T, size int64) (*File, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.img")
+	if err := CreateFile(path, size); err != nil {
+		t.Fatal(err)
+	}
+	m, err := OpenFile(path, Exclusive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m, path
 }
