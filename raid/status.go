@@ -159,8 +159,6 @@ func (a *Array) Status() Status {
 	st := Status{Events: v.events, Layout: a.layout, Size: a.size, Unclean: v.unclean, ReadOnly: a.readOnly, UUID: v.uuid,
 		WriteHole: a.writeHole.Load(), SuperblocksBusy: busy}
 	st.Dirty = a.dirty.Load() || v.unclean
-	st.Missing = a.roles.missing()
-	failed := a.roles.failed()
 	features := v.features
 	for i, m := range v.members {
 		ms := v.status[i]
@@ -182,6 +180,11 @@ func (a *Array) Status() Status {
 		}
 		st.Members = append(st.Members, ms)
 	}
+	// After the members' states: a member is marked faulty before the role table counts it
+	// (fail), so a member shown faulty above has its role missing here, and the array is
+	// never shown active beside a faulty member (TestHungMember saw that once).
+	st.Missing = a.roles.missing()
+	failed := a.roles.failed()
 	switch {
 	case features&featureJournal != 0:
 		st.Consistency = ConsistencyJournal
