@@ -507,6 +507,14 @@ func TestParseURI(t *testing.T) {
 		{"http://host/", client.URI{}, true},
 		{"nbd:///exp", client.URI{}, true},
 		{"nbd://host/?tls=1", client.URI{}, true},
+		{"nbd://[fe80::1%25eth0]:99/x", client.URI{"tcp", "[fe80::1%eth0]:99", "x", false}, false},
+		{"nbd://::", client.URI{}, true}, // a fuzzer's find: once accepted as host ":"
+		{"nbd://::1/", client.URI{}, true},
+		{"nbd://:10809/", client.URI{}, true},
+		{"nbd://[1.2.3.4]/", client.URI{}, true},
+		{"nbd://a%20b/", client.URI{}, true},
+		{"nbd://host:0/", client.URI{}, true},
+		{"nbd://host:65536/", client.URI{}, true},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			got, err := client.ParseURI(tc.in)

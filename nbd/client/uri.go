@@ -1,9 +1,12 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -48,8 +51,13 @@ func ParseURI(s string) (URI, error) {
 			return URI{}, fmt.Errorf("%w: %q: unexpected query for %s://", ErrBadURI, s, u.Scheme)
 		}
 		host, port := u.Hostname(), u.Port()
+		if err := checkHost(host, strings.HasPrefix(u.Host, "[")); err != nil {
+			return URI{}, fmt.Errorf("%w: %q: %v", ErrBadURI, s, err)
+		}
 		if port == "" {
 			port = DefaultPort
+		} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return URI{}, fmt.Errorf("%w: %q: port %q is not a number from 1 to 65535", ErrBadURI, s, port)
 		}
 		return URI{Network: "tcp", Address: net.JoinHostPort(host, port), Export: export, TLS: withTLS}, nil
 	case "nbd+unix":
@@ -65,6 +73,26 @@ func ParseURI(s string) (URI, error) {
 	return URI{}, fmt.Errorf("%w: %q: scheme must be nbd, nbd+unix, nbds or nbds+unix", ErrBadURI, s)
 }
 
+// checkHost accepts a host name made of letters, digits, '-', '_' and '.', or an IP address;
+// an IPv6 address (anything with a colon) only in brackets, as URIs write it.
+func checkHost(host string, bracketed bool) error {
+	if host == "" {
+		return errors.New("no host")
+	}
+	if bracketed || strings.Contains(host, ":") {
+		if a, err := netip.ParseAddr(host); err != nil || !bracketed || !a.Is6() {
+			return fmt.Errorf("host %q is not an IPv6 address in brackets", host)
+		}
+		return nil
+	}
+	for _, c := range host {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("host %q has a character %q that no host name has", host, c)
+		}
+	}
+	return nil
+}
+
 // String writes u back as an NBD URI.
 func (u URI) String() string {
 	p := (&url.URL{Path: "/" + u.Export}).EscapedPath()
@@ -75,7 +103,11 @@ func (u URI) String() string {
 	if u.Network == "unix" {
 		return s + "+unix://" + p + "?socket=" + url.QueryEscape(u.Address)
 	}
-	return s + "://" + u.Address + p
+	addr := u.Address
+	if host, port, err := net.SplitHostPort(addr); err == nil && strings.Contains(host, "%") {
+		addr = "[" + strings.Replace(host, "%", "%25", 1) + "]:" + port // a zone, escaped as URIs write it
+	}
+	return s + "://" + addr + p
 }
 
 // serverName is the name a TLS client checks the server certificate against when the
