@@ -46,6 +46,9 @@
 //     STALL_SECS (bench-remote.sh: a device with requests in flight and none completed for
 //     that long gets lib.sh's stall_report: the driver's in-flight list, the servers' and the
 //     driver's kernel stacks, the blocked tasks).
+//   - RAID5D_VM_B=FILE puts a second static raid5d (CGO_ENABLED=0 go build of another commit)
+//     in the guest as raid5d-b, which bench.sh's config raid5d-b serves: a before/after in one
+//     boot, e.g. CONFIGS="raid5d-b raid5d md+nbdkit".
 //   - RAID5D_VM_PROFILE=DIR runs TestProfile (make profile-vm): the servers' CPU and system
 //     calls per request behind the kernel client, raid5d's counter deltas per job and its CPU
 //     profiles, written to DIR; RUNTIME, SIZE, SPECS, JOBS, SERVE_FLAGS, QUEUE and TRACE

@@ -84,7 +84,8 @@ type baseImage struct {
 	libDirs []string        // directories holding the copied libraries, for LD_LIBRARY_PATH
 }
 
-// buildBase writes the base archive to dst, with raid5d (a static binary) at /usr/bin/raid5d.
+// buildBase writes the base archive to dst, with raid5d (a static binary) at /usr/bin/raid5d,
+// and the static binary RAID5D_VM_B names, if set, at /usr/bin/raid5d-b.
 func buildBase(dst, raid5d string) (*baseImage, error) {
 	img := &baseImage{path: dst, tools: map[string]bool{}}
 	busybox, err := lookTool("busybox")
@@ -106,6 +107,13 @@ func buildBase(dst, raid5d string) (*baseImage, error) {
 	files[dash] = dash
 	bins := []string{dash}
 	files["/usr/bin/raid5d"] = raid5d
+	if b := os.Getenv("RAID5D_VM_B"); b != "" {
+		// a second raid5d for A/B runs (bench.sh's raid5d-b): a static build of another commit
+		if dynamic, err := isDynamic(b); err != nil || dynamic {
+			return nil, fmt.Errorf("RAID5D_VM_B=%s is not a static binary (%v): build it with CGO_ENABLED=0", b, err)
+		}
+		files["/usr/bin/raid5d-b"] = b
+	}
 	for _, tool := range guestTools {
 		p, err := lookTool(tool)
 		if err != nil {

@@ -9,7 +9,8 @@
 # through the page cache (--direct off; block devices are opened O_DIRECT by default); raid5d-nb,
 # raid5d created with --consistency none (no write-intent bitmap, as md has none at this size);
 # raid5d-rSIZE (e.g. raid5d-r64m), raid5d created with --bitmap-region SIZE (64M: mdadm's
-# default bitmap chunk). fio with
+# default bitmap chunk); raid5d-b, raid5d as the second binary (make bench-vm RAID5D_VM_B=a
+# static raid5d build of another commit: a before/after in one boot). fio with
 # libaio and O_DIRECT, each job time-bounded. Prints one RESULT line per round, config and
 # workload: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
 #
@@ -60,10 +61,12 @@ setup() {
 		nbd_connect "$NBD" -u "$NBDKIT_SOCK" "$NBD" -b 4096
 		DEV=$NBD
 		;;
-	raid5d | raid5d+msk | raid5d+nm | raid5d-pc | raid5d-nb | raid5d-r*)
+	raid5d | raid5d+msk | raid5d+nm | raid5d-pc | raid5d-nb | raid5d-r* | raid5d-b)
 		# raid5d-pc: the RAM disks through the page cache (--direct off) instead of O_DIRECT
 		# (the default for block devices), so whole-stripe writes can be placed.
 		md_down
+		RAID5D_BIN=raid5d
+		[ "$1" != raid5d-b ] || RAID5D_BIN=raid5d-b
 		case $1 in
 		raid5d-nb) create --chunk 16K --consistency none ;;
 		raid5d-r*) create --chunk 16K --bitmap-region "${1#raid5d-r}" ;;
@@ -89,7 +92,7 @@ teardown() {
 		kill "$(cat /run/nbdkit.pid)"
 		wait_for 30 "nbdkit to exit" sh -c '! kill -0 $(cat /run/nbdkit.pid)'
 		;;
-	raid5d | raid5d+msk | raid5d+nm | raid5d-pc | raid5d-nb | raid5d-r*)
+	raid5d | raid5d+msk | raid5d+nm | raid5d-pc | raid5d-nb | raid5d-r* | raid5d-b)
 		detach
 		stop_daemon
 		;;

@@ -41,7 +41,7 @@ wait_for() {
 
 # create [FLAGS]: a new array on the four RAM disks (zeroed by create).
 create() {
-	raid5d create --force "$@" $MEMBERS >/dev/null || die "raid5d create $* failed"
+	${RAID5D_BIN:-raid5d} create --force "$@" $MEMBERS >/dev/null || die "raid5d create $* failed"
 }
 
 daemon_answers() {
@@ -52,7 +52,7 @@ daemon_answers() {
 # specs) in the background (TCP on 127.0.0.1:$PORT, or the flags' --socket), with metrics on
 # $METRICS, and waits until it answers its control socket and listens.
 serve() {
-	raid5d serve --metrics "$METRICS" "$@" ${SERVE_MEMBERS:-$MEMBERS} >>"$RAID5D_LOG" 2>&1 &
+	${RAID5D_BIN:-raid5d} serve --metrics "$METRICS" "$@" ${SERVE_MEMBERS:-$MEMBERS} >>"$RAID5D_LOG" 2>&1 &
 	RAID5D_PID=$!
 	wait_for 60 "raid5d to answer status" daemon_answers
 	case " $* " in

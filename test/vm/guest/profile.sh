@@ -15,7 +15,7 @@
 #
 # Environment: RUNTIME (seconds per job, 6), SIZE (MiB the jobs use, 256), SPECS (what runs, in
 # order: SERVER:TRANSPORT:CONNS[:CLOCKSOURCE]; SERVER raid5d, raid5d-nb (--consistency none: no
-# bitmap, as md here) or nbdkit; TRANSPORT tcp or unix; CONNS nbd-client's -C; CLOCKSOURCE
+# bitmap, as md here), raid5d-b (the binary RAID5D_VM_B names: a before/after) or nbdkit; TRANSPORT tcp or unix; CONNS nbd-client's -C; CLOCKSOURCE
 # switches the kernel's clock first, e.g. tsc where RAID5D_VM_APPEND="tsc=reliable" made it one),
 # JOBS (the workloads' names, of randread-4k randwrite-4k seqwrite-48k seqwrite-1M; the first
 # three by default), SERVE_FLAGS (more flags
@@ -142,8 +142,11 @@ for spec in $SPECS; do
 		log "clocksource now $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 	fi
 	case $server in
-	raid5d | raid5d-nb)
-		# raid5d-nb: --consistency none, no write-intent bitmap (as md at this size)
+	raid5d | raid5d-nb | raid5d-b)
+		# raid5d-nb: --consistency none, no write-intent bitmap (as md at this size); raid5d-b:
+		# the second binary (RAID5D_VM_B)
+		RAID5D_BIN=raid5d
+		[ $server != raid5d-b ] || RAID5D_BIN=raid5d-b
 		if [ -e /sys/block/md0/md ]; then
 			mdadm --stop "$MD" >/dev/null 2>&1 || die "mdadm --stop"
 			mdadm --zero-superblock $MEMBERS >/dev/null 2>&1 || true
