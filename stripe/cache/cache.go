@@ -102,6 +102,7 @@ type Cache struct {
 	spare   freeList  // *head, unbound, for write-through
 	batches sync.Pool // *batch
 	nBatch  int64     // most stripes in one batch (writeFulls); < 2: no batches
+	nJoin   int64     // most whole stripes in a batch a head joins (writeJoined): nBatch, or nBatch-1 under LimitBatch
 
 	full, rmw, rcw, copied, hits, misses, evictions, through atomic.Uint64
 	// noRefs, set by Unpin, makes fill copy every unit instead of referencing a pinned buffer.
@@ -140,21 +141,26 @@ func New(layout stripe.Layout, coder *parity.Coder, m Backend, locks *stripe.Loc
 	}
 	c.spare.New = func() any { h := &head{}; c.alloc(h); return h }
 	c.nBatch = min(maxBatchBytes/layout.StripeSize(), stripe.NumLocks)
+	c.nJoin = c.nBatch // the joined head needs no scratch: a batch's memory bound holds
 	c.batches.New = func() any {
 		n, m := c.nBatch, int64(layout.Members())
 		return &batch{
 			// Written from by members: aligned for direct I/O.
 			data: aligned.Make(int(n * layout.StripeSize())), par: aligned.Make(int(n * c.chunk)),
 			ops: make([]stripe.MemberOp, 0, n*m), vecs: make([][]byte, 0, n*m), shards: make([][]byte, c.nd+1),
+			lead: make([][]byte, 0, m*int64(c.upc)), leadAt: make([]int, 2*m), flat: make([][]byte, 0, m*(int64(c.upc)+n)),
 		}
 	}
 	return c
 }
 
-// LimitBatch bounds the whole stripes written together in one batch (one Backend.Do) to n; n < 2
-// turns batches off. A Backend that must hold a batch's member writes in one bounded record (the
+// LimitBatch bounds the stripes written together in one batch (one Backend.Do) to n, a head
+// joined to a batch (writeJoined) included; n < 2 turns batches off. A Backend that must hold a batch's member writes in one bounded record (the
 // array's write journal) calls it before the cache is first used.
-func (c *Cache) LimitBatch(n int64) { c.nBatch = min(c.nBatch, n) }
+func (c *Cache) LimitBatch(n int64) {
+	c.nBatch = min(c.nBatch, n)
+	c.nJoin = min(c.nJoin, n-1) // a joined head counts
+}
 
 // Capacity returns the capacity in stripes.
 func (c *Cache) Capacity() int { return c.cap }

@@ -16,12 +16,13 @@ import (
 
 // memMembers is an in-memory Backend: each role's data area as a slice.
 type memMembers struct {
-	mu        sync.Mutex // guards data, reads, written
-	data      [][]byte   // by role; nil for the missing role
-	missing   int
-	reads     int64 // bytes read
-	written   int64 // bytes written
-	vecWrites int   // vectored write ops
+	mu          sync.Mutex // guards data, reads, written
+	data        [][]byte   // by role; nil for the missing role
+	missing     int
+	reads       int64 // bytes read
+	written     int64 // bytes written
+	vecWrites   int   // vectored write ops
+	plainWrites int   // write ops not vectored
 }
 
 func (m *memMembers) Missing(int64) int { return m.missing }
@@ -50,6 +51,7 @@ func (m *memMembers) Do(ops []stripe.MemberOp) error {
 		if op.Write {
 			copy(d, op.Buf)
 			m.written += int64(len(op.Buf))
+			m.plainWrites++
 		} else {
 			copy(op.Buf, d)
 			m.reads += int64(len(op.Buf))

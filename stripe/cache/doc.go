@@ -44,7 +44,8 @@
 // (Locks.LockSpan), or takes the extra one only with TryLock, which never waits; together that
 // rules out deadlock:
 //
-//   - the cache's writeFulls, a batch of whole stripes, under LockSpan;
+//   - the cache's writeFulls, a batch of whole stripes, and writeJoined, a partial stripe and
+//     the whole ones after it, under LockSpan;
 //   - the cache's eviction (bind): a write holding its stripe's lock takes a clean victim's
 //     lock with TryLock, under Cache.mu, and skips the victim when it is busy;
 //   - in package raid, Trim of whole stripes (Discard is called under it), and each batch of a

@@ -11,7 +11,10 @@ type batch struct {
 	data   []byte // nBatch stripes of data: the copy of the caller's, without stable pages
 	par    []byte // nBatch parity chunks
 	ops    []stripe.MemberOp
-	vecs   [][]byte // the ops' Vec: slot r·n+i holds role r's chunk of the batch's stripe i, or nil
+	vecs   [][]byte // slot r·n+i holds role r's chunk of the batch's whole stripe i, or nil
+	lead   [][]byte // a joined head's buffers (leadPieces): at most a piece per unit and parity unit
+	leadAt []int    // role r's buffers in lead: [leadAt[2r], leadAt[2r+1])
+	flat   [][]byte // the ops' Vec, back to back: per role, lead's pieces and a chunk per stripe
 	shards [][]byte
 	plan   stripe.Plan
 }
@@ -26,7 +29,12 @@ type batch struct {
 // unit and drops it after the unit's last member write), everything else is copied. With pin
 // nil, p is never kept.
 //
-// Runs of whole stripes are written in batches of up to maxBatchBytes (writeFulls).
+// Runs of whole stripes are written in batches of up to maxBatchBytes (writeFulls). A write
+// that starts inside a stripe and goes on over whole ones joins that first stripe to the batch
+// when its head then holds the whole stripe dirty (writeJoined): the usual case of a stream of
+// sequential writes that are not multiples of the stripe, such as the kernel client's 128 KiB
+// requests over 48 KiB stripes, where the previous write left the stripe's first part in its
+// head.
 //
 // On error n is the length of the prefix of p in the stripes before the one (or the batch)
 // that failed, which were written (or cached) completely.
@@ -34,6 +42,13 @@ func (c *Cache) Write(p []byte, off int64, stable bool, pin *Pin) (int, error) {
 	ss := c.layout.StripeSize()
 	for done := int64(0); done < int64(len(p)); {
 		pos := off + done
+		if n := c.joinable(pos, int64(len(p))-done); n > 0 {
+			if err := c.writeJoined(p[done:done+n], pos, stable, pin); err != nil {
+				return int(done), err
+			}
+			done += n
+			continue
+		}
 		if k := min((int64(len(p))-done)/ss, c.nBatch); pos%ss == 0 && k >= 2 {
 			if err := c.writeFulls(p[done:done+k*ss], pos/ss, k, stable); err != nil {
 				return int(done), err
@@ -56,11 +71,16 @@ func (c *Cache) Write(p []byte, off int64, stable bool, pin *Pin) (int, error) {
 // write-out (dirtied). With no head to bind (every head dirty or busy, or a cache of no heads)
 // the units go into a spare head that is written out at once and forgotten: a write-through.
 func (c *Cache) writeStripe(q []byte, pos int64, stable bool, pin *Pin) error {
-	ss := c.layout.StripeSize()
-	s := pos / ss
-	lk := c.locks.For(s)
+	lk := c.locks.For(pos / c.layout.StripeSize())
 	lk.Lock()
 	defer lk.Unlock()
+	return c.writeStripeLocked(q, pos, stable, pin)
+}
+
+// writeStripeLocked is writeStripe with the stripe's lock held.
+func (c *Cache) writeStripeLocked(q []byte, pos int64, stable bool, pin *Pin) error {
+	ss := c.layout.StripeSize()
+	s := pos / ss
 	h := c.lookup(s)
 	if int64(len(q)) == ss {
 		return c.writeFull(h, s, q, stable)
@@ -248,18 +268,88 @@ func (c *Cache) writeFull(h *head, s int64, q []byte, stable bool) error {
 }
 
 // writeFulls writes the n ≥ 2 whole stripes from s0 on from q, as writeFull does for one, but
-// together: under all their locks (LockSpan), parity of each from its data alone, then one
-// vectored write per member of its chunks of all n stripes (data and parity chunks alike are
-// contiguous on a member: chunk s·C of the data area), so a 1 MiB write is a few system calls
-// and hand-offs instead of four per stripe. Without stable, q is copied first. The stripes'
-// heads, if any, are forgotten (all overwritten). On error the stripes may be written in part.
+// together, under all their locks (LockSpan): writeFullsLocked.
 func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 	c.locks.LockSpan(s0, n)
 	defer c.locks.UnlockSpan(s0, n)
+	return c.writeFullsLocked(q, s0, n, stable, nil)
+}
+
+// joinable returns the length of the piece of a write from array offset pos, rest bytes long,
+// that writeJoined writes: from pos, inside a stripe and on a unit boundary, to the end of at
+// least one whole stripe after it, as many as a batch holds (nJoin); or 0 when there is no such
+// piece (or no heads or no batches).
+func (c *Cache) joinable(pos, rest int64) int64 {
+	ss := c.layout.StripeSize()
+	w := pos % ss
+	if w == 0 || w%stripe.UnitSize != 0 || c.cap == 0 || c.nBatch < 2 || c.nJoin < 1 {
+		return 0
+	}
+	k := min((rest-(ss-w))/ss, c.nJoin)
+	if k < 1 {
+		return 0
+	}
+	return ss - w + k*ss
+}
+
+// writeJoined writes q (a piece joinable returned) at array offset pos, under the locks of all
+// its stripes (LockSpan): its first stripe s is partial, then come k whole ones. When s's head
+// holds every unit before pos dirty, q's part of s goes into the head, which is then all dirty,
+// and the head is written out in the same batch as the whole stripes (writeFullsLocked), one
+// vectored write per member for all of them, instead of alone by a write-out goroutine. Otherwise
+// it is what Write does without the join: s's part into its head (writeStripeLocked), the whole
+// stripes as a batch.
+func (c *Cache) writeJoined(q []byte, pos int64, stable bool, pin *Pin) error {
+	ss := c.layout.StripeSize()
+	s, w := pos/ss, pos%ss
+	k := (int64(len(q)) - (ss - w)) / ss
+	c.locks.LockSpan(s, k+1)
+	defer c.locks.UnlockSpan(s, k+1)
+	h := c.lookup(s)
+	if h == nil || !c.dirtyBefore(h, w) {
+		if err := c.writeStripeLocked(q[:ss-w], pos, stable, pin); err != nil {
+			return err
+		}
+		return c.writeFullsLocked(q[ss-w:], s+1, k, stable, nil)
+	}
+	// Whole units only: fill reads nothing in, so it cannot fail.
+	if err := c.fill(h, s, q[:ss-w], w, pin); err != nil {
+		panic("cache: fill of whole units failed: " + err.Error())
+	}
+	return c.writeFullsLocked(q[ss-w:], s+1, k, stable, h)
+}
+
+// dirtyBefore reports whether head h holds every unit before stripe offset w (a multiple of
+// stripe.UnitSize) dirty. Unit i of a head's st lies at stripe offset i·stripe.UnitSize.
+func (c *Cache) dirtyBefore(h *head, w int64) bool {
+	for _, st := range h.st[:w/stripe.UnitSize] {
+		if st&stDirty == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// writeFullsLocked writes the n ≥ 1 whole stripes from s0 on from q, with their locks held:
+// parity of each from its data alone, then one vectored write per member of its chunks of all
+// n stripes (data and parity chunks alike are contiguous on a member: chunk s·C of the data
+// area), so a 1 MiB write is a few system calls and hand-offs instead of four per stripe.
+// Without stable, q is copied first. The stripes' heads, if any, are forgotten (all
+// overwritten).
+//
+// lead, if not nil, is the head of stripe s0-1 (its lock held too), every unit of it dirty: it
+// is written whole in the same batch, its parity computed into the head, its chunks written
+// from the head's units (copied or referenced); on success it is emptied and clean, as writeFull
+// leaves a cached head; on error it stays dirty, queued to be written out again.
+//
+// On error the stripes may be written in part.
+func (c *Cache) writeFullsLocked(q []byte, s0, n int64, stable bool, lead *head) error {
 	b := c.batches.Get().(*batch)
 	defer func() {
 		clear(b.ops[:cap(b.ops)])
 		clear(b.vecs[:cap(b.vecs)])
+		clear(b.flat[:cap(b.flat)])
+		clear(b.lead[:cap(b.lead)])
 		clear(b.shards)
 		c.batches.Put(b)
 	}()
@@ -271,9 +361,16 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 		c.copied.Add(uint64(len(q)))
 	}
 	m := int64(c.layout.Members())
+	p := &b.plan
+	first, total := s0, n
+	if lead != nil {
+		first, total = s0-1, n+1
+		if err := c.leadPieces(b, lead, first); err != nil {
+			return err
+		}
+	}
 	vecs := b.vecs[:n*m]
 	clear(vecs)
-	p := &b.plan
 	for i := range n {
 		s := s0 + i
 		if h := c.lookup(s); h != nil {
@@ -288,29 +385,96 @@ func (c *Cache) writeFulls(q []byte, s0, n int64, stable bool) error {
 			vecs[int64(r.Role)*n+i] = c.wholeRun(r, q, P)
 		}
 	}
-	// One vectored write per member and run of stripes it is not missing in.
-	ops := b.ops[:0]
+	// One vectored write per member and run of stripes it is not missing in. flat holds every
+	// op's Vec back to back (its capacity is never exceeded, so the ops' slices stay valid).
+	ops, flat := b.ops[:0], b.flat[:0]
 	for r := range m {
-		v := vecs[r*n : (r+1)*n]
-		for i := int64(0); i < n; {
-			if v[i] == nil {
-				i++
+		i0, v0 := int64(-1), 0 // the open run: its first stripe (of the batch's total), its first piece in flat
+		for i := int64(0); i <= total; i++ {
+			var pieces [][]byte
+			switch {
+			case i == total:
+			case lead != nil && i == 0:
+				pieces = b.lead[b.leadAt[2*r]:b.leadAt[2*r+1]]
+			case lead != nil:
+				pieces = vecs[r*n+i-1 : r*n+i]
+			default:
+				pieces = vecs[r*n+i : r*n+i+1]
+			}
+			if len(pieces) == 1 && pieces[0] == nil {
+				pieces = nil
+			}
+			if len(pieces) > 0 {
+				if i0 < 0 {
+					i0, v0 = i, len(flat)
+				}
+				flat = append(flat, pieces...)
 				continue
 			}
-			j := i + 1
-			for j < n && v[j] != nil {
-				j++
+			if i0 >= 0 {
+				ops = append(ops, stripe.MemberOp{Role: int(r), Off: (first + i0) * C, Write: true,
+					Vec: flat[v0:len(flat):len(flat)], Stripe: first + i0, Stripes: i - i0})
+				i0 = -1
 			}
-			ops = append(ops, stripe.MemberOp{Role: int(r), Off: (s0 + i) * C, Write: true, Vec: v[i:j:j], Stripe: s0 + i, Stripes: j - i})
-			i = j
 		}
 	}
-	b.ops = ops
+	b.ops, b.flat = ops, flat
 	if err := c.backend.Do(ops); err != nil {
+		if lead != nil {
+			lead.mustRCW = true
+			c.dirtied(lead, false)
+		}
 		return err
 	}
-	c.checkStripes(s0, n, "batch of full-stripe writes") // invariants: parity matches the data
-	c.full.Add(uint64(n))
+	if lead != nil {
+		lead.reset() // keep nothing, as writeFull: written whole
+		c.cleaned(lead)
+	}
+	c.checkStripes(first, total, "batch of full-stripe writes") // invariants: parity matches the data
+	c.full.Add(uint64(total))
+	return nil
+}
+
+// leadPieces computes the parity of stripe s, whose head h holds every unit dirty, into the
+// head, and sets b.lead to the buffers of its planned writes, one run of them per role (units
+// contiguous in memory merged), role r's at b.lead[b.leadAt[2r]:b.leadAt[2r+1]] (empty for a
+// role not written).
+func (c *Cache) leadPieces(b *batch, h *head, s int64) error {
+	p := &b.plan
+	stripe.PlanWrite(p, c.layout, stripe.WriteState{Stripe: s, Missing: c.backend.Missing(s)}) // Units nil: written whole
+	for u, col := range p.Cols {
+		if col != stripe.ColEncode {
+			continue
+		}
+		for d := range c.nd {
+			b.shards[d] = c.src(h, d, u)
+		}
+		b.shards[c.nd] = c.parityUnit(h, u)
+		if err := c.coder.Encode(b.shards); err != nil {
+			return err
+		}
+	}
+	clear(b.shards)
+	lp := b.lead[:0]
+	clear(b.leadAt)
+	for _, r := range p.Writes {
+		lo := len(lp)
+		for u := r.Unit; u < r.Unit+r.N; u++ {
+			var x []byte
+			if r.Chunk == c.nd {
+				x = c.parityUnit(h, u)
+			} else {
+				x = c.src(h, r.Chunk, u)
+			}
+			if k := len(lp); k > lo && contiguous(lp[k-1], x) {
+				lp[k-1] = lp[k-1][:len(lp[k-1])+len(x)]
+			} else {
+				lp = append(lp, x)
+			}
+		}
+		b.leadAt[2*r.Role], b.leadAt[2*r.Role+1] = lo, len(lp)
+	}
+	b.lead = lp
 	return nil
 }
 
