@@ -125,6 +125,9 @@ func TestHazard(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.unsafe && invariantsEnabled {
+				t.Skip("the invariants build panics on the stale parity this case shows")
+			}
 			ms := newMems("h", n, raid.DataOffset+8*C)
 			hooked := make([]raid.Member, n)
 			ps := make([]*pauser, n)
@@ -235,6 +238,9 @@ func TestHazard(t *testing.T) {
 // read-modify-write the old data and parity (2); a tie goes to read-modify-write — and parity
 // is right afterwards. Also a one-unit write within a larger chunk, counted in units.
 func TestPlan(t *testing.T) {
+	if invariantsEnabled {
+		t.Skip("the invariants build re-reads every stripe it writes: reads and allocations are not counted")
+	}
 	for _, n := range []int{3, 4, 8} {
 		for _, chunk := range []int64{4 << 10, 16 << 10} {
 			t.Run(fmt.Sprintf("n%d-c%dk", n, chunk>>10), func(t *testing.T) {
@@ -289,6 +295,9 @@ func TestPlan(t *testing.T) {
 // client with a deep queue sends them), reach the members as full-stripe writes: each stripe is
 // written out once full, whole, with no member read.
 func TestBatching(t *testing.T) {
+	if invariantsEnabled {
+		t.Skip("the invariants build re-reads every stripe it writes: reads and allocations are not counted")
+	}
 	for _, mode := range ioModes[:3] {
 		t.Run(mode.name, func(t *testing.T) {
 			const chunk, stripes = 64 << 10, 40
@@ -870,6 +879,9 @@ func TestSmallWritesFUA(t *testing.T) {
 // took 5 where 4 were allowed); an allocation per write or per write-out makes a thousand or
 // more.
 func TestWriteAllocs(t *testing.T) {
+	if invariantsEnabled {
+		t.Skip("the invariants build re-reads every stripe it writes: reads and allocations are not counted")
+	}
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops items: allocations are not counted")
 	}

@@ -15,6 +15,9 @@ import (
 // parity does not match the data. It costs a stripe's worth of member reads per write and so
 // changes the member read counters; it never changes what is written or returned.
 
+// invariantsEnabled: see invariants_off.go.
+const invariantsEnabled = true
+
 // errParityMismatch is the panic value's sentinel: a stripe's parity on the members does not
 // match its data right after the cache wrote it.
 var errParityMismatch = errors.New("cache: invariants: parity does not match the data")
