@@ -67,6 +67,20 @@ type CachedWriter interface {
 	WriteCached(p []byte, off int64, release func()) bool
 }
 
+// WriteExpecter is implemented by devices that hold partial writes back for a while to join
+// them with their neighbours (raid5d: its stripe cache's edge stripes, written out when the
+// write-back delay runs out). The server's reader calls ExpectWrite with a WRITE's range once
+// it has admitted the request (under the connection's in-flight bounds, its buffer taken),
+// before it reads the payload and a worker writes it, so that the device can keep waiting for
+// a write it knows is coming. Not before admission: a WRITE held at the bound waits for
+// buffers the device may be keeping until it writes out what would wait for that WRITE. A
+// hint: the WRITE may still fail, and the device must not wait for it unboundedly (nor for a
+// placed WRITE, which is not announced). It is called from the connection's reader,
+// concurrently with the other methods.
+type WriteExpecter interface {
+	ExpectWrite(off, length int64)
+}
+
 // PlacedWriter is implemented by devices that can take a WRITE's payload read straight into
 // the memory where it will live (raid5d: its members' files mapped into memory), so that the
 // kernel's copy out of the socket is the only copy. The server uses it, on connections without

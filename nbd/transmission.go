@@ -28,11 +28,12 @@ type conn struct {
 	log *slog.Logger
 
 	sess   *session
-	fua    FUAWriter    // the export's Device as a FUAWriter, or nil
-	pinned PinnedWriter // the export's Device as a PinnedWriter if StablePages is on, or nil
-	mapped MappedReader // the export's Device as a MappedReader if MappedReads is on, or nil
-	placed placedReader // the export's Device as a PlacedWriter, and the socket (placed.go)
-	cached CachedWriter // the export's Device as a CachedWriter, or nil
+	fua    FUAWriter     // the export's Device as a FUAWriter, or nil
+	pinned PinnedWriter  // the export's Device as a PinnedWriter if StablePages is on, or nil
+	mapped MappedReader  // the export's Device as a MappedReader if MappedReads is on, or nil
+	placed placedReader  // the export's Device as a PlacedWriter, and the socket (placed.go)
+	cached CachedWriter  // the export's Device as a CachedWriter, or nil
+	expect WriteExpecter // the export's Device as a WriteExpecter, or nil
 
 	replies // the reply side: reply.go
 	buffers // the in-flight bounds and the buffer pool: pool.go
@@ -99,6 +100,7 @@ func (c *conn) transmit(ctx context.Context, sess *session) {
 		c.mapped, _ = sess.export.Device.(MappedReader)
 	}
 	c.cached, _ = sess.export.Device.(CachedWriter)
+	c.expect, _ = sess.export.Device.(WriteExpecter)
 	if pw, ok := sess.export.Device.(PlacedWriter); ok && c.nc == c.raw { // not under TLS: see PlacedWriter
 		c.placed.init(pw, c.raw)
 	}
@@ -184,6 +186,11 @@ func (c *conn) readRequests() error {
 		}
 		direct = false
 		if h.Type == wire.CmdWrite && h.Length > 0 {
+			if c.expect != nil {
+				// Announced once admitted, not before: a write held at the in-flight bound
+				// may wait for buffers the device keeps until it writes out what waits for it.
+				c.expect.ExpectWrite(int64(h.Offset), int64(h.Length))
+			}
 			if err := c.readPayload(req); err != nil {
 				c.release(req)
 				return err

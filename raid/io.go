@@ -317,6 +317,16 @@ func (a *Array) WriteCached(p []byte, off int64, release func()) bool {
 	return true
 }
 
+// ExpectWrite (nbd.WriteExpecter) tells the stripe cache that a write of n bytes at off is
+// coming, so that the partial stripes at its edges, if their heads hold another write's part,
+// wait for it rather than be written out by a read-modify-write or reconstruct-write when
+// their write-back delay runs out (cache.Expect).
+func (a *Array) ExpectWrite(off, n int64) {
+	if a.cache != nil && a.check(off, n) == nil {
+		a.cache.Expect(off, n)
+	}
+}
+
 // writeAt is WriteAt and WritePinned (pin non-nil): it checks the request, marks the array
 // dirty before the first member write (markDirty), hands p to the stripe cache, the only write
 // path (Cache.Write: stripe by stripe, whole stripes at once, the rest into heads), and before

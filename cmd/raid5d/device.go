@@ -21,6 +21,7 @@ var (
 	_ nbd.PlacedWriter     = arrayDevice{}
 	_ nbd.PlacedProgresser = arrayDevice{}
 	_ nbd.CachedWriter     = arrayDevice{}
+	_ nbd.WriteExpecter    = arrayDevice{}
 )
 
 // raidExtents pools BlockStatus's working slices (one per concurrent request).

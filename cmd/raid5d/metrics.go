@@ -227,6 +227,13 @@ func (d *metricsDevice) WriteCached(p []byte, off int64, release func()) bool {
 	return true
 }
 
+// ExpectWrite passes the hint through when the wrapped device is an nbd.WriteExpecter.
+func (d *metricsDevice) ExpectWrite(off, n int64) {
+	if we, ok := d.d.(nbd.WriteExpecter); ok {
+		we.ExpectWrite(off, n)
+	}
+}
+
 // PlaceUnit passes the wrapped device's unit through (0, no placed writes, if it has none).
 func (d *metricsDevice) PlaceUnit() int64 {
 	if pw, ok := d.d.(nbd.PlacedWriter); ok {

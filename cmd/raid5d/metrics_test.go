@@ -146,6 +146,9 @@ func TestInstrumentDeviceKeepsInterfaces(t *testing.T) {
 	if _, ok := d.(nbd.PinnedWriter); !ok {
 		t.Error("the wrapped array is no PinnedWriter")
 	}
+	if _, ok := d.(nbd.WriteExpecter); !ok {
+		t.Error("the wrapped array is no WriteExpecter: the server's hints would not reach the stripe cache")
+	}
 }
 
 func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {

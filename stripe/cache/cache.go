@@ -107,6 +107,8 @@ type Cache struct {
 	full, rmw, rcw, copied, hits, misses, evictions, through atomic.Uint64
 	// noRefs, set by Unpin, makes fill copy every unit instead of referencing a pinned buffer.
 	noRefs atomic.Bool
+
+	expected [expectSlots]expectSlot // writes announced by Expect, not yet arrived: expect.go
 }
 
 // New returns a cache for the array of layout, whose parity coder is coder, reaching the

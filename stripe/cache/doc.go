@@ -10,7 +10,9 @@
 // head to the members when it has been quiet for WriteBackDelay, at once when every unit is
 // dirty (a full-stripe write: no reads), and oldest first once more than half the heads are
 // dirty, until no more than 3/8 are. A head whose units are all up to date but only some dirty waits like any partial one
-// (its write-out would read nothing, but later writes into the stripe join it). Every
+// (its write-out would read nothing, but later writes into the stripe join it). A head whose
+// stripe a write is expected in (Expect: the NBD server has admitted a WRITE whose edge it is)
+// waits past its delay for that write, up to maxAge delays after its first write. Every
 // write-out executes the plan stripe.PlanWrite makes of its head: a head still partial takes
 // read-modify-write or reconstruct-write, whichever reads fewer units (a tie:
 // read-modify-write). A partial write that finds no free head is written through: into a spare
@@ -27,7 +29,7 @@
 // (heads, unit state, binding and eviction, the LRU and write-out lists), write.go (Write,
 // partial and whole-stripe writes), writeout.go (executing a head's plan: its member I/O),
 // read.go (ReadExtent, Heads, Dirty), writeback.go (the write-out queues and goroutines, Flush,
-// Discard), pin.go (Pin, Unpin), and invariants_on.go and invariants_off.go (under the
+// Discard), expect.go (expected writes), pin.go (Pin, Unpin), and invariants_on.go and invariants_off.go (under the
 // invariants build tag every write-out re-reads its stripe through the Backend and panics if
 // parity does not match the data; without it the checks compile to nothing).
 //

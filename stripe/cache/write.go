@@ -39,6 +39,7 @@ type batch struct {
 // On error n is the length of the prefix of p in the stripes before the one (or the batch)
 // that failed, which were written (or cached) completely.
 func (c *Cache) Write(p []byte, off int64, stable bool, pin *Pin) (int, error) {
+	defer c.arrived(off, int64(len(p)))
 	ss := c.layout.StripeSize()
 	for done := int64(0); done < int64(len(p)); {
 		pos := off + done
@@ -147,6 +148,7 @@ func (c *Cache) WriteCached(q []byte, pos int64, ref bool, release func()) bool 
 	}
 	c.dirtied(h, false)
 	lk.Unlock()
+	c.arrived(pos, n)
 	switch {
 	case pin != nil:
 		pin.Drop()

@@ -270,7 +270,11 @@ func (c *Cache) nextLocked(now time.Time) (*head, time.Duration) {
 		if h == nil {
 			return nil, -1
 		}
-		if c.pressedLocked() || !now.Before(h.due) {
+		pressed := c.pressedLocked()
+		if !pressed && !now.Before(h.due) && c.awaitedLocked(h, now) {
+			h.due = h.first.Add(maxAge * c.delay) // the write that lands in it sets it back (dirtied)
+		}
+		if pressed || !now.Before(h.due) {
 			c.dequeueLocked(h)
 			return h, 0
 		}
