@@ -36,6 +36,7 @@ func runBench(t *testing.T, target, script string, modules ...string) {
 		t.Skipf("a benchmark: make %s runs it (RAID5D_VM_BENCH=1)", target)
 	}
 	needGuest(t, "nbd-client", "mdadm", "fio", "nbdkit")
+	load0 := hostLoad()
 	res := runVM(t, vmRun{
 		script:  guestScript(t, script),
 		modules: modules,
@@ -45,6 +46,7 @@ func runBench(t *testing.T, target, script string, modules ...string) {
 		timeout: 50 * time.Minute,
 	})
 	mustPass(t, res)
+	fmt.Printf("host load average (1, 5, 15 min): %s at the start, %s at the end\n", load0, hostLoad())
 	table, err := benchTable(res.output)
 	if err != nil {
 		t.Fatalf("%v; console:\n%s", err, res.output)
@@ -57,11 +59,26 @@ func runBench(t *testing.T, target, script string, modules ...string) {
 	fmt.Print(table)
 }
 
+// hostLoad is the host's load averages, as /proc/loadavg's first three fields (or "?").
+func hostLoad() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
+}
+
 // benchTable turns bench.sh's RESULT lines into the table: per workload, the median of the
 // rounds for each config (MB/s for sequential jobs, IOPS for random ones), then the ratios of
-// raid5d's configs (raid5d, raid5d+msk, raid5d-pc) to each of the others.
+// raid5d's configs (raid5d, raid5d+msk, raid5d-pc) to each of the others (and raid5d's to
+// raid5d-b's, a before/after), twice: the ratio of the medians, and the median of each round's
+// own ratio. The second is the one to read when the rounds spread: the host's load (the
+// other work on this machine) moves every config's figures together over minutes, and a
+// round's configs run minutes apart at most, so a round's ratio keeps what its figures lose.
+// Each config's lowest and highest round follow.
 func benchTable(console string) (string, error) {
 	samples := map[[2]string][]float64{} // config, workload -> figures
+	byRound := map[[3]string]float64{}   // config, workload, round -> figure
 	var configs, workloads []string
 	seen := map[string]bool{}
 	sc := bufio.NewScanner(strings.NewReader(console))
@@ -94,6 +111,7 @@ func benchTable(console string) (string, error) {
 		}
 		k := [2]string{config, workload}
 		samples[k] = append(samples[k], v)
+		byRound[[3]string{config, workload, f[1]}] = v
 	}
 	if len(samples) == 0 {
 		return "", fmt.Errorf("bench.sh printed no RESULT lines")
@@ -126,31 +144,72 @@ func benchTable(console string) (string, error) {
 		}
 		b.WriteString("\n")
 	}
-	if len(ours) == 0 || len(others) == 0 {
-		return b.String(), nil
-	}
-	fmt.Fprintf(&b, "\n%-14s", "ratio")
+	var pairs [][2]string
 	for _, o := range ours {
 		for _, c := range others {
-			fmt.Fprintf(&b, " %s", o+"/"+c)
+			pairs = append(pairs, [2]string{o, c})
 		}
+		if o != "raid5d-b" && seen["c raid5d-b"] {
+			pairs = append(pairs, [2]string{o, "raid5d-b"})
+		}
+	}
+	if len(pairs) > 0 {
+		ratios(&b, "ratio", pairs, workloads, func(o, c, w string) (float64, bool) {
+			d := med[[2]string{c, w}]
+			return med[[2]string{o, w}] / d, d > 0
+		})
+		ratios(&b, "round ratios", pairs, workloads, func(o, c, w string) (float64, bool) {
+			var rs []float64
+			for r := 1; r <= rounds; r++ {
+				a, okA := byRound[[3]string{o, w, strconv.Itoa(r)}]
+				d, okD := byRound[[3]string{c, w, strconv.Itoa(r)}]
+				if okA && okD && d > 0 {
+					rs = append(rs, a/d)
+				}
+			}
+			return median(rs), len(rs) > 0
+		})
+	}
+	fmt.Fprintf(&b, "\n%-14s", "lowest-highest")
+	for _, c := range configs {
+		fmt.Fprintf(&b, " %*s", max(len(c), 9), c)
 	}
 	b.WriteString("\n")
 	for _, w := range workloads {
 		fmt.Fprintf(&b, "%-14s", w)
-		for _, o := range ours {
-			for _, c := range others {
-				width := len(o + "/" + c)
-				if d := med[[2]string{c, w}]; d > 0 {
-					fmt.Fprintf(&b, " %*.2f", width, med[[2]string{o, w}]/d)
-				} else {
-					fmt.Fprintf(&b, " %*s", width, "-")
-				}
+		for _, c := range configs {
+			v := samples[[2]string{c, w}]
+			lo, hi := v[0], v[0]
+			for _, x := range v {
+				lo, hi = min(lo, x), max(hi, x)
 			}
+			fmt.Fprintf(&b, " %*s", max(len(c), 9), fmt.Sprintf("%.0f-%.0f", lo, hi))
 		}
 		b.WriteString("\n")
 	}
 	return b.String(), nil
+}
+
+// ratios writes a block of ratios headed title: a column per pair (A/B), a row per workload,
+// each cell f(A, B, workload), or "-" where f reports none.
+func ratios(b *strings.Builder, title string, pairs [][2]string, workloads []string, f func(o, c, w string) (float64, bool)) {
+	fmt.Fprintf(b, "\n%-14s", title)
+	for _, p := range pairs {
+		fmt.Fprintf(b, " %s", p[0]+"/"+p[1])
+	}
+	b.WriteString("\n")
+	for _, w := range workloads {
+		fmt.Fprintf(b, "%-14s", w)
+		for _, p := range pairs {
+			width := len(p[0] + "/" + p[1])
+			if r, ok := f(p[0], p[1], w); ok {
+				fmt.Fprintf(b, " %*.2f", width, r)
+			} else {
+				fmt.Fprintf(b, " %*s", width, "-")
+			}
+		}
+		b.WriteString("\n")
+	}
 }
 
 // median of xs (0 for none).
@@ -167,14 +226,15 @@ func median(xs []float64) float64 {
 }
 
 // TestBenchTable checks the table's arithmetic on canned RESULT lines (no VM): medians of
-// three rounds, MB/s for sequential jobs and IOPS for random ones, raid5d's ratios.
+// three rounds, MB/s for sequential jobs and IOPS for random ones, raid5d's ratios of medians
+// and the median of its rounds' ratios, the lowest and highest rounds.
 func TestBenchTable(t *testing.T) {
 	console := `[ 1.0] kernel noise
 RESULT 1 md seqwrite-1M 100000 97
 RESULT 1 raid5d seqwrite-1M 50000 48
 RESULT 1 md randread-4k 4000 1000
 RESULT 1 raid5d randread-4k 8000 2000
-RESULT 2 raid5d seqwrite-1M 70000 68
+RESULT 2 raid5d seqwrite-1M 140000 136
 RESULT 2 md seqwrite-1M 300000 290
 RESULT 2 raid5d randread-4k 8000 3000
 RESULT 2 md randread-4k 4000 1000
@@ -195,6 +255,12 @@ RESULT 3 raid5d randread-4k 8000 1000
 		"ratio          raid5d/md",
 		"seqwrite-1M         0.30",
 		"randread-4k         2.00",
+		"round ratios   raid5d/md", // 0.50, 0.47, 0.30 and 2, 3, 2
+		"seqwrite-1M         0.47",
+		"randread-4k         2.00",
+		"lowest-highest        md    raid5d",
+		"seqwrite-1M      102-307    51-143",
+		"randread-4k     999-1000 1000-3000",
 	}
 	for _, w := range want {
 		if !strings.Contains(table, w) {

@@ -220,10 +220,15 @@ for _w in seqwrite-1M:write:1M:16 seqwrite-48k:write:48k:16 seqread-1M:read:1M:1
 done
 
 # fio_job NAME RW BS DEPTH DEV: one fio job, libaio and O_DIRECT on the first $SIZE MiB of DEV,
-# $RUNTIME s after a second of ramp; prints KIB_PER_S IOPS.
+# $RUNTIME s after a second of ramp; prints KIB_PER_S IOPS. A write job ends with an fsync of
+# DEV (end_fsync, a FLUSH through the nbd client), inside its timed run: what a server left in
+# memory (nbdkit's page cache, raid5d's stripe cache) is written out in the job that wrote it,
+# not in the next job's or config's time.
 fio_job() {
+	_sync=0
+	case $2 in *write) _sync=1 ;; esac
 	fio --name="$1" --filename="$5" --rw="$2" --bs="$3" --iodepth="$4" --ioengine=libaio --direct=1 \
-		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --minimal >/tmp/fio.out 2>&1 ||
+		--size="${SIZE}M" --time_based --runtime="$RUNTIME" --ramp_time=1 --end_fsync=$_sync --minimal >/tmp/fio.out 2>&1 ||
 		{ cat /tmp/fio.out; die "fio $1 on $5"; }
 	case $2 in
 	*write) awk -F';' '{ print $48, int($49) }' /tmp/fio.out ;;
@@ -231,10 +236,11 @@ fio_job() {
 	esac
 }
 
-# fio_fill DEV: writes the first $SIZE MiB of DEV, so that reads find written data.
+# fio_fill DEV: writes the first $SIZE MiB of DEV, so that reads find written data, and
+# flushes it (end_fsync), so that the first job does not pay for its write-out.
 fio_fill() {
 	fio --name=fill --filename="$1" --rw=write --bs=1M --iodepth=8 --ioengine=libaio --direct=1 \
-		--size="${SIZE}M" >/dev/null 2>&1 || die "fio fill on $1"
+		--size="${SIZE}M" --end_fsync=1 >/dev/null 2>&1 || die "fio fill on $1"
 }
 
 # before_job and after_job CONFIG NAME ROUND run around each job of bench_rounds; a script may
@@ -244,7 +250,7 @@ after_job() { :; }
 
 # bench_rounds: $ROUNDS rounds of the configs $CONFIGS, round 1 in that order and each next
 # round in the reverse of the one before; per config, setup CONFIG (the script's: it sets DEV),
-# fio_fill, every job of $WORKLOADS, teardown CONFIG. Prints one line per round, config and
+# fio_fill, every job of $WORKLOADS (each after drop_caches), teardown CONFIG. Prints one line per round, config and
 # job: RESULT ROUND CONFIG WORKLOAD KIB_PER_S IOPS.
 bench_rounds() {
 	_ifs=$IFS
@@ -258,6 +264,7 @@ bench_rounds() {
 				IFS=:
 				set -- $_w
 				IFS=$_ifs
+				drop_caches # every job starts with the guest's page cache empty and clean
 				before_job "$_c" "$1" "$_round"
 				_name=$1
 				set -- $(fio_job "$1" "$2" "$3" "$4" "$DEV")
