@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,5 +132,119 @@ func TestTruncatedReadPayload(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("ReadAt with its payload cut short still waiting after 20 s")
+	}
+}
+
+// TestLyingReadReplies: a READ answered with a reply no honest server sends fails, and never
+// hands data on: an error flag on a reply that carries a payload anyway (the error is
+// returned, the payload is not data: it is then read as the next reply's header and breaks the
+// connection), a structured reply (not negotiated), a payload cut short on the direct path
+// (a large READ read straight into the caller's buffer) or the buffered one, a reply whose
+// cookie names no request. The next request on the connection fails with ErrDisconnected.
+// Over a socket (the reply reader's read(2)/readv(2) paths) and a net.Pipe (its bufio path, as
+// under TLS).
+func TestLyingReadReplies(t *testing.T) {
+	for _, transport := range []string{"socket", "pipe"} {
+		t.Run(transport, func(t *testing.T) { testLyingReadReplies(t, transport) })
+	}
+}
+
+// serveOn runs fn as the server side of a socket pair (socket) or a net.Pipe and returns the
+// client side; the server side is closed when fn returns.
+func serveOn(t *testing.T, transport string, fn func(nc net.Conn)) net.Conn {
+	if transport == "pipe" {
+		return fakeServer(t, fn)
+	}
+	cc, sc := socketPair(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer sc.Close()
+		fn(sc)
+	}()
+	t.Cleanup(func() {
+		cc.Close()
+		<-done
+	})
+	sc.SetDeadline(time.Now().Add(10 * time.Second))
+	return cc
+}
+
+func testLyingReadReplies(t *testing.T, transport string) {
+	const eio = 5
+	for _, tc := range []struct {
+		name  string
+		n     int
+		reply func(req []byte) []byte
+	}{
+		{"error-with-payload", 4096, func(req []byte) []byte {
+			return simpleReply(req, eio, bytes.Repeat([]byte{0x44}, 4096))
+		}},
+		{"error-with-large-payload", 64 << 10, func(req []byte) []byte {
+			return simpleReply(req, eio, bytes.Repeat([]byte{0x44}, 64<<10))
+		}},
+		{"structured", 4096, func(req []byte) []byte {
+			rep := binary.BigEndian.AppendUint32(nil, 0x668e33ef) // NBD_STRUCTURED_REPLY_MAGIC
+			rep = binary.BigEndian.AppendUint16(rep, 1)           // NBD_REPLY_FLAG_DONE
+			rep = binary.BigEndian.AppendUint16(rep, 1)           // NBD_REPLY_TYPE_OFFSET_DATA
+			rep = append(rep, req[8:16]...)
+			rep = binary.BigEndian.AppendUint32(rep, 8+4096)
+			rep = binary.BigEndian.AppendUint64(rep, 0)
+			return append(rep, bytes.Repeat([]byte{0x44}, 4096)...)
+		}},
+		{"short-direct", 64 << 10, func(req []byte) []byte {
+			return simpleReply(req, 0, bytes.Repeat([]byte{0x44}, 20<<10))
+		}},
+		{"short-buffered", 8 << 10, func(req []byte) []byte {
+			return simpleReply(req, 0, bytes.Repeat([]byte{0x44}, 3<<10))
+		}},
+		{"unknown-cookie", 4096, func(req []byte) []byte {
+			rep := simpleReply(req, 0, bytes.Repeat([]byte{0x44}, 4096))
+			rep[8] ^= 0x80
+			return rep
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cc := serveOn(t, transport, func(nc net.Conn) {
+				goHandshake(nc, 1<<20, client.FlagHasFlags)
+				req := readN(nc, 28)
+				nc.Write(tc.reply(req))
+				// A payload cut short: the server closes the connection. Else it answers
+				// nothing more, and reads requests until the client breaks the connection.
+				if strings.HasPrefix(tc.name, "short") {
+					return
+				}
+				readN(nc, 28)
+				readN(nc, 28)
+			})
+			c, err := client.NewConn(context.Background(), cc, "", client.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			p := make([]byte, tc.n)
+			done := make(chan error, 1)
+			go func() { _, err := c.ReadAt(p, 0); done <- err }()
+			select {
+			case err = <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("ReadAt still waiting after 20 s")
+			}
+			if err == nil {
+				t.Fatalf("ReadAt succeeded (data %x...)", p[:4])
+			}
+			if !bytes.Equal(p, make([]byte, tc.n)) && !strings.HasPrefix(tc.name, "short") {
+				t.Fatalf("ReadAt failed (%v) but wrote the reply's bytes into the buffer", err)
+			}
+			go func() { _, err := c.ReadAt(make([]byte, 512), 0); done <- err }()
+			select {
+			case err = <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the next ReadAt still waiting after 20 s")
+			}
+			if !errors.Is(err, client.ErrDisconnected) {
+				t.Fatalf("the next ReadAt: %v, want ErrDisconnected", err)
+			}
+		})
 	}
 }
