@@ -146,6 +146,10 @@ type crashLoop struct {
 	// mapped: the kill waits until the daemon has written some bytes through the members'
 	// mappings (with bs below a stripe: placed read-modify-writes).
 	mapped bool
+	// churn, if set, runs once the round's load is writing, before the kill's random delay:
+	// it fails a member, rebuilds it, ... (crashChurn). After the restart the loop waits for
+	// the array to be whole again (settled) before the next round.
+	churn func(s *server, a *array, round int, rng *rand.Rand)
 }
 
 // The soak (test/bench/crash-soak.sh) runs the crash loops longer through the environment:
@@ -234,6 +238,9 @@ func (c crashLoop) run(t *testing.T) {
 				return s.crashStatus().Counters.MappedBytesWritten > 0
 			})
 		}
+		if c.churn != nil {
+			c.churn(s, a, i, rng)
+		}
 		time.Sleep(time.Duration(rng.IntN(600)) * time.Millisecond)
 		s.crash()
 		// bench must notice on its own: a SIGTERM would end its run politely (exit 0) if it
@@ -269,6 +276,13 @@ func (c crashLoop) run(t *testing.T) {
 			replayed += s.waitReplayed(i)
 		} else {
 			resynced += s.waitResync(i)
+		}
+		if c.churn != nil {
+			if st := s.status(); len(st.Missing) > 0 { // killed degraded: left out as stale
+				addBack(s, "add", a.members[i%len(a.members)])
+			}
+			s.mustManage("rebuild", "--speed-min", "400M", "--speed-max", "1G")
+			s.waitStatus("the array whole again after the restart", 60*time.Second, (*r5Status).healthy)
 		}
 		if i+1 < c.rounds && !sameSpecs(c.check, c.load, a, i) {
 			s.stop() // a clean shutdown, then the next round's load on the load's specs
@@ -309,6 +323,75 @@ func TestCrashLoop(t *testing.T) {
 		t.Skip("kills raid5d")
 	}
 	crashLoop{rounds: 20, seed: 20261130}.run(t)
+}
+
+// crashChurn is a crash loop's churn: under the round's load it fails member round%4 and,
+// after a random moment of degraded writes, removes it and adds it back as a spare, whose
+// rebuild (slowed to a few MiB/s) runs under the load; the kill comes during the degraded
+// writes (a third of the rounds) or during the rebuild.
+func crashChurn(s *server, a *array, round int, rng *rand.Rand) {
+	m := a.members[round%len(a.members)]
+	s.mustManage("fail", m)
+	time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+	if round%3 == 1 {
+		return // killed degraded
+	}
+	s.mustManage("rebuild", "--speed-min", "4M", "--speed-max", "4M")
+	s.mustManage("remove", m)
+	addBack(s, "add", m)
+}
+
+// addBack runs `raid5d add` or `re-add` of m until it is no longer refused for the writes the
+// member was failed with still under way (raid.ErrMemberBusy), bounded.
+func addBack(s *server, cmd, m string) {
+	s.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, code := s.manage(cmd, m)
+		if code == 0 {
+			return
+		}
+		if !strings.Contains(out, "under way from before it failed") || time.Now().After(deadline) {
+			s.t.Fatalf("raid5d %s %s: exit %d\n%s", cmd, m, code, out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// crashReAdd is crashChurn with the member brought back by re-add (the bitmap's resync of the
+// regions written while it was away), and never killed before the re-add: the kill comes
+// during the re-add's resync (slowed to 4 MiB/s) or, when it has already ended, just after.
+func crashReAdd(s *server, a *array, round int, rng *rand.Rand) {
+	m := a.members[round%len(a.members)]
+	s.mustManage("fail", m)
+	time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+	s.mustManage("rebuild", "--speed-min", "4M", "--speed-max", "4M")
+	addBack(s, "re-add", m)
+}
+
+// TestCrashLoopReAdd is TestCrashLoop (write-intent bitmap) with a member failed under the
+// load and re-added (crashReAdd): every kill comes during the re-add's resync, under writes.
+// After each restart the re-add resumes from its checkpoint; every flushed block is intact,
+// the resync covers only the regions written, and at the end scrub check finds 0 mismatches.
+func TestCrashLoopReAdd(t *testing.T) {
+	needRaid5d(t)
+	if standin {
+		t.Skip("kills raid5d")
+	}
+	crashLoop{rounds: 4, seed: 20261205, churn: crashReAdd}.run(t)
+}
+
+// TestCrashLoopChurnJournal is TestCrashLoop on an array with the journal policy whose
+// members fail and are rebuilt under the load (crashChurn): every kill comes while the array
+// is degraded, during degraded writes or while the failed member is being rebuilt, where the
+// write-intent bitmap leaves the write hole and the journal must not: after each restart every
+// block flushed before the kill is intact, and at the end scrub check finds 0 mismatches.
+func TestCrashLoopChurnJournal(t *testing.T) {
+	needRaid5d(t)
+	if standin {
+		t.Skip("kills raid5d")
+	}
+	crashLoop{rounds: 6, seed: 20261206, journal: true, churn: crashChurn}.run(t)
 }
 
 // TestCrashLoopRMW is TestCrashLoop under random 4 KiB writes only, each round killed once the
