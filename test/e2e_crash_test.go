@@ -214,25 +214,8 @@ func (c crashLoop) run(t *testing.T) {
 		if c.bs != "" {
 			bs = c.bs
 		}
-		bench := startProcIn(t, client, raid5dBin, "bench", s.uri, "--rw", "randwrite", "--bs", bs,
-			"--iodepth", "8", "--jobs", "2", "--size", fmt.Sprint(crashBenchSize), "--time", "30s",
-			"--flush-every", "16", "--seed", fmt.Sprint(1000+i), "--verify-log", log)
-		// Kill once the load is running (its log has grown past the baseline by a few
-		// thousand records), at a random moment after that.
-		var base int64 = -1
-		waitFor(t, "bench to start writing", 20*time.Second, bench, func() bool {
-			fi, err := os.Stat(log)
-			if err != nil {
-				return false
-			}
-			if base < 0 || fi.Size() < base+(16<<10) {
-				if base < 0 && fi.Size() > 0 {
-					base = fi.Size() // header and baseline CRCs are written before any write
-				}
-				return false
-			}
-			return true
-		})
+		// Kill once the load is running, at a random moment after that.
+		bench := startCrashBench(t, client, s.uri, log, bs, 1000+i)
 		if c.mapped {
 			waitFor(t, "writes through the members' mappings", 20*time.Second, bench, func() bool {
 				return s.crashStatus().Counters.MappedBytesWritten > 0
@@ -243,34 +226,12 @@ func (c crashLoop) run(t *testing.T) {
 		}
 		time.Sleep(time.Duration(rng.IntN(600)) * time.Millisecond)
 		s.crash()
-		// bench must notice on its own: a SIGTERM would end its run politely (exit 0) if it
-		// came before bench saw the connection close, as it did once under a loaded soak.
-		select {
-		case <-bench.exited:
-		case <-time.After(20 * time.Second):
-			bench.stop(syscall.SIGKILL, stopGrace)
-			t.Fatalf("round %d: bench still running 20 s after the server was killed under it", i)
-		}
-		if bench.err == nil {
-			t.Fatalf("round %d: bench exited 0 although the server was killed under it:\n%s", i, bench.out.String())
-		}
+		benchKilled(t, bench, i)
 
 		s = serveWith(c.check, i)
 		// The check reads while the resync runs: reads of regions not resynced yet are correct
 		// too (data chunks are authoritative).
-		name, args := prefixed(client, raid5dBin, "bench", s.uri, "--check", log, "--json")
-		out, err := runToolErr(name, args...)
-		var res struct {
-			Blocks, Written, Durable, Violations int64
-		}
-		if jerr := json.Unmarshal([]byte(out), &res); jerr != nil || err != nil {
-			t.Fatalf("round %d (bs %s): check after the crash: %v %v\n%s", i, bs, err, jerr, out)
-		}
-		if res.Violations != 0 || res.Durable == 0 || res.Written == 0 {
-			t.Fatalf("round %d (bs %s): %d violations, %d blocks durable, %d written (want 0 violations and some durable):\n%s",
-				i, bs, res.Violations, res.Durable, res.Written, out)
-		}
-		durable += res.Durable
+		durable += checkCrashBench(t, client, s.uri, log, fmt.Sprintf("round %d (bs %s): check after the crash", i, bs))
 		os.Remove(log) // a soak's logs would fill the disk; a failed round's log stays
 		if c.journal {
 			replayed += s.waitReplayed(i)
@@ -301,6 +262,83 @@ func (c crashLoop) run(t *testing.T) {
 	}
 	t.Logf("seed %d: %d crashes, %d durable blocks checked intact, resyncs of %.1f MiB per member in all (a full one is %d MiB), scrub check: 0 mismatches",
 		c.seed, rounds, durable, float64(resynced)/(1<<20), (memberSize-dataOffset)>>20)
+}
+
+// startCrashBench starts the crash loops' load on uri: raid5d bench writing randomly over
+// [0, crashBenchSize) in blocks of bs, two jobs of 8 in flight, a FLUSH every 16 writes per
+// job, logging every write to log for --check. It returns once the load is running (its log
+// has grown past the baseline by a few thousand records).
+func startCrashBench(t *testing.T, client []string, uri, log, bs string, seed int) *proc {
+	t.Helper()
+	bench := startProcIn(t, client, raid5dBin, "bench", uri, "--rw", "randwrite", "--bs", bs,
+		"--iodepth", "8", "--jobs", "2", "--size", fmt.Sprint(crashBenchSize), "--time", "30s",
+		"--flush-every", "16", "--seed", fmt.Sprint(seed), "--verify-log", log)
+	var base int64 = -1
+	waitFor(t, "bench to start writing", 20*time.Second, bench, func() bool {
+		fi, err := os.Stat(log)
+		if err != nil {
+			return false
+		}
+		if base < 0 || fi.Size() < base+(16<<10) {
+			if base < 0 && fi.Size() > 0 {
+				base = fi.Size() // header and baseline CRCs are written before any write
+			}
+			return false
+		}
+		return true
+	})
+	return bench
+}
+
+// benchKilled waits for the bench whose server was just killed under it to fail.
+func benchKilled(t *testing.T, bench *proc, round int) {
+	t.Helper()
+	// bench must notice on its own: a SIGTERM would end its run politely (exit 0) if it
+	// came before bench saw the connection close, as it did once under a loaded soak.
+	select {
+	case <-bench.exited:
+	case <-time.After(20 * time.Second):
+		bench.stop(syscall.SIGKILL, stopGrace)
+		t.Fatalf("round %d: bench still running 20 s after the server was killed under it", round)
+	}
+	if bench.err == nil {
+		t.Fatalf("round %d: bench exited 0 although the server was killed under it:\n%s", round, bench.out.String())
+	}
+}
+
+// checkCrashBench runs bench --check of log against uri: every block flushed (or acknowledged
+// after a flush) must read as written, every other block as one of its writes or its old
+// contents. It fails the test (what says where) unless there are 0 violations and some
+// durable blocks, and returns the durable blocks checked.
+func checkCrashBench(t *testing.T, client []string, uri, log, what string) int64 {
+	t.Helper()
+	res, out := benchCheck(t, client, uri, log, what)
+	if res.Violations != 0 || res.Durable == 0 || res.Written == 0 {
+		t.Fatalf("%s: %d violations, %d blocks durable, %d written (want 0 violations and some durable):\n%s",
+			what, res.Violations, res.Durable, res.Written, out)
+	}
+	return res.Durable
+}
+
+// benchResult is raid5d bench --check --json's result: First lists the first violations (at
+// most 10), by offset.
+type benchResult struct {
+	Blocks, Written, Durable, Violations int64
+	First                                []struct{ Offset int64 }
+}
+
+// benchCheck runs bench --check of log against uri and returns its result (violations or not)
+// and its output; it fails the test only if bench gave no result.
+func benchCheck(t *testing.T, client []string, uri, log, what string) (*benchResult, string) {
+	t.Helper()
+	name, args := prefixed(client, raid5dBin, "bench", uri, "--check", log, "--json")
+	out, err := runToolErr(name, args...)
+	var res benchResult
+	// bench exits 1 on violations, after its JSON (and a line on stderr, which out holds too).
+	if jerr := json.NewDecoder(strings.NewReader(out)).Decode(&res); jerr != nil || err != nil && res.Violations == 0 {
+		t.Fatalf("%s: %v %v\n%s", what, err, jerr, out)
+	}
+	return &res, out
 }
 
 // sameSpecs reports whether the check after round i runs on the specs the next load uses.

@@ -20,10 +20,11 @@ import (
 
 // r5Status is the part of `raid5d status --json` the tests read (the documented JSON).
 type r5Status struct {
-	Source  string `json:"source"`
-	State   string `json:"state"`
-	Events  uint64 `json:"events"`
-	Members []struct {
+	Source    string `json:"source"`
+	State     string `json:"state"`
+	WriteHole bool   `json:"write_hole"`
+	Events    uint64 `json:"events"`
+	Members   []struct {
 		Path        string `json:"path"`
 		Role        int    `json:"role"`
 		State       string `json:"state"`
@@ -45,6 +46,7 @@ type r5Progress struct {
 	Total      int64   `json:"total"`
 	Mismatches int64   `json:"mismatches"`
 	MismatchAt []int64 `json:"mismatch_at"`
+	Resumed    int64   `json:"resumed"`
 }
 
 // r5Rebuild is status's last_rebuild: the last rebuild or re-add that ended.
