@@ -19,9 +19,11 @@
 # binary, e.g. one built from the commit before a change: every configuration runs with it
 # too, on members of its own, taking turns with the first, and a third table gives RAID5D /
 # RAID5D_B), JOBS (the jobs to run, of seqwrite-1M seqread-1M randread-4k randwrite-4k; all),
+# CONFIGS (the configurations to run, of local remote delayed conns; all: a quicker A/B),
 # PROFILE (a directory: each job's run is profiled with perf, on the daemon and, apart, on its
 # member servers: `perf record -e cpu-clock -g` into CONFIG-JOB-{raid5d,members}.data, and
-# perf stat's CPU time, system calls and context switches per MiB moved, in PROFILE/stat).
+# perf stat's CPU time, system calls and context switches per MiB moved, in PROFILE/stat;
+# PERF_EVENTS adds events to count, e.g. syscalls:sys_enter_readv).
 # Bounded: every fio runs RUNTIME seconds under
 # a timeout; at the end every process in the lab's namespaces is killed by PID and the
 # namespaces (and so their veths) are deleted by name.
@@ -137,7 +139,7 @@ results=$DIR/results
 run() { # run CONFIG URI JOB RW BS
   local out=$DIR/fio.json prof=()
   if [[ -n ${PROFILE:-} ]]; then # perf on the daemon and on its members, for the job's length
-    local who=("raid5d:${dpid[$1]}") ev=cpu-clock,raw_syscalls:sys_enter,context-switches
+    local who=("raid5d:${dpid[$1]}") ev=cpu-clock,raw_syscalls:sys_enter,context-switches${PERF_EVENTS:+,$PERF_EVENTS}
     [[ -n ${mpids[$1]:-} ]] && who+=("members:${mpids[$1]}")
     for w in "${who[@]}"; do
       timeout -s INT $((RUNTIME + 60)) perf record -q -e cpu-clock -g -o "$PROFILE/$1-$3-${w%%:*}.data" -p "${w#*:}" 2>/dev/null &
@@ -173,6 +175,8 @@ if prof:
             st.write("%s %s %s: %.0f MiB, cpu %.0f us/MiB, syscalls %.1f/MiB, context switches %.1f/MiB\n" % (
                 config, job, w, mib, v.get("cpu-clock", 0) * 1e3 / mib,
                 v.get("raw_syscalls:sys_enter", 0) / mib, v.get("context-switches", 0) / mib))
+            for e in sorted(set(v) - {"cpu-clock", "raw_syscalls:sys_enter", "context-switches"}):
+                st.write("  %s %.1f/MiB\n" % (e, v[e] / mib))
 PY
 }
 jobs=()
@@ -180,7 +184,7 @@ for spec in "seqwrite-1M write 1M" "seqread-1M read 1M" "randread-4k randread 4k
   [[ " ${JOBS:-${spec%% *}} " == *" ${spec%% *} "* ]] && jobs+=("$spec")
 done
 all=()
-for b in "${sfx[@]}"; do all+=("local$b" "remote$b" "delayed$b" "conns$b"); done
+for b in "${sfx[@]}"; do for c in ${CONFIGS:-local remote delayed conns}; do all+=("$c$b"); done; done
 for round in $(seq "$ROUNDS"); do
   for spec in "${jobs[@]}"; do
     read -r job rw bs <<<"$spec"
