@@ -495,15 +495,12 @@ func (c *Conn) readReplies(rr *replyReader) {
 		if errno == errnoBroken {
 			errno = wire.EIO // keep the sentinel value ours
 		}
-		if len(dsts) > 0 {
-			dst = dsts[len(dsts)-1]
-		}
 		if err := rr.readPayload(dst, dsts); err != nil {
 			c.fail(fmt.Errorf("%w: reading READ payload: %v", ErrDisconnected, err))
 			s.done <- errnoBroken // taken, so endReader no longer answers it
 			return
 		}
-		rr.direct(len(dst) >= directMin)
+		rr.direct(len(dst)+buffersLen(dsts) >= directMin)
 		s.done <- errno
 	}
 }

@@ -36,7 +36,8 @@
 // taking the next reply's header in the same system call (replies.go; on TLS connections
 // through a buffer and a copy); smaller replies come many at a time through a 64 KiB buffer.
 // ReadvAt and WritevAt make one request of several buffers (one writev of the header and
-// every buffer; the payload read into each in turn). No request allocates.
+// every buffer; the payload read with one readv into all of them and the next reply's header,
+// while what is left of it is 16 KiB or more). No request allocates.
 //
 // A failed request (the server replied with an error) returns an *Error carrying the NBD
 // errno; the connection goes on. A broken connection (I/O error, a reply that breaks the

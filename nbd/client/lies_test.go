@@ -5,8 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,5 +250,113 @@ func testLyingReadReplies(t *testing.T, transport string) {
 				t.Fatalf("the next ReadAt: %v, want ErrDisconnected", err)
 			}
 		})
+	}
+}
+
+// TestVectoredDribbled: READ replies to vectored reads whose payloads come from the socket in
+// pieces of any size — some in one write with the reply before, some a few bytes at a time —
+// fill every buffer of every ReadvAt, whatever their sizes (empty, below and above the reply
+// reader's direct reads, up to 2 MiB in all), with exactly the bytes at their offsets; many
+// in flight at once, over a unix socket (the reader's readv(2) path: net.Pipe has no
+// descriptor).
+func TestVectoredDribbled(t *testing.T) {
+	const size = 64 << 20
+	pat := func(off int64) byte { return byte(off*7 + off>>9 + off>>17) }
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		goHandshake(nc, size, client.FlagHasFlags)
+		reqs := make(chan []byte, 256)
+		go func() {
+			defer close(reqs)
+			for {
+				req := readN(nc, 28)
+				if binary.BigEndian.Uint32(req[:4]) != 0x25609513 || req[7] != 0 { // DISC, or gone
+					return
+				}
+				reqs <- req
+			}
+		}()
+		rng := rand.New(rand.NewPCG(3, 4))
+		var out []byte
+		for req := range reqs {
+			off, n := int64(binary.BigEndian.Uint64(req[16:24])), int(binary.BigEndian.Uint32(req[24:28]))
+			payload := make([]byte, n)
+			for i := range payload {
+				payload[i] = pat(off + int64(i))
+			}
+			out = append(out, simpleReply(req, 0, payload)...)
+			// With another request waiting, keep a random tail to go out with its reply.
+			keep := 0
+			if len(reqs) > 0 && rng.IntN(3) == 0 {
+				keep = rng.IntN(len(out))
+			}
+			w := out[:len(out)-keep]
+			for len(w) > 0 {
+				k := min(len(w), 1+rng.IntN([]int{7, 100, 5000, 70000, 300000}[rng.IntN(5)]))
+				if _, err := nc.Write(w[:k]); err != nil {
+					return
+				}
+				w = w[k:]
+				if rng.IntN(8) == 0 {
+					time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
+				}
+			}
+			out = append(out[:0], out[len(out)-keep:]...)
+		}
+	}()
+	nc, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.NewConn(context.Background(), nc, "", client.Options{})
+	if err != nil {
+		nc.Close()
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sizes := []int{0, 1, 511, 4096, 16<<10 - 1, 16 << 10, 40 << 10, 64 << 10, 300 << 10}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			for range 20 {
+				bufs := make([][]byte, 1+rng.IntN(8))
+				total := 0
+				for i := range bufs {
+					bufs[i] = make([]byte, sizes[rng.IntN(len(sizes))])
+					total += len(bufs[i])
+				}
+				off := int64(rng.IntN(size - total + 1))
+				if n, err := c.ReadvAt(bufs, off); n != total || err != nil {
+					errs <- fmt.Errorf("ReadvAt of %d bytes at %d = %d, %v", total, off, n, err)
+					return
+				}
+				at := off
+				for i, b := range bufs {
+					for j := range b {
+						if b[j] != pat(at) {
+							errs <- fmt.Errorf("ReadvAt of %d buffers at %d: buffer %d (%d bytes) byte %d is %#x, want %#x", len(bufs), off, i, len(b), j, b[j], pat(at))
+							return
+						}
+						at++
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

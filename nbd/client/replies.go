@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -39,12 +40,17 @@ type replyReader struct {
 	ahead int
 
 	// The read in progress, for readFn (rawRead as a method value made once: no allocation
-	// per call).
+	// per call): into iov, or, when vec is not empty, the iovecs vec (readPayload's readv of
+	// several buffers).
 	iov    [2][]byte
+	vec    []unix.Iovec
 	n      int
 	err    error
 	readFn func(fd uintptr) bool
 }
+
+// maxVec bounds the iovecs of one readv: a payload of more buffers is read in several.
+const maxVec = 64
 
 // newReplyReader reads replies from nc, starting with what br (the handshake's reader of
 // nc) has buffered.
@@ -57,23 +63,99 @@ func newReplyReader(nc net.Conn, br *bufio.Reader) *replyReader {
 	if rc == nil {
 		return &replyReader{br: br}
 	}
-	rr := &replyReader{rc: rc, buf: make([]byte, replyBufSize), ahead: replyBufSize}
+	rr := &replyReader{rc: rc, buf: make([]byte, replyBufSize), ahead: replyBufSize, vec: make([]unix.Iovec, 0, maxVec)}
 	rr.w, _ = br.Read(rr.buf[:br.Buffered()]) // only the buffered bytes: no read(2), no error
 	rr.readFn = rr.rawRead
 	return rr
 }
 
-// readPayload reads a READ's payload into p, or into each of bufs in turn.
+// readPayload reads a READ's payload into p, or into each of bufs in turn. While the rest of
+// a payload of several buffers is directMin or more, it is read from the socket with one
+// readv(2) into all of them (up to maxVec) and, as readFull does for one buffer, the next
+// reply's header: one system call where a member's run of chunks took one per chunk.
 func (rr *replyReader) readPayload(p []byte, bufs [][]byte) error {
 	if bufs == nil {
 		return rr.readFull(p)
 	}
+	rest := 0
 	for _, b := range bufs {
-		if err := rr.readFull(b); err != nil {
+		rest += len(b)
+	}
+	i, off := 0, 0 // bufs[i][off:] is where the next byte goes
+	for rr.br == nil && rest >= directMin {
+		for off == len(bufs[i]) { // rest > 0: a buffer with room follows
+			i, off = i+1, 0
+		}
+		var n int
+		if rr.r < rr.w { // what buf holds first
+			n = copy(bufs[i][off:], rr.buf[rr.r:rr.w])
+			rr.r += n
+			if rr.r == rr.w {
+				rr.r, rr.w = 0, 0
+			}
+		} else {
+			if err := rr.readv(bufs[i:], off, rest); err != nil {
+				return err
+			}
+			n = min(rr.n, rest)
+			rr.w = rr.n - n // what came after the payload: the next header, into buf
+		}
+		rest -= n
+		for n > 0 {
+			k := min(n, len(bufs[i])-off)
+			off, n = off+k, n-k
+			if off == len(bufs[i]) && n > 0 {
+				i, off = i+1, 0
+			}
+		}
+	}
+	for ; i < len(bufs); i, off = i+1, 0 { // a small rest (or TLS): through buf
+		if err := rr.readFull(bufs[i][off:]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// readv reads from the socket into bufs[0][off:], bufs[1:] (up to maxVec buffers) and, when
+// they are all of the rest, into buf as far as the next reply's header; buf is empty. The
+// count is left in rr.n.
+func (rr *replyReader) readv(bufs [][]byte, off, rest int) error {
+	vec := rr.vec[:0]
+	for j, b := range bufs {
+		if j == 0 {
+			b = b[off:]
+		}
+		if len(vec) == maxVec-1 {
+			break
+		}
+		if rest -= len(b); len(b) > 0 {
+			vec = appendIovec(vec, b)
+		}
+	}
+	if rest == 0 {
+		vec = appendIovec(vec, rr.buf[:min(rr.ahead, wire.ReplyHeaderSize)])
+	}
+	rr.vec = vec
+	rr.n, rr.err = 0, nil
+	err := rr.rc.Read(rr.readFn)
+	clear(rr.vec) // keep no caller's buffer
+	rr.vec = rr.vec[:0]
+	switch {
+	case err != nil:
+		return err
+	case rr.err != nil:
+		return rr.err
+	case rr.n == 0:
+		return io.ErrUnexpectedEOF
+	}
+	return nil
+}
+
+func appendIovec(vec []unix.Iovec, b []byte) []unix.Iovec {
+	v := unix.Iovec{Base: &b[0]}
+	v.SetLen(len(b))
+	return append(vec, v)
 }
 
 // readFull reads len(p) bytes into p.
@@ -145,13 +227,20 @@ func (rr *replyReader) sys(a, b []byte) error {
 	return nil
 }
 
-// rawRead is sys's RawConn.Read function: read(2) into iov[0], or readv(2) into both when
-// iov[1] is set; false (wait for the socket to be readable) on EAGAIN, again on EINTR.
+// rawRead is sys's and readv's RawConn.Read function: readv(2) into vec when it is not empty,
+// else read(2) into iov[0], or readv(2) into both when iov[1] is set; false (wait for the
+// socket to be readable) on EAGAIN, again on EINTR.
 func (rr *replyReader) rawRead(fd uintptr) bool {
 	for {
 		var n int
 		var err error
-		if rr.iov[1] == nil {
+		if len(rr.vec) > 0 {
+			r, _, e := unix.Syscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&rr.vec[0])), uintptr(len(rr.vec)))
+			n, err = int(r), nil
+			if e != 0 {
+				n, err = -1, e
+			}
+		} else if rr.iov[1] == nil {
 			n, err = unix.Read(int(fd), rr.iov[0])
 		} else {
 			n, err = unix.Readv(int(fd), rr.iov[:])
