@@ -149,7 +149,13 @@ func TestTruncatedReadPayload(t *testing.T) {
 // under TLS).
 func TestLyingReadReplies(t *testing.T) {
 	for _, transport := range []string{"socket", "pipe"} {
-		t.Run(transport, func(t *testing.T) { testLyingReadReplies(t, transport) })
+		for _, vectored := range []bool{false, true} {
+			name := transport
+			if vectored {
+				name += "-vectored"
+			}
+			t.Run(name, func(t *testing.T) { testLyingReadReplies(t, transport, vectored) })
+		}
 	}
 }
 
@@ -174,7 +180,9 @@ func serveOn(t *testing.T, transport string, fn func(nc net.Conn)) net.Conn {
 	return cc
 }
 
-func testLyingReadReplies(t *testing.T, transport string) {
+// testLyingReadReplies reads with ReadAt, or with vectored ReadvAt into buffers of a quarter,
+// a quarter and a half of the READ (one readv(2) over them all on a socket).
+func testLyingReadReplies(t *testing.T, transport string, vectored bool) {
 	const eio = 5
 	for _, tc := range []struct {
 		name  string
@@ -228,7 +236,16 @@ func testLyingReadReplies(t *testing.T, transport string) {
 			defer c.Close()
 			p := make([]byte, tc.n)
 			done := make(chan error, 1)
-			go func() { _, err := c.ReadAt(p, 0); done <- err }()
+			go func() {
+				var err error
+				if vectored {
+					q := len(p) / 4
+					_, err = c.ReadvAt([][]byte{p[:q], p[q : 2*q], p[2*q:]}, 0)
+				} else {
+					_, err = c.ReadAt(p, 0)
+				}
+				done <- err
+			}()
 			select {
 			case err = <-done:
 			case <-time.After(20 * time.Second):
