@@ -409,6 +409,14 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 			moved, extra, err = a.readdWindow(sp, role, s0, k, batch, bufs, extra)
 			if err == nil {
 				pos = s0 + k
+				// Recorded before anything else relies on it: writes to the window's
+				// stripes have been writing the member since its pieces were resynced,
+				// and a crash must not leave a restart rebuilding them from parity a
+				// write in flight tore (TestReAddCrashKeepsResynced).
+				err = a.checkpointAt(sp, role, pos)
+				lastCk = time.Now()
+			}
+			if err == nil {
 				a.roles.setRebuilt(pos)
 			}
 		} else {
@@ -467,6 +475,24 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		a.log.Error("raid: recording the finished rebuild failed", "err", werr)
 	}
 	return nil
+}
+
+// checkpointAt is checkpoint with the position pos (stripes) recorded for role, at or
+// ahead of the rebuild position: every stripe below pos must be whole on sp. It returns an
+// error if sp could not be synced (sp is then failed) or the array failed.
+func (a *Array) checkpointAt(sp *member, role int, pos int64) error {
+	if err := syncData(sp.Member); err != nil {
+		err = memberErr(sp, role, "sync", -1, err)
+		a.fail(sp, err)
+		return err
+	}
+	a.sbMu.Lock()
+	defer a.sbMu.Unlock()
+	return a.writeSuperblocks(func(sb *superblock) {
+		if sb.States[role] == roleRebuilding {
+			sb.Recovery = pos * a.layout.ChunkSize()
+		}
+	})
 }
 
 // checkpoint makes the rebuilt part of sp durable, then records the position in the
