@@ -598,7 +598,14 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	for _, m := range byRole {
 		if m != nil && m.rebuilding.Load() {
 			a.roles.setRebuilt(ref.Recovery / ref.Chunk)
-			log.Info("raid: resuming the rebuild from its checkpoint", "member", m.Name(), "role", m.sb.Role, "position", ref.Recovery)
+			if ref.ReAdd != nil {
+				// A re-add: the member is whole where its record says, and only the rest
+				// of what it missed is resynced.
+				m.readd.Store(true)
+				a.roles.setReAdd(readdMapOf(ref.ReAdd, ref.DataSize/ref.Chunk), ref.Recovery/ref.Chunk)
+			}
+			log.Info("raid: resuming the rebuild from its checkpoint", "member", m.Name(), "role", m.sb.Role, "position", ref.Recovery,
+				"re-add", m.readd.Load())
 		}
 	}
 	if ref.Features&featureJournal != 0 {
@@ -608,6 +615,10 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		a.jr = newJournal(a, jm, jpath, jh)
 	}
 	dirty := ref.Dirty || len(forced) > 0
+	// A re-added member being resynced is not missing where its record says it is whole, and
+	// no write went around it anywhere else (Array.awaitReAdd): the stripes a crash tore are
+	// all where it is whole, and the resync after its re-add repairs them from the data.
+	hole := len(missing) == 1 && (byRole[missing[0]] == nil || !byRole[missing[0]].readd.Load())
 	switch {
 	case dirty && a.jr != nil && !opts.ReadOnly:
 		// Every stripe write since the last checkpoint is in the journal: replaying it
@@ -620,7 +631,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		if resync { // the journal was discarded (now or before): parity from the data
 			a.unclean = true
 			a.resync = a.newResync(0)
-			if len(missing) == 1 {
+			if hole {
 				a.noteWriteHole()
 			}
 		}
@@ -631,7 +642,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent until the resync ends",
 			"array", ref.ArrayUUID, "regions", a.resync.count(), "of", len(a.resync.pending), "full", a.resync.full,
 			"resume_at", a.resync.from*ref.Chunk)
-		if len(missing) == 1 {
+		if hole {
 			// Read-only too: reads of the missing member's chunks use that parity.
 			a.noteWriteHole()
 		}

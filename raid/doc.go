@@ -329,13 +329,17 @@
 // left after the last update that could precede a clear, so every region written since it
 // stopped receiving writes still has its bit. ReAdd checks the array UUID, that the member's
 // role has no working member, that the member was not itself being rebuilt, and its events
-// against the mark (ErrCannotReAdd otherwise; AddSpare rebuilds fully), puts it in its role as
-// a rebuilding member and starts the rebuild with a region filter (member.readd): under each
-// batch's locks, after its dirty heads are written out — so every write to those stripes has
-// set its bit — only the runs of stripes whose bits are set are rebuilt; the others are
-// skipped and the position moves past them. Progress.ReAdd and Resynced report it. The filter
-// is not recorded on disk: a re-add stopped by Close or a crash resumes at the next assembly
-// as a full rebuild from its checkpoint (slower, never wrong).
+// against the mark (ErrCannotReAdd otherwise; AddSpare rebuilds fully), and, holding every
+// stripe's lock (so no write that left the member out is under way), takes the regions whose
+// bits are set as the member's map (readdmap.go): it is whole everywhere else, and served
+// (read, and written with the others) there at once. The map goes into the superblocks
+// (featureReAdd) before any write reaches the member. The rebuild then resyncs the map's
+// pieces, up to readdWindow at once, each under its stripes' locks: rebuilt from the others,
+// the member synced, the piece marked whole and the map written again before the locks go. So
+// the member is served exactly where the superblocks say it is whole, and a re-add stopped by
+// Close or a crash resumes at the next assembly as a re-add, from its record: a stripe torn by
+// a write at a crash, where the member is served, is made whole from the member's data by the
+// resync, never rebuilt into it from torn parity. Progress.ReAdd and Resynced report it.
 //
 // AutoReAdd (autoreadd.go) runs ReAdd by itself for remote members (SpecPath ""): an away one
 // — faulty, not by Fail or Replace, in a role with no working member; or given at assembly and

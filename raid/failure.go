@@ -22,7 +22,7 @@ type member struct {
 	// role, usable only for stripes below the rebuild position (roleTable.rebuilt).
 	faulty, rebuilding atomic.Bool
 	// readd: the rebuilding member is a re-added one (ReAdd): the rebuild resyncs only the
-	// regions whose write-intent bits are set.
+	// pieces its map (roleTable.readd) says it may not hold.
 	readd               atomic.Bool
 	readErrs, writeErrs atomic.Uint64
 	// The watchdog's record (hung.go): io counts the writes under way and completed; seenAt is

@@ -293,7 +293,8 @@ func (a *Array) WritePinned(p []byte, off int64, release func()) (int, error) {
 // touches no member (the write-out does, later), so there is no failure for it to wait for; a
 // placed one waits for the record of a failure its member writes ran into (awaitRecord).
 func (a *Array) WriteCached(p []byte, off int64, release func()) bool {
-	if a.cache == nil || len(p) == 0 || a.check(off, int64(len(p))) != nil || !a.dirty.Load() || a.records.n.Load() != 0 {
+	if a.cache == nil || len(p) == 0 || a.check(off, int64(len(p))) != nil || !a.dirty.Load() || a.records.n.Load() != 0 ||
+		a.readdPending(off, int64(len(p))) {
 		return false
 	}
 	if !a.opMu.TryRLock() {
@@ -335,6 +336,7 @@ func (a *Array) writeAt(p []byte, off int64, pin *cache.Pin) (int, error) {
 	if err := a.check(off, int64(len(p))); err != nil {
 		return 0, err
 	}
+	a.awaitReAdd(off, int64(len(p)))
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
 	if err := a.writable(); err != nil {
@@ -405,6 +407,7 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 	if err := a.check(off, length); err != nil {
 		return err
 	}
+	a.awaitReAdd(off, length)
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
 	if err := a.writable(); err != nil {

@@ -83,7 +83,7 @@ func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, o
 	ss := a.layout.StripeSize()
 	end := off + int64(n)
 	s0, s1 := (off+ss-1)/ss, end/ss // the whole stripes: [s0, s1)
-	if !a.mapWrite || a.journaled() || n <= 0 || s1 <= s0 || a.check(off, int64(n)) != nil {
+	if !a.mapWrite || a.journaled() || n <= 0 || s1 <= s0 || a.check(off, int64(n)) != nil || a.readdPending(off, int64(n)) {
 		return vec, nil, false
 	}
 	a.opMu.RLock()

@@ -1,12 +1,13 @@
 package raid
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
+	"time"
 
 	"github.com/raid5d/raid5d/internal/aligned"
 )
@@ -162,6 +163,22 @@ func (a *Array) reAdd(m Member, old *member) error {
 	if m.Size() < a.dataOffset+a.memberData {
 		return refuse(sb.Role, "%d bytes, the array needs %d on each member", m.Size(), a.dataOffset+a.memberData)
 	}
+	// Every stripe's lock, until the member's map is durable and in force: no write that
+	// left the member out is under way while the map is taken from the bits, and none
+	// reaches the member before a restart would know where it is whole.
+	stripes := a.memberData / a.layout.ChunkSize()
+	a.locks.LockSpan(0, stripes)
+	locked := true
+	defer func() {
+		if locked {
+			a.locks.UnlockSpan(0, stripes)
+		}
+	}()
+	// The cache's dirty heads out first, without the member: each sets its region's bit, so
+	// the map has it, and no write the cache holds is left to write around the member later.
+	if err := a.writeOutSpan(0, stripes); err != nil {
+		return err
+	}
 	a.sbMu.Lock()
 	r := sb.Role
 	switch {
@@ -209,13 +226,23 @@ func (a *Array) reAdd(m Member, old *member) error {
 	if x := a.roles.member(r); x != nil { // a faulty member of the role, not m: kept listed
 		a.faulty = append(a.faulty, x)
 	}
-	a.roles.setRebuilt(0)
+	rm := newReaddMap(stripes, a.bm.RegionStripes(), a.syncBatch(), a.bm.IsSet)
+	pos := stripes
+	if p := rm.next(0); p >= 0 {
+		pos = p * rm.piece
+	}
+	a.roles.setReAdd(rm, pos)
 	a.roles.set(r, nm)
 	a.bm.Hold(nil) // its bitmap is written whole at the next flush
 	a.roles.recount()
 	err = a.writeSuperblocks(nil)
+	if err == nil {
+		rm.active.Store(true)
+	}
 	cleared := a.eventsCleared
 	a.sbMu.Unlock()
+	a.locks.UnlockSpan(0, stripes)
+	locked = false
 	a.log.Info("raid: member re-added; resyncing the regions written while it was away", "member", m.Name(),
 		"role", r, "events", sb.Events, "bitmap_cleared_at", cleared, "regions", a.bm.Status().Set)
 	if err == nil {
@@ -228,156 +255,216 @@ func (a *Array) reAdd(m Member, old *member) error {
 	return nil
 }
 
-// readdRuns calls fn for each run of stripes in [s0, s0+k) whose write-intent regions are
-// set, in order, and returns the first error.
-func (a *Array) readdRuns(s0, k int64, fn func(s, n int64) error) error {
-	rs := a.bm.RegionStripes()
-	for s := s0; s < s0+k; {
-		end := min((s/rs+1)*rs, s0+k)
-		if !a.bm.IsSet(s / rs) {
-			s = end
+// readdWindow is how many pieces a re-add resyncs at once, each a round trip to read the
+// survivors and one to write the member, which a remote member makes the whole cost: the
+// regions of a re-add lie far apart (1% of them: one every 100 regions). Each piece is
+// resynced under its own stripes' locks only, so client I/O waits for the pieces it meets,
+// not for the others (TestReAddLocksPieces).
+const readdWindow = 8
+
+// readdResync resyncs onto sp, for role, the pieces the re-add's map wants, from the rebuild
+// position on, up to readdWindow at once (readdPiece): the pieces writes wait for first
+// (awaitReAdd), at once, then the others in order (readdMap.pick), each throttled. It
+// returns when every piece is resynced, at the first error, or when ctx is done; then the
+// writes waiting go ahead (the map's ended).
+func (a *Array) readdResync(ctx context.Context, j *syncJob, sp *member, role int, t *throttle) error {
+	m := a.roles.readd.Load()
+	if m == nil {
+		return fmt.Errorf("raid: the re-add of role %d has no map", role)
+	}
+	C := a.layout.ChunkSize()
+	bufs := make(chan [][]byte, readdWindow)
+	for range readdWindow {
+		b := make([][]byte, a.layout.Members())
+		for i := range b {
+			b[i] = aligned.Make(int(m.piece * C)) // members read into it: aligned for direct I/O
+		}
+		bufs <- b
+	}
+	var first error
+	var wg sync.WaitGroup
+	m.mu.Lock()
+	m.ended = false
+	defer func() {
+		m.mu.Lock()
+		m.ended = true
+		m.notify()
+		m.mu.Unlock()
+	}()
+	for first == nil {
+		p := m.pick(a.roles.rebuildPos())
+		if p == -1 {
+			break
+		}
+		if p == -2 {
+			ch := m.changed
+			m.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+			}
+			m.mu.Lock()
+			if ctx.Err() != nil && first == nil {
+				first = ctx.Err()
+			}
 			continue
 		}
-		run := s
-		for s = end; s < s0+k && a.bm.IsSet(s/rs); s = min((s/rs+1)*rs, s0+k) {
+		m.inflight[p] = true
+		var n int64
+		m.staleRuns(p, func(_, k int64) error { n += k; return nil })
+		// A piece a write waits for goes at once: the speed limit keeps the resync from
+		// slowing the clients, not from serving them. The pieces after it pay for it.
+		urgent := m.want[p]
+		m.mu.Unlock()
+		var err error
+		if urgent {
+			t.done += n * C
+		} else {
+			err = t.wait(ctx, n*C)
 		}
-		if err := fn(run, s-run); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// A re-add works through a window of stripes from its position to the end of the
-// readdWindow-th piece of the bitmap's regions to resync (at most a batch each), and at most
-// readdMaxBatches batches (readdSpan), and resyncs those pieces concurrently (readdWindow):
-// each is a round trip to read the survivors and one to write the member, which a remote
-// member makes the whole cost, and the regions of a re-add lie far apart (1% of them: one
-// every 100 regions). Each piece is resynced under its own stripes' locks only, so client I/O
-// waits for the pieces it meets, not for the window (whose span, at 1024 stripes or more
-// (stripe.NumLocks), would hold every stripe's lock).
-const (
-	readdWindow     = 8
-	readdMaxBatches = 256
-)
-
-// readdSpan returns how many stripes from s0, at most limit and at least min(batch, limit), a
-// re-add's window takes: up to the end of the readdWindow-th piece of regions whose bits are
-// set now (read without the locks: readdWindow reads them again under them).
-func (a *Array) readdSpan(s0, limit, batch int64) int64 {
-	pieces, end := 0, int64(0)
-	a.readdRuns(s0, limit, func(s, n int64) error {
-		for ; n > 0 && pieces < readdWindow; s, n = s+batch, n-batch {
-			pieces++
-			end = s + min(n, batch) - s0
-		}
-		if pieces == readdWindow {
-			return errStop
-		}
-		return nil
-	})
-	if pieces < readdWindow {
-		return limit // nothing more to resync up to limit: take it all
-	}
-	return max(end, min(batch, limit))
-}
-
-// errStop stops readdRuns early (readdSpan).
-var errStop = errors.New("stop")
-
-// readdWindow resyncs onto sp, for role, the stripes of [s0, s0+k) whose write-intent bits
-// are set, and marks every stripe of the window rebuilt ahead of the rebuild position
-// (roleTable.setAhead) as it goes, so the caller can move the position past the window
-// without its locks. The window is cut in pieces of at most a batch: the runs of regions set
-// now, which up to readdWindow goroutines resync at once into buffers of extra (grown as
-// needed, each like bufs, and returned), and the clean stretches between them, which the
-// caller checks meanwhile (into bufs, should a region have been written since), each piece
-// under its own stripes' locks (readdPiece). The clean pieces are not the goroutines': a
-// clean piece 1024 stripes from one being resynced shares its locks and waits for it, and
-// with them in the same queue every goroutine ended up waiting so, the resyncs one after
-// another. It returns the stripes resynced, and the errors of the pieces that failed.
-func (a *Array) readdWindow(sp *member, role int, s0, k, batch int64, bufs [][]byte, extra [][][]byte) (int64, [][][]byte, error) {
-	var set, clean [][2]int64
-	cut := func(to *[][2]int64, s, n int64) {
-		for ; n > 0; s, n = s+batch, n-batch {
-			*to = append(*to, [2]int64{s, min(n, batch)})
-		}
-	}
-	at := s0
-	a.readdRuns(s0, k, func(s, n int64) error {
-		cut(&clean, at, s-at)
-		cut(&set, s, n)
-		at = s + n
-		return nil
-	})
-	cut(&clean, at, s0+k-at)
-	workers := min(len(set), readdWindow)
-	for len(extra) < workers {
-		b := make([][]byte, len(bufs))
-		for i := range b {
-			b[i] = aligned.Make(len(bufs[i])) // members read into it: aligned for direct I/O
-		}
-		extra = append(extra, b)
-	}
-	ahead := newStripeSet(s0, k)
-	a.roles.setAhead(ahead)
-	errs := make([]error, workers+1)
-	var next, moved atomic.Int64
-	var failed atomic.Bool
-	do := func(pc [2]int64, b [][]byte) error {
-		n, err := a.readdPiece(sp, role, pc[0], pc[1], b, ahead)
-		moved.Add(n)
+		m.mu.Lock()
 		if err != nil {
-			failed.Store(true)
+			delete(m.inflight, p)
+			first = err
+			break
 		}
-		return err
-	}
-	var wg sync.WaitGroup
-	for w := range workers {
 		wg.Go(func() {
-			for !failed.Load() {
-				i := next.Add(1) - 1
-				if i >= int64(len(set)) {
-					return
-				}
-				if errs[w] = do(set[i], extra[w]); errs[w] != nil {
-					return
-				}
+			b := <-bufs
+			moved, err := a.readdPiece(sp, role, m, p, b)
+			bufs <- b
+			a.syncMu.Lock()
+			j.p.Resynced += moved * C
+			a.syncMu.Unlock()
+			m.mu.Lock()
+			delete(m.inflight, p)
+			if err != nil && first == nil {
+				first = err
 			}
+			m.notify()
+			m.mu.Unlock()
 		})
+		m.mu.Unlock()
+		a.setDone(j, t, a.roles.rebuildPos()*C)
+		m.mu.Lock()
 	}
-	for _, pc := range clean {
-		if failed.Load() {
-			break
+	m.mu.Unlock()
+	wg.Wait()
+	a.setDone(j, t, a.roles.rebuildPos()*C)
+	return first
+}
+
+// awaitReAdd waits, before a write of [off, off+n), until the re-added member is whole in
+// every stripe it touches, asking the re-add to resync those pieces first: no write may leave
+// the member out of a stripe (a degraded write, which a crash can tear beyond repair) while
+// the member is there to be written. It returns at once without a re-add under way, when the
+// re-add stops, and after the member timeout (then the write goes on without the member, as
+// in any degraded array; logged).
+func (a *Array) awaitReAdd(off, n int64) {
+	m := a.roles.readd.Load()
+	if m == nil || n <= 0 {
+		return
+	}
+	ss := a.layout.StripeSize()
+	s0, s1 := off/ss, (off+n+ss-1)/ss
+	var timer *time.Timer
+	for {
+		m.mu.Lock()
+		if m.ended || !m.active.Load() || a.roles.readd.Load() != m {
+			m.mu.Unlock()
+			return
 		}
-		if errs[workers] = do(pc, bufs); errs[workers] != nil {
-			break
+		pos, missing := a.roles.rebuildPos(), false
+		for p := max(s0, pos) / m.piece; p*m.piece < s1; p++ {
+			if !m.whole(p, pos) {
+				missing = true
+				m.want[p] = true
+			}
 		}
+		if !missing {
+			m.mu.Unlock()
+			return
+		}
+		m.notify()
+		ch := m.changed
+		m.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(a.timeout)
+			defer timer.Stop()
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			a.log.Warn("raid: a write waited the member timeout for the re-add to resync its stripes; writing it without the re-added member",
+				"offset", off, "length", n, "timeout", a.timeout)
+			return
+		}
+	}
+}
+
+// readdPending reports whether a write of [off, off+n) would have to wait for the re-add
+// (awaitReAdd): the fast paths that cannot wait (WriteCached, PlaceWrite) leave such a write
+// to WriteAt.
+func (a *Array) readdPending(off, n int64) bool {
+	m := a.roles.readd.Load()
+	if m == nil || n <= 0 {
+		return false
+	}
+	ss := a.layout.StripeSize()
+	for s := off / ss; s < (off+n+ss-1)/ss; s++ {
+		if !a.roles.isRebuilt(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// readdPiece resyncs onto sp the stripes of piece p that lie in units the map wants, under
+// the piece's stripes' locks: rebuildSpan writes out their dirty heads first, and every
+// write that left the member out of them has set its region's bit, and the re-add's map
+// marked its unit, before the re-add began. Then, still under the locks, it syncs the member,
+// marks the piece resynced in the map (the member serves it from then on) and writes the
+// map into the superblocks, so the member is never served where a restart after a crash
+// would not know it whole. It returns the stripes resynced.
+func (a *Array) readdPiece(sp *member, role int, m *readdMap, p int64, bufs [][]byte) (int64, error) {
+	s0 := p * m.piece
+	n := min(m.piece, m.stripes-s0)
+	a.locks.LockSpan(s0, n)
+	defer a.locks.UnlockSpan(s0, n)
+	// The piece's runs at once, each into its own part of bufs: each is a round trip to
+	// the survivors and one to the member.
+	C := a.layout.ChunkSize()
+	var moved int64
+	var runs [][2]int64
+	m.staleRuns(p, func(s, k int64) error {
+		moved += k
+		runs = append(runs, [2]int64{s, k})
+		return nil
+	})
+	errs := make([]error, len(runs))
+	var wg sync.WaitGroup
+	for i, run := range runs {
+		sub := make([][]byte, len(bufs))
+		for j := range bufs {
+			sub[j] = bufs[j][(run[0]-s0)*C:]
+		}
+		wg.Go(func() { errs[i] = a.rebuildSpan(sp, role, run[0], run[1], sub) })
 	}
 	wg.Wait()
-	return moved.Load(), extra, errors.Join(errs...)
-}
-
-// readdPiece resyncs onto sp the stripes of [s, s+n) (n at most a batch, the length of each of
-// bufs) whose write-intent bits are set, under their stripe locks, after their dirty heads are
-// written out: every write to them has then set its region's bit, and no bit is cleared while
-// the role is being rebuilt (bitmap.Members.Whole), so a clear bit is a region unchanged since
-// the member left. Then, still under the locks, it adds them to ahead: from then on writes to
-// them write the member too. It returns the stripes resynced.
-func (a *Array) readdPiece(sp *member, role int, s, n int64, bufs [][]byte, ahead *stripeSet) (int64, error) {
-	a.locks.LockSpan(s, n)
-	defer a.locks.UnlockSpan(s, n)
-	if err := a.writeOutSpan(s, n); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
-	var moved int64
-	err := a.readdRuns(s, n, func(rs, rn int64) error {
-		moved += rn
-		return a.rebuildSpan(sp, role, rs, rn, bufs)
-	})
-	if err != nil {
+	if err := syncData(sp.Member); err != nil {
+		err = memberErr(sp, role, "sync", -1, err)
+		a.fail(sp, err)
 		return 0, err
 	}
-	ahead.add(s, n)
-	return moved, nil
+	m.mu.Lock()
+	pos := m.resynced(p, a.roles.rebuildPos())
+	a.roles.rebuilt.Store(pos)
+	m.prune(pos)
+	m.mu.Unlock()
+	a.sbMu.Lock()
+	err := a.writeSuperblocks(nil)
+	a.sbMu.Unlock()
+	return moved, err
 }

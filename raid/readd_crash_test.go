@@ -8,24 +8,40 @@ import (
 	"time"
 )
 
-// TestReAddCrashKeepsResynced: a crash during a re-add keeps what the member holds below the
-// position the re-add had reached. The re-add resyncs a window of regions (8 of them here), moves
-// its position past it, then waits for its speed limit. A block written into the re-added role
-// after that (the member written, since its stripe is below the position) and flushed must
-// survive a crash that tears a write to another chunk of its stripe: the restart must take the
-// member's chunk as it is, not rebuild it from the torn parity. Session 11's crash loop lost
-// exactly such blocks: the position reached was not recorded before writes relied on it (the
-// next checkpoint was a second away, the throttle's wait longer), so the restart resumed from 0
-// and rebuilt the role from stripes torn at the kill.
+// TestReAddCrashKeepsResynced: a crash during a re-add loses no flushed block of the re-added
+// role: one written and flushed, then a write to another chunk of its stripe torn by the crash
+// (its data on its member, the parity not). The restart must take the member's chunk as it
+// is, not rebuild it from the torn parity, so the member must have been written and the
+// superblocks must say it is whole there. Three places: a region written while the member was
+// away, once the re-add has resynced it ("resynced"); a region not written meanwhile, where
+// the member is whole from the start ("clean"); and a region written meanwhile and not yet
+// resynced ("stale"), where the write must wait for the re-add to resync it first: written
+// without the member, a torn stripe there could not be repaired. Session 11's crash loop lost
+// such blocks: the superblocks recorded only a position, written a second or more after the
+// member was served past it, a restart rebuilt everything above it from parity, and writes
+// above it left the member out.
 func TestReAddCrashKeepsResynced(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		region int64 // the block's region (4 stripes each)
+	}{
+		{"resynced", 20},
+		{"clean", 230},
+		{"stale", 180},
+	} {
+		t.Run(tc.name, func(t *testing.T) { readdCrash(t, tc.name, tc.region) })
+	}
+}
+
+func readdCrash(t *testing.T, kind string, region int64) {
 	const (
 		chunk   = 4 << 10
 		stripes = 1024
-		region  = 4 // stripes per bit
+		rs      = 4 // stripes per region
 	)
 	paths := rrFiles(t, 4)
 	a, err := Create(paths, CreateOptions{Chunk: chunk, MemberSize: DataOffset + stripes*chunk,
-		BitmapRegion: region * 3 * chunk,
+		BitmapRegion: rs * 3 * chunk,
 		IOOptions:    IOOptions{SyncSpeedMin: 16 << 10, SyncSpeedMax: 16 << 10}})
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +51,7 @@ func TestReAddCrashKeepsResynced(t *testing.T) {
 	size, _ := a.Size()
 	ss := a.layout.StripeSize()
 	model := make([]byte, size)
-	rng := rand.New(rand.NewPCG(11, 12))
+	rng := rand.New(rand.NewPCG(11, uint64(region)))
 	for i := range model {
 		model[i] = byte(rng.Uint32())
 	}
@@ -47,13 +63,14 @@ func TestReAddCrashKeepsResynced(t *testing.T) {
 	}
 	a.bm.Clean(0)
 
-	// Role 1 away while 10 regions far apart are written: more set runs than a re-add's window.
+	// Role 1 away while 10 regions far apart (0, 20, ..., 180) are written; the re-add
+	// resyncs them at 16 KiB/s, about a second each.
 	const role = 1
 	if err := a.Fail(paths[role]); err != nil {
 		t.Fatal(err)
 	}
 	for i := range int64(10) {
-		off := i * 20 * region * ss
+		off := i * 20 * rs * ss
 		buf := model[off : off+ss]
 		for j := range buf {
 			buf[j] = byte(rng.Uint32())
@@ -68,19 +85,24 @@ func TestReAddCrashKeepsResynced(t *testing.T) {
 	if err := a.ReAdd(paths[role]); err != nil {
 		t.Fatal(err)
 	}
-	// The first window (8 of the 10 regions) resynced: the position has moved past it, and the
-	// re-add waits for its speed limit (about 8 s for the window's 128 KiB) before the next.
-	deadline := time.Now().Add(10 * time.Second)
-	for a.roles.rebuildPos() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the re-add's position did not move in 10 s: %+v", a.Status().Sync)
+	s := region * rs
+	switch kind {
+	case "resynced":
+		deadline := time.Now().Add(20 * time.Second)
+		for !a.roles.isRebuilt(s) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the re-add did not resync stripe %d in 20 s: %+v", s, a.Status().Sync)
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
-	}
-	pos := a.roles.rebuildPos()
-	s := int64(20 * region) // region 20's first stripe: resynced, below the position
-	if s >= pos {
-		t.Fatalf("position %d after the first window, want it past stripe %d", pos, s)
+	case "clean":
+		if !a.roles.isRebuilt(s) {
+			t.Fatalf("stripe %d, in a region not written while the member was away, is not served by it after the re-add", s)
+		}
+	case "stale":
+		if a.roles.isRebuilt(s) {
+			t.Fatalf("stripe %d, the last region written while the member was away, served by it right after the re-add: the test needs it not resynced yet", s)
+		}
 	}
 	// The block: role 1's chunk of stripe s, written and flushed with the member in place.
 	d := a.layout.DataIndex(s, role)
@@ -95,13 +117,16 @@ func TestReAddCrashKeepsResynced(t *testing.T) {
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if p := a.roles.rebuildPos(); p != pos {
-		t.Fatalf("the re-add moved on (position %d, then %d) before the crash image was taken; the test needs it waiting", pos, p)
+	if !a.roles.isRebuilt(s) {
+		t.Fatalf("stripe %d written (and flushed) without the re-added member", s)
 	}
 	// The crash: the members as the kernel has them, with a write to another data chunk of
 	// stripe s torn (its data reached its member, the parity did not).
 	img := rrFiles(t, 4)
 	rrCopy(t, paths, img)
+	if st := a.Status(); st.Sync == nil || st.Sync.Kind != "rebuild" {
+		t.Fatalf("the re-add ended before the crash image was taken (%+v): the test needs it under way", st.Sync)
+	}
 	other := a.layout.DataMember(s, (d+1)%a.layout.DataMembers())
 	torn := make([]byte, chunk)
 	for j := range torn {
@@ -123,7 +148,41 @@ func TestReAddCrashKeepsResynced(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, blk) {
-		t.Fatalf("a flushed block of the re-added role (stripe %d, below the re-add's position %d) is wrong after the crash: recorded position %d",
-			s, pos, rrSuperblocks(t, img)[0].Recovery/chunk)
+		sb := rrSuperblocks(t, img)[0]
+		t.Fatalf("a flushed block of the re-added role (stripe %d) is wrong after the crash: recorded position %d, re-add record %v",
+			s, sb.Recovery/chunk, sb.ReAdd != nil)
+	}
+	// The restart resumes the re-add, and then every stripe but the torn one reads back.
+	st := waitStatusInternal(t, b, func(st Status) bool { return st.Sync == nil })
+	if r := st.LastRebuild; r == nil || !r.ReAdd || r.Err != "" {
+		t.Fatalf("after the restart: last rebuild %+v, want the re-add resumed and finished", r)
+	}
+	all := make([]byte, size)
+	if _, err := b.ReadAt(all, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range model {
+		if int64(i)/ss == s {
+			continue
+		}
+		if all[i] != model[i] {
+			t.Fatalf("after the resumed re-add: byte %d (stripe %d) differs", i, int64(i)/ss)
+		}
+	}
+}
+
+// waitStatusInternal polls a's status until cond holds (10 s at most).
+func waitStatusInternal(t *testing.T, a *Array, cond func(Status) bool) Status {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := a.Status()
+		if cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status did not settle in 10 s: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -290,10 +290,9 @@ func TestReAddRefused(t *testing.T) {
 	}
 }
 
-// TestReAddClose: Close in the middle of a re-add's resync records its position, as a rebuild's
-// checkpoint; the next assembly continues it from there as a full rebuild (it does not know
-// which regions were marked: slower, never wrong), and every byte reads back with each other
-// member failed in turn.
+// TestReAddClose: Close in the middle of a re-add's resync leaves its record (position and
+// map) in the superblocks; the next assembly continues the re-add from there, resyncing only
+// the regions it had not, and every byte reads back with each other member failed in turn.
 func TestReAddClose(t *testing.T) {
 	dir := t.TempDir()
 	opts := raid.IOOptions{StripeCache: -1, SyncSpeedMin: 64 << 10, SyncSpeedMax: 64 << 10}
@@ -333,8 +332,12 @@ func TestReAddClose(t *testing.T) {
 		s, _ := memberState(st, paths[3])
 		return s == raid.MemberActive && st.Sync == nil
 	})
-	if r := st.LastRebuild; r == nil || r.ReAdd || r.Resumed == 0 || r.Resumed > p.Done || r.Err != "" {
-		t.Fatalf("resumed %+v after a re-add stopped at %d", r, p.Done)
+	// The re-add resumes as a re-add, where it stopped (its map in the superblocks), and
+	// resyncs only what it had not: the two runs add up to the 32 regions' chunks.
+	if r := st.LastRebuild; r == nil || !r.ReAdd || r.Resumed != p.Done || r.Err != "" ||
+		p.Resynced+r.Resynced != 32*4*testChunk {
+		t.Fatalf("resumed %+v after a re-add stopped at %d with %d bytes resynced; want a re-add from there, %d bytes in all",
+			r, p.Done, p.Resynced, 32*4*testChunk)
 	}
 	checkEachOut(t, b, paths, 3, model)
 }

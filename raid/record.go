@@ -54,8 +54,17 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 	now := time.Now()
 	states, rebuilding := a.roles.states()
 	recovery := int64(0)
+	var readd *readdRecord
 	if rebuilding {
-		recovery = a.roles.rebuildPos() * a.layout.ChunkSize()
+		// A re-add's position and map are taken together: its workers move both under the
+		// map's lock.
+		if rm := a.roles.readd.Load(); rm != nil {
+			rm.mu.Lock()
+			recovery, readd = a.roles.rebuildPos()*a.layout.ChunkSize(), rm.record()
+			rm.mu.Unlock()
+		} else {
+			recovery = a.roles.rebuildPos() * a.layout.ChunkSize()
+		}
 	}
 	// The bitmap's cleared mark moves only with an update written while every role is
 	// active; until one is durable the bitmap clears nothing (bitmapMembers.Whole).
@@ -79,6 +88,10 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 		sb := m.sb
 		sb.Events, sb.Updated, sb.States, sb.Recovery = a.events, now, states, recovery
 		sb.EventsCleared = a.eventsCleared
+		sb.ReAdd, sb.Features = readd, sb.Features&^featureReAdd
+		if readd != nil {
+			sb.Features |= featureReAdd
+		}
 		sb.Role = a.roles.roleOf(m)
 		if set != nil {
 			set(sb)

@@ -16,10 +16,9 @@ import (
 //
 // Who changes what: set, remove and recount run under Array.sbMu (or in newArray, which owns
 // the array alone); markFaulty runs without sbMu (fail marks a member before it takes sbMu, so
-// that I/O goes around the member at once); setRebuilt moves the rebuild position past stripe s
-// only while s's stripe lock is held or once a re-add marked s rebuilt ahead of it (see
-// setRebuilt). A member's own flags (faulty,
-// rebuilding) are atomics of the member.
+// that I/O goes around the member at once); the rebuild position moves past stripe s only
+// while s's stripe lock is held or once a re-add's map serves s (setRebuilt, readdMap). A
+// member's own flags (faulty, rebuilding) are atomics of the member.
 //
 // The decision that the array has failed is made in one place, recount, which shuts the gate.
 // failed only reports it; what must not happen on a failed array (a member write) is refused
@@ -33,12 +32,13 @@ type roleTable struct {
 	// markFaulty adds to it, so it never counts fewer roles than there are (see recount).
 	bad atomic.Int32
 	// rebuilt is the rebuild position in stripes: the rebuilding member serves the stripes
-	// below it. It moves past stripe s only while s's lock is held, or once s is in ahead.
+	// below it. It moves past stripe s only while s's lock is held, or (a re-add) once the
+	// re-add's map serves s.
 	rebuilt atomic.Int64
-	// ahead holds the stripes at or above rebuilt that a re-add has resynced (or found clean)
-	// in the window it works on, each added while its lock is held: the rebuilding member
-	// serves them too. nil when none; setRebuilt drops it.
-	ahead atomic.Pointer[stripeSet]
+	// readd is the re-added member's map (readdmap.go) while the rebuilding member is a
+	// re-added one: it also serves the stripes at or above rebuilt that the map says it is
+	// whole in. nil otherwise; setRebuilt drops it.
+	readd atomic.Pointer[readdMap]
 	// last is the array's last stripe, where a role being rebuilt stays lost longest.
 	last int64
 	// timeout is the member timeout (≤ 0: none): drain does not wait for a member whose
@@ -83,10 +83,11 @@ func (t *roleTable) usable(r int, s int64) *member {
 }
 
 // isRebuilt reports whether the rebuilding member serves stripe s: below the rebuild position
-// or in ahead. ahead is loaded first: setRebuilt moves the position before it drops the set,
-// so a stripe found in neither was in neither when the position was loaded.
+// or, for a re-added member, where its map says it is whole. The map is read first: the
+// re-add moves the position before it drops a piece from the map (readdMap.prune), so a
+// stripe the map does not serve was below no position the map had passed.
 func (t *roleTable) isRebuilt(s int64) bool {
-	if w := t.ahead.Load(); w != nil && w.has(s) {
+	if m := t.readd.Load(); m != nil && m.serves(s) {
 		return true
 	}
 	return s < t.rebuilt.Load()
@@ -220,39 +221,19 @@ func (t *roleTable) states() (states [stripe.MaxMembers]uint8, rebuilding bool) 
 // rebuildPos returns the rebuild position in stripes.
 func (t *roleTable) rebuildPos() int64 { return t.rebuilt.Load() }
 
-// setRebuilt moves the rebuild position to stripe s. Moving it past a stripe needs that
-// stripe's lock, unless the stripe is in ahead (setAhead) or nothing can read it meanwhile:
-// assembly (before the array serves) and the rebuild's start (under sbMu, before the spare
-// takes the role). It drops ahead: the caller has moved past its stripes, or starts over.
+// setRebuilt moves the rebuild position to stripe s and drops a re-add's map. Moving it past
+// a stripe needs that stripe's lock, unless nothing can read it meanwhile: assembly (before
+// the array serves) and the rebuild's start (under sbMu, before the spare takes the role).
 func (t *roleTable) setRebuilt(s int64) {
 	t.rebuilt.Store(s)
-	t.ahead.Store(nil)
+	t.readd.Store(nil)
 }
 
-// setAhead makes w the stripes above the rebuild position that the rebuilding member serves
-// (stripeSet.add, under each stripe's lock).
-func (t *roleTable) setAhead(w *stripeSet) { t.ahead.Store(w) }
-
-// stripeSet is a set of stripes in [lo, lo+64*len(bits)), read and added to without a lock.
-type stripeSet struct {
-	lo   int64
-	bits []atomic.Uint64
-}
-
-func newStripeSet(lo, n int64) *stripeSet {
-	return &stripeSet{lo: lo, bits: make([]atomic.Uint64, (n+63)/64)}
-}
-
-func (w *stripeSet) has(s int64) bool {
-	i := s - w.lo
-	return i >= 0 && i < 64*int64(len(w.bits)) && w.bits[i/64].Load()&(1<<(i%64)) != 0
-}
-
-// add puts the stripes [s, s+n), which must lie in the set's range, in the set.
-func (w *stripeSet) add(s, n int64) {
-	for i := s - w.lo; i < s-w.lo+n; i++ {
-		w.bits[i/64].Or(1 << (i % 64))
-	}
+// setReAdd makes m the re-added member's map, its position at stripe pos (under sbMu, with
+// every stripe's lock held or before the array serves).
+func (t *roleTable) setReAdd(m *readdMap, pos int64) {
+	t.rebuilt.Store(pos)
+	t.readd.Store(m)
 }
 
 // set makes m (nil: none) serve role r. The caller holds sbMu and calls recount after.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"time"
 
 	"github.com/raid5d/raid5d/stripe"
@@ -103,6 +104,10 @@ type superblock struct {
 	// those (Array.ReAdd). 0, as in every superblock from before it (an old build writes
 	// zeroes there and clears bits while degraded), means unknown: no re-add.
 	EventsCleared uint64
+	// ReAdd is the record of a re-add's resync in progress (featureReAdd; readdmap.go): with
+	// Recovery, where the member rebuilding into the role whose state is roleRebuilding is
+	// whole. nil when the rebuilding member, if any, is rebuilt whole.
+	ReAdd *readdRecord
 }
 
 // Per-role states in the superblock's table, and the role of a spare.
@@ -144,7 +149,13 @@ const (
 	sbJournalEnd = sbJournal + MaxJournalPath // [sbJournalEnd, sbResync) is written as zeroes
 	sbResync     = 1232                       // int64: Resync, the full resync's resume point
 	sbCleared    = sbResync + 8               // uint64: EventsCleared, the bitmap's cleared mark
-	sbEnd        = sbCleared + 8              // [sbEnd, crcOff) is reserved and written as zeroes
+	sbReAddUnit  = sbCleared + 8              // int64: readdRecord.Unit, 0 without featureReAdd
+	sbReAddPiece = sbReAddUnit + 8            // int64: readdRecord.Piece
+	sbReAddDone  = sbReAddPiece + 8           // uint32: how many pieces Done lists
+	sbReAddMap   = sbReAddDone + 4            // uint32: the bytes of Stale
+	sbReAddList  = sbReAddMap + 4             // readdExtra int64s: Done
+	sbReAddStale = sbReAddList + 8*readdExtra // readdMapMax bytes at most: Stale
+	sbEnd        = sbReAddStale + readdMapMax // [sbEnd, crcOff) is reserved and written as zeroes
 
 	// featureBitmap: the member carries a write-intent bitmap (BitmapOff, BitmapSize,
 	// BitmapRegion are set).
@@ -153,7 +164,11 @@ const (
 	// JournalPath. A build from before the journal refuses the array (unknown feature), as it
 	// must: it would assemble it without replaying the journal.
 	featureJournal = 1 << 1
-	knownFeatures  = featureBitmap | featureJournal
+	// featureReAdd: a re-added member is being resynced (ReAdd, the record of where it is
+	// whole). A build from before it refuses the array, as it must: it would take the member
+	// as whole above the rebuild position, or rebuild it from parity torn by a crash.
+	featureReAdd  = 1 << 2
+	knownFeatures = featureBitmap | featureJournal | featureReAdd
 
 	stateClean = 0
 	stateDirty = 1
@@ -199,6 +214,15 @@ func (sb *superblock) encode(b []byte) {
 	le.PutUint32(b[sbJournalLen:], uint32(copy(b[sbJournal:sbJournalEnd], sb.JournalPath)))
 	le.PutUint64(b[sbResync:], uint64(sb.Resync))
 	le.PutUint64(b[sbCleared:], sb.EventsCleared)
+	if r := sb.ReAdd; r != nil {
+		le.PutUint64(b[sbReAddUnit:], uint64(r.Unit))
+		le.PutUint64(b[sbReAddPiece:], uint64(r.Piece))
+		le.PutUint32(b[sbReAddDone:], uint32(len(r.Done)))
+		le.PutUint32(b[sbReAddMap:], uint32(copy(b[sbReAddStale:sbEnd], r.Stale)))
+		for i, p := range r.Done {
+			le.PutUint64(b[sbReAddList+8*i:], uint64(p))
+		}
+	}
 	le.PutUint32(b[crcOff:], crc32.Checksum(b[:crcOff], crc32c))
 }
 
@@ -303,5 +327,45 @@ func decodeSuperblock(b []byte) (*superblock, error) {
 		sb.Resync != 0 && (!sb.Dirty || sb.Features&(featureBitmap|featureJournal) != 0) {
 		return bad("resync position %d (dirty %v, features %#x)", sb.Resync, sb.Dirty, sb.Features)
 	}
+	if sb.Features&featureReAdd != 0 {
+		if err := sb.decodeReAdd(b); err != nil {
+			return nil, err
+		}
+	}
 	return sb, nil
+}
+
+// decodeReAdd parses and checks the re-add record of sb (featureReAdd), from its encoding b.
+func (sb *superblock) decodeReAdd(b []byte) error {
+	le := binary.LittleEndian
+	stripes := sb.DataSize / sb.Chunk
+	r := &readdRecord{Unit: int64(le.Uint64(b[sbReAddUnit:])), Piece: int64(le.Uint64(b[sbReAddPiece:]))}
+	nd, nm := le.Uint32(b[sbReAddDone:]), le.Uint32(b[sbReAddMap:])
+	rebuilding := 0
+	for _, st := range sb.States[:sb.Members] {
+		if st == roleRebuilding {
+			rebuilding++
+		}
+	}
+	pow2 := func(x int64) bool { return x > 0 && x&(x-1) == 0 }
+	if sb.Features&featureBitmap == 0 || rebuilding != 1 || !pow2(r.Unit) || !pow2(r.Piece) ||
+		r.Unit > 1<<40 || r.Piece > 1<<40 || nd > readdExtra ||
+		int64(nm) != ((stripes+r.Unit-1)/r.Unit+7)/8 || nm > readdMapMax {
+		return fmt.Errorf("%w: re-add record: %d stripes per unit, %d per piece, %d pieces done, map of %d bytes, %d roles rebuilding, features %#x",
+			ErrBadSuperblock, r.Unit, r.Piece, nd, nm, rebuilding, sb.Features)
+	}
+	pos := sb.Recovery / sb.Chunk
+	if pos%r.Piece != 0 && pos != stripes {
+		return fmt.Errorf("%w: re-add record: position %d not on a piece of %d stripes", ErrBadSuperblock, pos, r.Piece)
+	}
+	for i := range int(nd) {
+		p := int64(le.Uint64(b[sbReAddList+8*i:]))
+		if p <= pos/r.Piece || p > stripes/r.Piece || p*r.Piece >= stripes || slices.Contains(r.Done, p) {
+			return fmt.Errorf("%w: re-add record: piece %d done, position %d, %d stripes per piece", ErrBadSuperblock, p, pos, r.Piece)
+		}
+		r.Done = append(r.Done, p)
+	}
+	r.Stale = slices.Clone(b[sbReAddStale : sbReAddStale+int(nm)])
+	sb.ReAdd = r
+	return nil
 }

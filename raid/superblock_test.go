@@ -62,6 +62,52 @@ func TestSuperblockRoundTrip(t *testing.T) {
 	}
 }
 
+// readdSuperblock is testSuperblock with a bitmap and a re-add of role 2 under way: resynced
+// up to stripe 64 and in pieces 5 and 9 (16 stripes each), 125 units of 8 stripes.
+func readdSuperblock() *superblock {
+	sb := testSuperblock()
+	sb.Features = featureBitmap | featureReAdd
+	sb.BitmapOff, sb.BitmapRegion, sb.BitmapSize = BitmapOffset, 8, bitmapBytes(125)
+	sb.States[2] = roleRebuilding
+	sb.Recovery = 64 * sb.Chunk
+	sb.ReAdd = &readdRecord{Unit: 8, Piece: 16, Stale: make([]byte, 16), Done: []int64{5, 9}}
+	sb.ReAdd.Stale[0], sb.ReAdd.Stale[15] = 0x81, 0x10
+	return sb
+}
+
+// TestSuperblockReAdd: a re-add's record survives the round trip, and a record that does not
+// fit the array is refused.
+func TestSuperblockReAdd(t *testing.T) {
+	want := readdSuperblock()
+	got, err := decodeSuperblock(encoded(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Created, got.Updated = want.Created, want.Updated
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("decode(encode(sb)) = %+v (record %+v), want %+v", got, got.ReAdd, want.ReAdd)
+	}
+	le := binary.LittleEndian
+	for name, edit := range map[string]func(b []byte){
+		"unit not a power of two":  func(b []byte) { le.PutUint64(b[sbReAddUnit:], 12) },
+		"piece 0":                  func(b []byte) { le.PutUint64(b[sbReAddPiece:], 0) },
+		"map of the wrong size":    func(b []byte) { le.PutUint32(b[sbReAddMap:], 15) },
+		"too many pieces done":     func(b []byte) { le.PutUint32(b[sbReAddDone:], readdExtra+1) },
+		"piece below the position": func(b []byte) { le.PutUint64(b[sbReAddList:], 3) },
+		"piece past the end":       func(b []byte) { le.PutUint64(b[sbReAddList:], 63) },
+		"piece listed twice":       func(b []byte) { le.PutUint64(b[sbReAddList+8:], 5) },
+		"position off a piece":     func(b []byte) { le.PutUint64(b[sbRecovery:], uint64(65*want.Chunk)) },
+		"no role rebuilding":       func(b []byte) { b[sbStates+2] = roleActive },
+		"no bitmap": func(b []byte) {
+			le.PutUint32(b[sbFeatures:], featureReAdd)
+			clear(b[sbBitmapOff : sbBitmapOff+16])
+			clear(b[sbBitmapReg : sbBitmapReg+8])
+		},
+	} {
+		t.Run(name, func(t *testing.T) { checkRefused(t, readdSuperblock(), edit) })
+	}
+}
+
 func TestSuperblockCorruption(t *testing.T) {
 	le := binary.LittleEndian
 	tests := []struct {
@@ -111,6 +157,7 @@ func FuzzDecodeSuperblock(f *testing.F) {
 	resumed := testSuperblock()
 	resumed.Resync = 10 * resumed.Chunk
 	f.Add(encoded(resumed))
+	f.Add(encoded(readdSuperblock()))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		sb, err := decodeSuperblock(b)
 		if err != nil {

@@ -376,7 +376,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	// being rebuilt (bitmap.Members.Whole), so a clear bit is a region unchanged since the
 	// member left. A later write to a skipped stripe finds it below the position and writes
 	// the member too.
-	readd := sp.readd.Load() && a.bm != nil
+	readd := sp.readd.Load() && a.roles.readd.Load() != nil
 	a.sbMu.Unlock()
 
 	a.syncMu.Lock()
@@ -384,42 +384,24 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	a.syncMu.Unlock()
 	a.log.Info("raid: rebuild started", "member", sp.Name(), "role", role, "from", pos*C, "total", a.memberData, "re-add", readd)
 
-	batch := a.syncBatch()
-	n := a.layout.Members()
-	bufs := make([][]byte, n)
-	for i := range bufs {
-		bufs[i] = aligned.Make(int(batch * C)) // members read into it: aligned for direct I/O
-	}
 	t := a.newThrottle()
-	lastCk := time.Now()
 	var err error
-	var extra [][][]byte // a re-add's buffers for its pieces after the first (readdWindow)
-	for pos < total {
-		if err = ctx.Err(); err != nil {
-			break
+	if readd {
+		// Only the pieces the re-add's map wants, each recorded as it is done.
+		err = a.readdResync(ctx, j, sp, role, t)
+		pos = a.roles.rebuildPos()
+	} else {
+		batch := a.syncBatch()
+		bufs := make([][]byte, a.layout.Members())
+		for i := range bufs {
+			bufs[i] = aligned.Make(int(batch * C)) // members read into it: aligned for direct I/O
 		}
-		s0, k := pos, min(batch, total-pos)
-		if readd {
-			k = a.readdSpan(pos, min(batch*readdMaxBatches, total-pos), batch)
-		}
-		moved := k
-		if readd {
-			// Each piece under its own locks; the position moves past stripes marked
-			// rebuilt ahead of it.
-			moved, extra, err = a.readdWindow(sp, role, s0, k, batch, bufs, extra)
-			if err == nil {
-				pos = s0 + k
-				// Recorded before anything else relies on it: writes to the window's
-				// stripes have been writing the member since its pieces were resynced,
-				// and a crash must not leave a restart rebuilding them from parity a
-				// write in flight tore (TestReAddCrashKeepsResynced).
-				err = a.checkpointAt(sp, role, pos)
-				lastCk = time.Now()
+		lastCk := time.Now()
+		for pos < total {
+			if err = ctx.Err(); err != nil {
+				break
 			}
-			if err == nil {
-				a.roles.setRebuilt(pos)
-			}
-		} else {
+			s0, k := pos, min(batch, total-pos)
 			a.locks.LockSpan(s0, k)
 			err = a.rebuildSpan(sp, role, s0, k, bufs)
 			if err == nil {
@@ -427,20 +409,20 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 				a.roles.setRebuilt(pos)
 			}
 			a.locks.UnlockSpan(s0, k)
-		}
-		if err != nil {
-			break
-		}
-		a.syncMu.Lock()
-		j.p.Resynced += moved * C
-		a.syncMu.Unlock()
-		a.setDone(j, t, pos*C)
-		if time.Since(lastCk) >= checkpointEvery && pos < total {
-			a.checkpoint(sp)
-			lastCk = time.Now()
-		}
-		if err = t.wait(ctx, moved*C); err != nil {
-			break
+			if err != nil {
+				break
+			}
+			a.syncMu.Lock()
+			j.p.Resynced += k * C
+			a.syncMu.Unlock()
+			a.setDone(j, t, pos*C)
+			if time.Since(lastCk) >= checkpointEvery && pos < total {
+				a.checkpoint(sp)
+				lastCk = time.Now()
+			}
+			if err = t.wait(ctx, k*C); err != nil {
+				break
+			}
 		}
 	}
 	if pos < total {
@@ -457,6 +439,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	a.sbMu.Lock()
 	sp.rebuilding.Store(false)
 	sp.readd.Store(false)
+	a.roles.readd.Store(nil)
 	kept := a.faulty[:0]
 	for _, m := range a.faulty {
 		if m.sb.Role == role {
@@ -475,24 +458,6 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		a.log.Error("raid: recording the finished rebuild failed", "err", werr)
 	}
 	return nil
-}
-
-// checkpointAt is checkpoint with the position pos (stripes) recorded for role, at or
-// ahead of the rebuild position: every stripe below pos must be whole on sp. It returns an
-// error if sp could not be synced (sp is then failed) or the array failed.
-func (a *Array) checkpointAt(sp *member, role int, pos int64) error {
-	if err := syncData(sp.Member); err != nil {
-		err = memberErr(sp, role, "sync", -1, err)
-		a.fail(sp, err)
-		return err
-	}
-	a.sbMu.Lock()
-	defer a.sbMu.Unlock()
-	return a.writeSuperblocks(func(sb *superblock) {
-		if sb.States[role] == roleRebuilding {
-			sb.Recovery = pos * a.layout.ChunkSize()
-		}
-	})
 }
 
 // checkpoint makes the rebuilt part of sp durable, then records the position in the

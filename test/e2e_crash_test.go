@@ -412,22 +412,12 @@ func crashReAdd(s *server, a *array, round int, rng *rand.Rand) {
 
 // TestCrashLoopReAdd is TestCrashLoop (write-intent bitmap) with a member failed under the
 // load and re-added (crashReAdd): every kill comes during the re-add's resync, under writes.
-// After each restart the re-add resumes from its checkpoint; every flushed block is intact,
+// After each restart the re-add resumes from its record; every flushed block is intact,
 // the resync covers only the regions written, and at the end scrub check finds 0 mismatches.
 func TestCrashLoopReAdd(t *testing.T) {
 	needRaid5d(t)
 	if standin {
 		t.Skip("kills raid5d")
-	}
-	// Known to lose data (session 11): a kill during the re-add's resync can leave flushed
-	// blocks wrong (15 violations in round 1 of this seed, at load ~3, 1 run in 3; not yet
-	// diagnosed). The likely cause, seen under power cuts (TestPowerCutReAdd, which accepts it):
-	// the restart resumes the re-add as a full rebuild from its checkpoint, the member missing
-	// everywhere above it, so a stripe torn by the kill is the write hole of a degraded array.
-	// Until that is settled and fixed, this runs only when asked for, so that CI does not fail
-	// on a known bug at random.
-	if os.Getenv("RAID5D_CRASH_READD") == "" {
-		t.Skip("known data loss on a kill during a re-add's resync (see the comment); RAID5D_CRASH_READD=1 runs it")
 	}
 	crashLoop{rounds: 4, seed: 20261205, churn: crashReAdd}.run(t)
 }

@@ -22,7 +22,7 @@ trap 'rm -f "$OUT"' EXIT
 echo "crash soak: $ROUNDS rounds of each kind, at most $MINUTES min each, seed $SEED"
 status=0
 RAID5D_CRASH_ROUNDS=$ROUNDS RAID5D_CRASH_TIME=${MINUTES}m RAID5D_CRASH_SEED=$SEED \
-  RAID5D_CRASH_READD=1 go test -count=1 -v -timeout $((4 * MINUTES + 10))m -run '^(TestCrashLoop|TestPowerCutLoop|TestCrashLoopReAdd|TestCrashLoopChurnJournal)$' ./test >"$OUT" 2>&1 || status=$?
+  go test -count=1 -v -timeout $((4 * MINUTES + 10))m -run '^(TestCrashLoop|TestPowerCutLoop|TestCrashLoopReAdd|TestCrashLoopChurnJournal)$' ./test >"$OUT" 2>&1 || status=$?
 printf '%-9s %-6s %s\n' kind result counts
 for kind in crash:TestCrashLoop powercut:TestPowerCutLoop readd:TestCrashLoopReAdd churn-j:TestCrashLoopChurnJournal; do
   name=${kind%%:*} test=${kind#*:}
