@@ -462,9 +462,15 @@ func (a *Array) readdPiece(sp *member, role int, m *readdMap, p int64, bufs [][]
 	pos := m.resynced(p, a.roles.rebuildPos())
 	a.roles.rebuilt.Store(pos)
 	m.prune(pos)
+	gen := m.gen
 	m.mu.Unlock()
 	a.sbMu.Lock()
-	err := a.writeSuperblocks(nil)
-	a.sbMu.Unlock()
-	return moved, err
+	defer a.sbMu.Unlock()
+	m.mu.Lock()
+	carried := m.durable >= gen // another piece's update, written after this one's mark
+	m.mu.Unlock()
+	if carried {
+		return moved, nil
+	}
+	return moved, a.writeSuperblocks(nil)
 }

@@ -64,6 +64,10 @@ type readdMap struct {
 	inflight map[int64]bool
 	ended    bool
 	changed  chan struct{}
+	// gen counts the changes of the record (pieces resynced); durable is the highest gen a
+	// superblock update has written to every member: a piece whose change another worker's
+	// update already carried needs no update of its own.
+	gen, durable uint64
 }
 
 // notify wakes everything waiting for a change of m (the caller holds m.mu).
@@ -246,6 +250,7 @@ func (m *readdMap) staleRuns(p int64, fn func(s, n int64) error) error {
 // position it loads after.
 func (m *readdMap) resynced(p, pos int64) int64 {
 	m.done[p] = true
+	m.gen++
 	if p*m.piece != pos {
 		for i := range m.extra {
 			if m.extra[i].Load() == 0 {

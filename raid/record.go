@@ -61,7 +61,15 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 		if rm := a.roles.readd.Load(); rm != nil {
 			rm.mu.Lock()
 			recovery, readd = a.roles.rebuildPos()*a.layout.ChunkSize(), rm.record()
+			gen := rm.gen
 			rm.mu.Unlock()
+			defer func() {
+				if len(bad) == 0 {
+					rm.mu.Lock()
+					rm.durable = max(rm.durable, gen)
+					rm.mu.Unlock()
+				}
+			}()
 		} else {
 			recovery = a.roles.rebuildPos() * a.layout.ChunkSize()
 		}
