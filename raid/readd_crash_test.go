@@ -121,9 +121,14 @@ func readdCrash(t *testing.T, kind string, region int64) {
 		t.Fatalf("stripe %d written (and flushed) without the re-added member", s)
 	}
 	// The crash: the members as the kernel has them, with a write to another data chunk of
-	// stripe s torn (its data reached its member, the parity did not).
+	// stripe s torn (its data reached its member, the parity did not). The files are copied
+	// one after another: every stripe's lock is held meanwhile, so that the re-add is not in
+	// the middle of a piece (whose data and record would then be copied from different
+	// moments, as no crash can leave them).
 	img := rrFiles(t, 4)
+	a.locks.LockSpan(0, stripes)
 	rrCopy(t, paths, img)
+	a.locks.UnlockSpan(0, stripes)
 	if st := a.Status(); st.Sync == nil || st.Sync.Kind != "rebuild" {
 		t.Fatalf("the re-add ended before the crash image was taken (%+v): the test needs it under way", st.Sync)
 	}
