@@ -406,7 +406,7 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	for _, p := range paths {
 		m, err := OpenMember(p, opts.ReadOnly)
 		if errors.Is(err, fs.ErrNotExist) {
-			log.Warn("raid: member not found; counting it as missing", "member", p)
+			log.Warn("raid: member not found; counting it as missing", "member", p, "err", err)
 			absent = append(absent, p)
 			continue
 		}

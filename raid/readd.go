@@ -264,7 +264,8 @@ const readdWindow = 8
 
 // readdResync resyncs onto sp, for role, the pieces the re-add's map wants, from the rebuild
 // position on, up to readdWindow at once (readdPiece): the pieces writes wait for first
-// (awaitReAdd), at once, then the others in order (readdMap.pick), each throttled. It
+// (awaitReAdd), at once, then the others in order (readdMap.pick), each after the speed
+// limit's wait for the one before. It
 // returns when every piece is resynced, at the first error, or when ctx is done; then the
 // writes waiting go ahead (the map's ended).
 func (a *Array) readdResync(ctx context.Context, j *syncJob, sp *member, role int, t *throttle) error {
@@ -282,6 +283,7 @@ func (a *Array) readdResync(ctx context.Context, j *syncJob, sp *member, role in
 		bufs <- b
 	}
 	var first error
+	var owed int64 // the bytes of the last throttled piece started, which the next one waits for
 	var wg sync.WaitGroup
 	m.mu.Lock()
 	m.ended = false
@@ -320,7 +322,10 @@ func (a *Array) readdResync(ctx context.Context, j *syncJob, sp *member, role in
 		if urgent {
 			t.done += n * C
 		} else {
-			err = t.wait(ctx, n*C)
+			// Throttled for the piece before it, as a rebuild waits after each batch: the
+			// first piece starts at once.
+			err = t.wait(ctx, owed)
+			owed = n * C
 		}
 		m.mu.Lock()
 		if err != nil {

@@ -47,13 +47,17 @@ type r5Progress struct {
 	Mismatches int64   `json:"mismatches"`
 	MismatchAt []int64 `json:"mismatch_at"`
 	Resumed    int64   `json:"resumed"`
+	Resynced   int64   `json:"resynced"`
 }
 
 // r5Rebuild is status's last_rebuild: the last rebuild or re-add that ended.
 type r5Rebuild struct {
-	ReAdd    bool  `json:"re_add"`
-	Resynced int64 `json:"resynced"`
-	Total    int64 `json:"total"`
+	Role     int    `json:"role"`
+	ReAdd    bool   `json:"re_add"`
+	Resumed  int64  `json:"resumed"`
+	Resynced int64  `json:"resynced"`
+	Total    int64  `json:"total"`
+	Err      string `json:"error"`
 }
 
 // member returns the state and role of the member at path, or "" if the array does not list it.
