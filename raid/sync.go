@@ -534,11 +534,7 @@ func (a *Array) rebuildSpan(sp *member, role int, s0, k int64, bufs [][]byte) er
 // caller holds, so that the members hold the stripes' latest data.
 func (a *Array) writeOutSpan(s0, k int64) error {
 	if a.cache != nil {
-		for s := s0; s < s0+k; s++ {
-			if err := a.cache.WriteOutLocked(s); err != nil {
-				return err
-			}
-		}
+		return a.cache.WriteOutSpanLocked(s0, k)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,6 +108,35 @@ func (c *Cache) WriteOutLocked(s int64) error {
 		return err
 	}
 	c.cleaned(h)
+	return nil
+}
+
+// WriteOutSpanLocked writes out the dirty heads of stripes [s0, s0+n); the caller holds their
+// locks. A span with more stripes than the cache has heads (a re-add's, the whole array) is
+// found by a walk of the heads, not a lookup per stripe.
+func (c *Cache) WriteOutSpanLocked(s0, n int64) error {
+	if n <= int64(c.cap) {
+		for s := s0; s < s0+n; s++ {
+			if err := c.WriteOutLocked(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	c.mu.Lock()
+	var todo []int64
+	for s, h := range c.heads {
+		if s >= s0 && s < s0+n && h.dirty {
+			todo = append(todo, s)
+		}
+	}
+	c.mu.Unlock()
+	slices.Sort(todo)
+	for _, s := range todo {
+		if err := c.WriteOutLocked(s); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
