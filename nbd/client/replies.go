@@ -141,15 +141,7 @@ func (rr *replyReader) readv(bufs [][]byte, off, rest int) error {
 	err := rr.rc.Read(rr.readFn)
 	clear(rr.vec) // keep no caller's buffer
 	rr.vec = rr.vec[:0]
-	switch {
-	case err != nil:
-		return err
-	case rr.err != nil:
-		return rr.err
-	case rr.n == 0:
-		return io.ErrUnexpectedEOF
-	}
-	return nil
+	return rr.readErr(err)
 }
 
 func appendIovec(vec []unix.Iovec, b []byte) []unix.Iovec {
@@ -216,6 +208,12 @@ func (rr *replyReader) sys(a, b []byte) error {
 	rr.n, rr.err = 0, nil
 	err := rr.rc.Read(rr.readFn)
 	rr.iov[0], rr.iov[1] = nil, nil // keep no caller's buffer
+	return rr.readErr(err)
+}
+
+// readErr is the outcome of a read through rawRead that returned err: its error or the
+// system call's, and io.ErrUnexpectedEOF if it read nothing (the end of the stream).
+func (rr *replyReader) readErr(err error) error {
 	switch {
 	case err != nil:
 		return err
