@@ -378,10 +378,11 @@ func (a *Array) awaitReAdd(off, n int64) {
 			m.mu.Unlock()
 			return
 		}
-		pos, missing := a.roles.rebuildPos(), false
+		pos, missing, added := a.roles.rebuildPos(), false, false
 		for p := max(s0, pos) / m.piece; p*m.piece < s1; p++ {
 			if !m.whole(p, pos) {
 				missing = true
+				added = added || !m.want[p]
 				m.want[p] = true
 			}
 		}
@@ -389,7 +390,11 @@ func (a *Array) awaitReAdd(off, n int64) {
 			m.mu.Unlock()
 			return
 		}
-		m.notify()
+		if added {
+			// Only news wakes the re-add: two writes waiting, each waking the other at
+			// every turn, would spin.
+			m.notify()
+		}
 		ch := m.changed
 		m.mu.Unlock()
 		if timer == nil {

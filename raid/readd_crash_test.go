@@ -50,11 +50,14 @@ func readdCrash(t *testing.T, kind string, region int64) {
 	a.bm.Stop()
 	size, _ := a.Size()
 	ss := a.layout.StripeSize()
-	model := make([]byte, size)
 	rng := rand.New(rand.NewPCG(11, uint64(region)))
-	for i := range model {
-		model[i] = byte(rng.Uint32())
+	fill := func(p []byte) {
+		for i := range p {
+			p[i] = byte(rng.Uint32())
+		}
 	}
+	model := make([]byte, size)
+	fill(model)
 	if _, err := a.WriteAt(model, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -72,9 +75,7 @@ func readdCrash(t *testing.T, kind string, region int64) {
 	for i := range int64(10) {
 		off := i * 20 * rs * ss
 		buf := model[off : off+ss]
-		for j := range buf {
-			buf[j] = byte(rng.Uint32())
-		}
+		fill(buf)
 		if _, err := a.WriteAt(buf, off); err != nil {
 			t.Fatal(err)
 		}
@@ -108,9 +109,7 @@ func readdCrash(t *testing.T, kind string, region int64) {
 	d := a.layout.DataIndex(s, role)
 	off := s*ss + int64(d)*chunk
 	blk := model[off : off+chunk]
-	for j := range blk {
-		blk[j] = byte(rng.Uint32())
-	}
+	fill(blk)
 	if _, err := a.WriteAt(blk, off); err != nil {
 		t.Fatal(err)
 	}
@@ -134,9 +133,7 @@ func readdCrash(t *testing.T, kind string, region int64) {
 	}
 	other := a.layout.DataMember(s, (d+1)%a.layout.DataMembers())
 	torn := make([]byte, chunk)
-	for j := range torn {
-		torn[j] = byte(rng.Uint32())
-	}
+	fill(torn)
 	f, err := os.OpenFile(img[other], os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
