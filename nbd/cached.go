@@ -25,7 +25,7 @@ func (c *conn) writeCached(req *request) bool {
 		return false
 	}
 	c.encodeHeader(req, 0, -1, nil)
-	c.deferReply(req, c.br.Buffered())
+	c.deferReply(req)
 	return true
 }
 

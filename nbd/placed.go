@@ -41,12 +41,22 @@ type placedReader struct {
 	// have arrived after the last placed payload hold a whole request header.
 	deferred []*request
 	keep     bool
-	avail    int   // arrived's count: bytes buffered and in the receive queue
-	inq      int   // inqFn's answer
-	rn       int   // readvFn's answer
-	rerr     error // readvFn's error
-	want     int   // waitFn's goal: bytes that must have arrived
-	noWait   int   // WRITEs to go before awaitPiece waits again (after a wait timed out)
+	avail    int // arrived's count: bytes buffered and in the receive queue
+	inq      int // inqFn's answer
+	// known is how many bytes the receive queue is known to hold: the last SIOCINQ's answer
+	// less what was read from the socket since (a lower bound, as arrivals only add to the
+	// queue). Anything but a placed read that reads the socket sets it to 0 (forget), so
+	// that a run of placed WRITEs asks SIOCINQ once per many requests, not once per piece.
+	known int
+	// next holds what the last placed read took of the next request's header with the
+	// payload's last bytes, nextN bytes of it (as many as had arrived): readHeader reads only
+	// the rest, usually nothing.
+	next   [wire.RequestHeaderSize]byte
+	nextN  int
+	rn     int   // readvFn's answer
+	rerr   error // readvFn's error
+	want   int   // waitFn's goal: bytes that must have arrived
+	noWait int   // WRITEs to go before awaitPiece waits again (after a wait timed out)
 	// inqFn, readvFn and waitFn are the callbacks for rc.Control and rc.Read.
 	inqFn   func(fd uintptr)
 	readvFn func(fd uintptr) bool
@@ -79,6 +89,7 @@ func (p *placedReader) init(pw PlacedWriter, nc net.Conn) {
 	}
 	p.waitFn = func(fd uintptr) bool {
 		p.inqFn(fd)
+		p.known = p.inq
 		return p.avail+p.inq >= p.want
 	}
 	p.readvFn = func(fd uintptr) bool {
@@ -100,7 +111,7 @@ func (p *placedReader) init(pw PlacedWriter, nc net.Conn) {
 }
 
 // arrived reports whether n bytes of payload have arrived: in the buffered reader, or also in
-// the socket's receive queue (SIOCINQ).
+// the socket's receive queue (SIOCINQ, which known then remembers).
 func (c *conn) arrived(n int) bool {
 	p := &c.placed
 	p.avail = c.br.Buffered()
@@ -110,8 +121,21 @@ func (c *conn) arrived(n int) bool {
 	if err := p.rc.Control(p.inqFn); err != nil {
 		return false
 	}
+	p.known = p.inq
 	p.avail += p.inq
 	return p.avail >= n
+}
+
+// forget drops what the reader knew of the receive queue (known): the socket was read by
+// other than a placed read.
+func (p *placedReader) forget() { p.known = 0 }
+
+// nextArrived reports whether the next request's header is known to have arrived: read ahead
+// (next), in the buffered reader, or in the receive queue as far as known. It asks the socket
+// nothing: a SIOCINQ per request costs more than the replies' sends it saves.
+func (c *conn) nextArrived() bool {
+	p := &c.placed
+	return wire.RequestHeaderSize-p.nextN <= c.br.Buffered()+p.known
 }
 
 // A piece of a WRITE that has not all arrived is waited for, without anything held, for at
@@ -155,14 +179,14 @@ func (c *conn) awaitPiece(n int) bool {
 const maxDeferred = 16
 
 // deferReply holds back the reply of the placed write req (its header encoded) when the next
-// request has already arrived and fewer than maxDeferred replies are held: the reader is about
-// to read it without waiting, and the replies go out together afterwards (flushDeferred).
-// Otherwise it writes the held replies and req's now. On loopback a send costs about what a
-// 48 KiB placed write's parity does.
-func (c *conn) deferReply(req *request, ahead int) {
+// request has already arrived (nextArrived) and fewer than maxDeferred replies are held: the
+// reader is about to read it without waiting, and the replies go out together afterwards
+// (flushDeferred). Otherwise it writes the held replies and req's now. On loopback a send
+// costs about what a 48 KiB placed write's parity does.
+func (c *conn) deferReply(req *request) {
 	p := &c.placed
 	p.deferred = append(p.deferred, req)
-	if ahead >= wire.RequestHeaderSize && len(p.deferred) < min(maxDeferred, c.srv.maxInFlightReqs-1) {
+	if len(p.deferred) < min(maxDeferred, c.srv.maxInFlightReqs-1) && c.nextArrived() {
 		p.keep = true
 		return
 	}
@@ -208,13 +232,15 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 		// readHeader, so a run of large WRITEs is placed.)
 		return false, nil
 	}
-	done, ahead := 0, 0
+	done := 0
 	var werr error // a piece's error: the reply's
 	for done < n {
 		pos, rest := off+int64(done), n-done
 		// A piece needs the bytes up to the end of the first whole unit from pos, or the rest.
 		need := min(rest, int((pos+u-1)/u*u+u-pos))
-		if !c.awaitPiece(need) {
+		// All of the rest known to be here (known) costs no SIOCINQ; else awaitPiece asks
+		// how much is, so that the piece is as long as can be.
+		if p.avail = c.br.Buffered() + p.known; p.avail < rest && !c.awaitPiece(need) {
 			break
 		}
 		take := rest
@@ -225,7 +251,9 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 		if !ok {
 			break
 		}
-		got, rerr := c.readPlaced(vec, take, ph)
+		// The WRITE's last piece takes what has arrived of the next request's header with
+		// it (the buffered reader is empty: see above).
+		got, rerr := c.readPlaced(vec, take, ph, take == rest)
 		clear(vec)
 		p.vec = vec[:0]
 		err := p.pw.CommitPlaced(ph, got, done+got == n)
@@ -233,7 +261,6 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 			return true, c.payloadError(h.Offset, done+got, n, rerr)
 		}
 		done += take
-		ahead = p.avail - take // bytes of the next requests already here
 		if err != nil {
 			werr = err // the WRITE has failed: the rest is dropped (writeRest)
 			break
@@ -262,7 +289,7 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 	}
 	c.serving.Add(1)
 	c.encodeHeader(req, errno, -1, nil)
-	c.deferReply(req, ahead)
+	c.deferReply(req)
 	return true, nil
 }
 
@@ -292,11 +319,16 @@ func (c *conn) writeRest(h *protocol.TransmissionRequestHeader, done int, werr e
 
 // readPlaced reads the n bytes of the placed piece ph into vec (slices adding up to n),
 // straight from the socket with readv (the buffered reader holds none of them: writePlaced),
-// within PayloadTimeout, telling a PlacedProgresser after each step (placedStep) how far it got. It
-// returns the bytes read and, if fewer than n, why.
-func (c *conn) readPlaced(vec [][]byte, n int, ph any) (int, error) {
-	got := 0
-	i, o := 0, 0 // the next byte goes to vec[i][o]
+// within PayloadTimeout, telling a PlacedProgresser after each step (placedStep) how far it got.
+// With next (the piece ends its WRITE), the readv that reads the payload's last bytes also
+// reads as much of the next request's header as has arrived, into p.next (readHeader takes it
+// from there): the header then costs no read of its own. It never waits for those bytes and
+// never reads past them, into a payload that may be placed. It returns the payload bytes read
+// and, if fewer than n, why.
+func (c *conn) readPlaced(vec [][]byte, n int, ph any, next bool) (int, error) {
+	p := &c.placed
+	got, hgot := 0, 0 // payload bytes read; of the next header
+	i, o := 0, 0      // the next payload byte goes to vec[i][o]
 	advance := func(k int) {
 		got += k
 		for k > 0 {
@@ -310,7 +342,6 @@ func (c *conn) readPlaced(vec [][]byte, n int, ph any) (int, error) {
 	}
 	c.setReadDeadline(time.Now().Add(c.srv.payloadTimeout))
 	defer c.setReadDeadline(time.Time{})
-	p := &c.placed
 	for got < n {
 		p.iov = p.iov[:0]
 		step := 0
@@ -327,20 +358,30 @@ func (c *conn) readPlaced(vec [][]byte, n int, ph any) (int, error) {
 			p.iov = append(p.iov, v)
 			step += len(b)
 		}
+		if next && got+step == n && len(p.iov) < maxPlacedIov { // the payload's last readv
+			v := unix.Iovec{Base: &p.next[0]}
+			v.SetLen(len(p.next))
+			p.iov = append(p.iov, v)
+		}
 		p.rn, p.rerr = 0, nil
-		if err := p.rc.Read(p.readvFn); err != nil {
+		err := p.rc.Read(p.readvFn)
+		p.known = max(0, p.known-p.rn)
+		if err == nil && p.rerr != nil {
+			err = p.rerr
+		}
+		if err == nil && p.rn == 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
 			return got, err // the deadline, or the connection closed under the reader
 		}
-		if p.rerr != nil {
-			return got, p.rerr
-		}
-		if p.rn == 0 {
-			return got, io.ErrUnexpectedEOF
-		}
-		advance(p.rn)
+		k := min(p.rn, step)
+		advance(k)
+		hgot += p.rn - k
 		if p.prog != nil && got < n {
 			p.prog.PlacedReceived(ph, got)
 		}
 	}
+	p.nextN = hgot
 	return got, nil
 }

@@ -34,6 +34,8 @@ func (d *pieceDevice) PlacedReceived(h any, received int) {
 	switch {
 	case received <= 0 || int64(received) >= pc[1]:
 		d.bad = "a count outside the piece"
+	case at < 0 || at+int64(received) > int64(len(d.want)):
+		d.bad = "progress in a piece outside the WRITE checked"
 	case !bytes.Equal(d.mem[pc[0]:pc[0]+int64(received)], d.want[at:at+int64(received)]):
 		d.bad = "bytes it covers have not arrived"
 	}

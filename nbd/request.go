@@ -9,15 +9,22 @@ import (
 	"github.com/raid5d/raid5d/nbd/internal/wire"
 )
 
-// readHeader reads the next request header into hb and decodes it. After a large WRITE
-// (direct) it reads straight from the connection when the buffered reader is empty, so that
-// the buffered reader does not fetch the next payload ahead into its buffer (directReadMin).
+// readHeader reads the next request header into hb and decodes it. A placed WRITE's last
+// read may have taken the header already (placedReader.next). After a large WRITE (direct)
+// it reads straight from the connection when the buffered reader is empty, so that the
+// buffered reader does not fetch the next payload ahead into its buffer (directReadMin).
 func (c *conn) readHeader(hb *[wire.RequestHeaderSize]byte, direct bool) (protocol.TransmissionRequestHeader, error) {
 	var err error
-	if direct && c.br.Buffered() == 0 {
-		_, err = io.ReadFull(c.nc, hb[:])
-	} else {
-		_, err = io.ReadFull(c.br, hb[:])
+	p := &c.placed
+	k := copy(hb[:], p.next[:p.nextN])
+	p.nextN = 0
+	if k < len(hb) {
+		p.forget() // the socket is read: what was known of its queue is not kept up
+		if direct && c.br.Buffered() == 0 {
+			_, err = io.ReadFull(c.nc, hb[k:])
+		} else {
+			_, err = io.ReadFull(c.br, hb[k:])
+		}
 	}
 	if err != nil {
 		return protocol.TransmissionRequestHeader{}, err
@@ -71,6 +78,7 @@ const payloadPiece = 1 << 20
 // with a *payloadTimeoutError. It ends the payload's use of the budget's lane (endPayload)
 // either way; on error the caller releases req.
 func (c *conn) readPayload(req *request) error {
+	c.placed.forget()
 	b := req.buf
 	p := b.mem[:req.length]
 	n := 0
@@ -119,6 +127,7 @@ func (c *conn) readPayload(req *request) error {
 // discardPayload reads and drops the payload of a WRITE the reader refused, within
 // PayloadTimeout like readPayload.
 func (c *conn) discardPayload(h *protocol.TransmissionRequestHeader) error {
+	c.placed.forget()
 	if int64(c.br.Buffered()) < int64(h.Length) {
 		c.setReadDeadline(time.Now().Add(c.srv.payloadTimeout))
 		defer c.setReadDeadline(time.Time{})
