@@ -23,7 +23,15 @@
 # PROFILE (a directory: each job's run is profiled with perf, on the daemon and, apart, on its
 # member servers: `perf record -e cpu-clock -g` into CONFIG-JOB-{raid5d,members}.data, and
 # perf stat's CPU time, system calls and context switches per MiB moved, in PROFILE/stat;
-# PERF_EVENTS adds events to count, e.g. syscalls:sys_enter_readv).
+# PERF_EVENTS adds events to count, e.g. syscalls:sys_enter_readv), PIN (1: every nbdkit member
+# server on CPU 1, every raid5d and fio on CPU 0, in the local configuration too, so that both
+# columns give the array host and its client one core and the members another: a stand-in for
+# member hosts with CPUs of their own. Not a full one: softirq work is charged to the CPU that
+# runs it, and a veth delivers a packet into the receiving side's TCP stack on the sending CPU
+# (the peer's backlog is processed in the sender's softirq), so TCP receive of the requests'
+# data (writes) is paid on CPU 0 and of the replies' data (reads) on CPU 1 - on real hosts each
+# host pays its own receive and a NIC its own interrupt; and the kernel's own threads, the page
+# cache of the member files and the memory bus are still shared).
 # Bounded: every fio runs RUNTIME seconds under
 # a timeout; at the end every process in the lab's namespaces is killed by PID and the
 # namespaces (and so their veths) are deleted by name.
@@ -47,6 +55,11 @@ if [[ -n ${RAID5D_B:-} ]]; then
   bins+=("$(realpath "$RAID5D_B")") sfx+=("-b")
 fi
 JOBFILE=$(realpath test/fio/netns/bench.fio)
+hostcpu=() membercpu=() # PIN=1: taskset prefixes for the array host (and client) and for the members
+if [[ ${PIN:-} == 1 ]]; then
+  (($(nproc) >= 2)) || { echo "PIN=1 needs 2 CPUs"; exit 1; }
+  hostcpu=(taskset -c 0) membercpu=(taskset -c 1)
+fi
 
 id=r5b-$$ # the lab's namespaces: r5b-PID-HOST; veths vPIDhK (hub end) and vPIDuK
 hub=$id-raid
@@ -98,12 +111,12 @@ for i in "${!bins[@]}"; do
   for k in 0 1 2 3; do
     p=$((10809 + 3 * i))
     truncate -s "$MEMBER" "$DIR/m$k$b.img" "$DIR/d$k$b.img" "$DIR/e$k$b.img"
-    ip netns exec "$id-m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port $p file file="$DIR/m$k$b.img" 2>>"$DIR/nbdkit.log" &
+    ip netns exec "$id-m$k" "${membercpu[@]}" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port $p file file="$DIR/m$k$b.img" 2>>"$DIR/nbdkit.log" &
     pids+=($!)
     mpids[remote$b]+="${mpids[remote$b]:+,}$!"
     for d in d:$((p + 1)):delayed e:$((p + 2)):conns; do
       IFS=: read -r f q c <<<"$d"
-      ip netns exec "$id-m$k" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port "$q" --filter=delay \
+      ip netns exec "$id-m$k" "${membercpu[@]}" nbdkit --foreground --threads 64 --ipaddr "$net.$((k + 1)).2" --port "$q" --filter=delay \
         file file="$DIR/$f$k$b.img" delay-read="$DELAY" delay-write="$DELAY" 2>>"$DIR/nbdkit.log" &
       pids+=($!)
       mpids[$c$b]+="${mpids[$c$b]:+,}$!"
@@ -121,7 +134,7 @@ for i in "${!bins[@]}"; do
 
   serve() { # serve CONFIG PORT MEMBER...: a daemon on the hub for the client
     local c=$1 lp=$2; shift 2
-    ip netns exec "$hub" "${bins[$i]}" serve --listen "$net.5.1:$lp" --control "$DIR/$c.ctl" --log-level error \
+    ip netns exec "$hub" "${hostcpu[@]}" "${bins[$i]}" serve --listen "$net.5.1:$lp" --control "$DIR/$c.ctl" --log-level error \
       ${RAID5D_FLAGS:-} "$@" &
     daemons+=($!)
     dpid[$c]=$!
@@ -148,7 +161,7 @@ run() { # run CONFIG URI JOB RW BS
       prof+=($!)
     done
   fi
-  NBD_URI=$2 RW=$4 BS=$5 timeout $((RUNTIME + 60)) ip netns exec "$id-client" \
+  NBD_URI=$2 RW=$4 BS=$5 timeout $((RUNTIME + 60)) ip netns exec "$id-client" "${hostcpu[@]}" \
     fio --output-format=json --output="$out" "$JOBFILE" >/dev/null
   for p in "${prof[@]}"; do kill -INT "$p" 2>/dev/null; done
   for p in "${prof[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -197,6 +210,7 @@ done
 echo "raid5d over 4 nbdkit members on hosts of their own (netns, veth) vs over 4 local files ($DIR),"
 echo "fio nbd engine on a client host, 1 connection, iodepth $IODEPTH, ${RUNTIME}s per job, medians of $ROUNDS;"
 echo "latency: nbdkit's delay filter, $DELAY on every read and write of every member; load at the end: $(cut -d" " -f1-3 /proc/loadavg)"
+[[ ${PIN:-} == 1 ]] && echo "PIN=1: members on CPU 1, raid5d and fio on CPU 0 (local files too)"
 python3 - "$results" "$DELAY" "$CONNS" "${RAID5D_B:+$RAID5D_B}" <<'PY'
 import sys, statistics
 rows = {}
