@@ -228,6 +228,11 @@ func (c crashLoop) run(t *testing.T) {
 		time.Sleep(time.Duration(rng.IntN(600)) * time.Millisecond)
 		s.crash()
 		benchKilled(t, bench, i)
+		if na != nil {
+			for _, m := range na.members {
+				m.afterClientKilled(t)
+			}
+		}
 
 		s = serveWith(c.check, i)
 		// The check reads while the resync runs: reads of regions not resynced yet are correct

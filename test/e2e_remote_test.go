@@ -69,6 +69,49 @@ func (m *remoteMember) start(t *testing.T, extra ...string) {
 	waitFor(t, "nbdkit to accept", startTimeout, p, m.reachable)
 }
 
+// nbdkitAbort is how nbdkit 1.32 dies when a client vanishes with replies in flight: a worker
+// thread sends a reply on the connection after another thread, whose send failed, has closed
+// the connection's socket (the assertion is not in later nbdkit's server/connections.c).
+const nbdkitAbort = "raw_send_socket: Assertion `sock >= 0' failed"
+
+// afterClientKilled is for a member whose client (the daemon) was just SIGKILLed: it waits
+// until m's nbdkit has let go of every connection of that client (no socket left but its
+// listener), so that no request of the dead client's is still under way in it. If nbdkit died
+// meanwhile of its own abort (nbdkitAbort; TestNetnsCrashLoop hit it under load), it is started
+// again, as the member host's supervisor would, and the test says so; a death of any other
+// cause fails t. The file behind it keeps every write nbdkit made (pwrite, then the abort).
+func (m *remoteMember) afterClientKilled(t *testing.T) {
+	t.Helper()
+	if m.p == nil {
+		return // nbd-server: a process per connection, which dies with it
+	}
+	p := m.p
+	waitFor(t, "nbdkit to close the killed daemon's connections", startTimeout, nil, func() bool {
+		return !p.running() || socketsOf(p.cmd.Process.Pid) <= 1
+	})
+	if p.running() {
+		return
+	}
+	<-p.exited
+	if !strings.Contains(p.out.String(), nbdkitAbort) {
+		t.Fatalf("nbdkit of %s exited when its client was killed (%v):\n%s", m.uri, p.err, p.out.String())
+	}
+	t.Logf("nbdkit of %s aborted on its killed client's connection (%s, nbdkit's bug); started again", m.uri, nbdkitAbort)
+	m.start(t)
+}
+
+// socketsOf counts the sockets process pid holds open (0 once it is gone).
+func socketsOf(pid int) int {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
+}
+
 // startNbdServer serves m.file with nbd-server (FLUSH and FUA on) on m.addr. nbd-server
 // daemonizes: it is stopped by the PID in its pid file.
 func (m *remoteMember) startNbdServer(t *testing.T) {
