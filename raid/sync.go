@@ -39,12 +39,11 @@ type Progress struct {
 
 const maxMismatchAt = 100
 
-// Sync tuning: bytes of each member handled under one set of stripe locks, how often the
-// rebuild position is checkpointed, how often progress is logged.
+// Sync tuning: bytes of each member handled under one set of stripe locks (and, for a
+// rebuild, per record of its position), how often progress is logged.
 const (
-	syncBatchBytes  = 1 << 20
-	checkpointEvery = time.Second
-	logEvery        = 5 * time.Second
+	syncBatchBytes = 1 << 20
+	logEvery       = 5 * time.Second
 )
 
 // syncBatch returns how many stripes a sync handles under one set of locks: syncBatchBytes
@@ -326,7 +325,8 @@ func (a *Array) setDone(j *syncJob, t *throttle, done int64) {
 // 0) and reconstructs the role's chunks onto it, batch by batch, each under its stripes'
 // locks: below the rebuild position the new member is written like any other, at and above it
 // it counts as missing.
-// The position is checkpointed in the superblocks every checkpointEvery and when it stops.
+// The position is recorded in the superblocks with each batch, under its locks, after the
+// batch is synced on the new member (commitRebuilt); a re-add records its pieces likewise.
 // When done the member takes the role and the faulty member it replaces is dropped.
 func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	a.sbMu.Lock()
@@ -396,7 +396,6 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		for i := range bufs {
 			bufs[i] = aligned.Make(int(batch * C)) // members read into it: aligned for direct I/O
 		}
-		lastCk := time.Now()
 		for pos < total {
 			if err = ctx.Err(); err != nil {
 				break
@@ -405,8 +404,10 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 			a.locks.LockSpan(s0, k)
 			err = a.rebuildSpan(sp, role, s0, k, bufs)
 			if err == nil {
+				err = a.commitRebuilt(sp, role, s0+k)
+			}
+			if err == nil {
 				pos = s0 + k
-				a.roles.setRebuilt(pos)
 			}
 			a.locks.UnlockSpan(s0, k)
 			if err != nil {
@@ -416,10 +417,6 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 			j.p.Resynced += k * C
 			a.syncMu.Unlock()
 			a.setDone(j, t, pos*C)
-			if time.Since(lastCk) >= checkpointEvery && pos < total {
-				a.checkpoint(sp)
-				lastCk = time.Now()
-			}
 			if err = t.wait(ctx, k*C); err != nil {
 				break
 			}
@@ -456,6 +453,27 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		"seconds", time.Since(j.start).Seconds(), "throttled", t.slept)
 	if werr != nil {
 		a.log.Error("raid: recording the finished rebuild failed", "err", werr)
+	}
+	return nil
+}
+
+// commitRebuilt moves the rebuild position of sp (in role) to stripe pos and records it: the
+// caller holds the locks of the stripes it passes, just rebuilt onto sp. Their chunks are
+// made durable on sp first, then the position moves and the superblocks are written, all
+// before a write can reach those stripes with sp as a member: a crash after such a write,
+// with the write torn, must find sp in-sync there, or the restart would rebuild sp's
+// chunks (flushed ones too) from the torn parity.
+func (a *Array) commitRebuilt(sp *member, role int, pos int64) error {
+	if err := syncData(sp.Member); err != nil {
+		merr := memberErr(sp, role, "sync", -1, err)
+		a.fail(sp, merr)
+		return merr
+	}
+	a.roles.setRebuilt(pos)
+	a.sbMu.Lock()
+	defer a.sbMu.Unlock()
+	if err := a.writeSuperblocks(nil); err != nil {
+		a.log.Error("raid: recording the rebuild position failed", "err", err)
 	}
 	return nil
 }
