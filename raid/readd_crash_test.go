@@ -48,22 +48,8 @@ func readdCrash(t *testing.T, kind string, region int64) {
 	}
 	defer func() { a.Close() }()
 	a.bm.Stop()
-	size, _ := a.Size()
 	ss := a.layout.StripeSize()
-	rng := rand.New(rand.NewPCG(11, uint64(region)))
-	fill := func(p []byte) {
-		for i := range p {
-			p[i] = byte(rng.Uint32())
-		}
-	}
-	model := make([]byte, size)
-	fill(model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	model, fill := crashModel(t, a, rand.New(rand.NewPCG(11, uint64(region))))
 	a.bm.Clean(0)
 
 	// Role 1 away while 10 regions far apart (0, 20, ..., 180) are written; the re-add
@@ -131,24 +117,10 @@ func readdCrash(t *testing.T, kind string, region int64) {
 	if st := a.Status(); st.Sync == nil || st.Sync.Kind != "rebuild" {
 		t.Fatalf("the re-add ended before the crash image was taken (%+v): the test needs it under way", st.Sync)
 	}
-	other := a.layout.DataMember(s, (d+1)%a.layout.DataMembers())
 	torn := make([]byte, chunk)
 	fill(torn)
-	f, err := os.OpenFile(img[other], os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt(torn, DataOffset+s*chunk); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-
-	b := rrAssemble(t, img, rrFast)
+	b, got := crashTornRead(t, a, img, s, d, torn, off)
 	defer b.Close()
-	got := make([]byte, chunk)
-	if _, err := b.ReadAt(got, off); err != nil {
-		t.Fatal(err)
-	}
 	if !bytes.Equal(got, blk) {
 		sb := rrSuperblocks(t, img)[0]
 		t.Fatalf("a flushed block of the re-added role (stripe %d) is wrong after the crash: recorded position %d, re-add record %v",
@@ -159,16 +131,64 @@ func readdCrash(t *testing.T, kind string, region int64) {
 	if r := st.LastRebuild; r == nil || !r.ReAdd || r.Err != "" {
 		t.Fatalf("after the restart: last rebuild %+v, want the re-add resumed and finished", r)
 	}
-	all := make([]byte, size)
+	checkAllButStripe(t, b, model, s, "after the resumed re-add")
+}
+
+// crashModel fills all of a from rng, flushed, and returns what it wrote and the filler, for
+// more blocks from the same rng.
+func crashModel(t *testing.T, a *Array, rng *rand.Rand) ([]byte, func([]byte)) {
+	t.Helper()
+	fill := func(p []byte) {
+		for i := range p {
+			p[i] = byte(rng.Uint32())
+		}
+	}
+	size, _ := a.Size()
+	model := make([]byte, size)
+	fill(model)
+	if _, err := a.WriteAt(model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return model, fill
+}
+
+// crashTornRead tears, in img (a crash image of a's members), a write to the data chunk after
+// the d-th of stripe s: torn reached that chunk's member, the parity did not. It then
+// assembles the image and reads len(torn) bytes at off; the caller closes the array.
+func crashTornRead(t *testing.T, a *Array, img []string, s int64, d int, torn []byte, off int64) (*Array, []byte) {
+	t.Helper()
+	other := a.layout.DataMember(s, (d+1)%a.layout.DataMembers())
+	f, err := os.OpenFile(img[other], os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(torn, DataOffset+s*int64(len(torn))); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	b := rrAssemble(t, img, rrFast)
+	got := make([]byte, len(torn))
+	if _, err := b.ReadAt(got, off); err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	return b, got
+}
+
+// checkAllButStripe reads all of b and compares it with model, but for stripe s (torn).
+func checkAllButStripe(t *testing.T, b *Array, model []byte, s int64, when string) {
+	t.Helper()
+	ss := b.layout.StripeSize()
+	all := make([]byte, len(model))
 	if _, err := b.ReadAt(all, 0); err != nil {
 		t.Fatal(err)
 	}
 	for i := range model {
-		if int64(i)/ss == s {
-			continue
-		}
-		if all[i] != model[i] {
-			t.Fatalf("after the resumed re-add: byte %d (stripe %d) differs", i, int64(i)/ss)
+		if int64(i)/ss != s && all[i] != model[i] {
+			t.Fatalf("%s: byte %d (stripe %d) differs", when, i, int64(i)/ss)
 		}
 	}
 }

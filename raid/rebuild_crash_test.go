@@ -29,22 +29,8 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { a.Close() }()
-	size, _ := a.Size()
 	ss := a.layout.StripeSize()
-	rng := rand.New(rand.NewPCG(13, 1))
-	fill := func(p []byte) {
-		for i := range p {
-			p[i] = byte(rng.Uint32())
-		}
-	}
-	model := make([]byte, size)
-	fill(model)
-	if _, err := a.WriteAt(model, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	model, fill := crashModel(t, a, rand.New(rand.NewPCG(13, 1)))
 	if err := a.Fail(paths[role]); err != nil {
 		t.Fatal(err)
 	}
@@ -89,24 +75,10 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 	a.locks.LockSpan(0, stripes)
 	rrCopy(t, live, img)
 	a.locks.UnlockSpan(0, stripes)
-	other := a.layout.DataMember(s, (d+1)%a.layout.DataMembers())
 	torn := make([]byte, chunk)
 	fill(torn)
-	f, err := os.OpenFile(img[other], os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt(torn, DataOffset+s*chunk); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-
-	b := rrAssemble(t, img, rrFast)
+	b, got := crashTornRead(t, a, img, s, d, torn, off)
 	defer b.Close()
-	got := make([]byte, chunk)
-	if _, err := b.ReadAt(got, off); err != nil {
-		t.Fatal(err)
-	}
 	if !bytes.Equal(got, blk) {
 		sb := rrSuperblocks(t, img)[0]
 		t.Fatalf("a flushed block of the rebuilt role (stripe %d, below the rebuild position %d) is wrong after the crash: recorded position %d",
@@ -117,16 +89,5 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 	if r := st.LastRebuild; r == nil || r.Err != "" {
 		t.Fatalf("after the restart: last rebuild %+v, want it resumed and finished", r)
 	}
-	all := make([]byte, size)
-	if _, err := b.ReadAt(all, 0); err != nil {
-		t.Fatal(err)
-	}
-	for i := range model {
-		if int64(i)/ss == s {
-			continue
-		}
-		if all[i] != model[i] {
-			t.Fatalf("after the resumed rebuild: byte %d (stripe %d) differs", i, int64(i)/ss)
-		}
-	}
+	checkAllButStripe(t, b, model, s, "after the resumed rebuild")
 }
