@@ -45,7 +45,7 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 	if err := a.AddSpare(spare); err != nil {
 		t.Fatal(err)
 	}
-	batch := a.syncBatch()
+	batch := a.rebuildBatch()
 	st := waitStatusInternal(t, a, func(st Status) bool {
 		return st.Sync != nil && st.Sync.Kind == "rebuild" && st.Sync.Done >= batch*chunk
 	})

@@ -39,19 +39,15 @@ type Progress struct {
 
 const maxMismatchAt = 100
 
-// Sync tuning: bytes of each member handled under one set of stripe locks (and, for a
-// rebuild, per record of its position), how often progress is logged.
+// Sync tuning: bytes of each member a scrub, resync or re-add handles under one set of stripe
+// locks (a full rebuild: rebuildBatchBytes), how often progress is logged.
 const (
 	syncBatchBytes = 1 << 20
 	logEvery       = 5 * time.Second
 )
 
-// syncBatch returns how many stripes a sync handles under one set of locks: syncBatchBytes
-// per member, but at least 64 batches in all (small arrays), and at least one stripe.
-func (a *Array) syncBatch() int64 {
-	C := a.layout.ChunkSize()
-	return max(min(syncBatchBytes/C, a.memberData/C/64), 1)
-}
+// syncBatch returns how many stripes a scrub, resync or re-add handles under one set of locks.
+func (a *Array) syncBatch() int64 { return a.batchOf(syncBatchBytes) }
 
 // rebuildBatchBytes is how much of each member a full rebuild handles under one set of locks:
 // more than a scrub's batch, because each batch ends with a sync of the new member and a write
@@ -59,11 +55,14 @@ func (a *Array) syncBatch() int64 {
 // disk, a rebuild took twice as long or more as with a checkpoint each second.
 const rebuildBatchBytes = 8 << 20
 
-// rebuildBatch returns how many stripes a full rebuild handles under one set of locks: as
-// syncBatch does, of rebuildBatchBytes.
-func (a *Array) rebuildBatch() int64 {
+// rebuildBatch returns how many stripes a full rebuild handles under one set of locks.
+func (a *Array) rebuildBatch() int64 { return a.batchOf(rebuildBatchBytes) }
+
+// batchOf returns the stripes of a batch of perMember bytes of each member, but at least 64
+// batches in all (small arrays), and at least one stripe.
+func (a *Array) batchOf(perMember int64) int64 {
 	C := a.layout.ChunkSize()
-	return max(min(rebuildBatchBytes/C, a.memberData/C/64), 1)
+	return max(min(perMember/C, a.memberData/C/64), 1)
 }
 
 // syncJob is the background rebuild or scrub. Its progress fields are guarded by Array.syncMu.
