@@ -9,8 +9,9 @@ import (
 
 // Placed writes (PlaceWrite, CommitPlaced; IOOptions.MappedWrites): a write whose whole stripes
 // the caller reads straight into the members' mappings, where the bytes will live, instead of
-// into a buffer that is then copied there (the parts before the first whole stripe and after
-// the last go to a scratch buffer and are written as ordinary writes after the stripes). The
+// into a buffer that is then copied there; the partial stripes at its ends too, unless the
+// stripe cache holds dirty units of them (then those parts go to a scratch buffer and are
+// written as ordinary writes after the stripes). The
 // NBD server does it for the whole stripes of a WRITE whose bytes have already arrived in the
 // socket, in pieces as they arrive (nbd.PlacedWriter, PlaceUnit: a stripe): the kernel's copy out of the socket is then the only copy of the data,
 // and the parity of each stripe is computed from the mapped data into the parity member's
@@ -23,6 +24,10 @@ import (
 // bytes are read from differs:
 //   - PlaceWrite takes the stripes' locks (ascending, LockSpan) and holds them until
 //     CommitPlaced: no write-out, read, trim, rebuild or scrub of those stripes runs meanwhile.
+//   - A partial stripe is placed only without dirty units in the cache (checked under its
+//     lock), so its members hold its current data: its parity, computed from all of its data
+//     chunks in the mappings, is right for the old bytes and the new. A clean head of it is
+//     dropped (DropClean), as its units would go stale.
 //   - It declines (the caller then writes as usual) unless every role has a working member in
 //     every stripe of the span (not degraded, not being rebuilt there), every member is a
 //     mapped file whose range is wholly in memory (so no store faults or allocates a page:
@@ -47,15 +52,18 @@ import (
 //     afterwards: the stripes' parity is then rewritten from the members through pread and
 //     pwrite (scrubSpan's repair), which meet the truncation as errors.
 
-// placement is one placed write: stripes [s0, s0+k), their locks held, and the parts of the
-// write before and after them (head, tail: shorter than a stripe each), which the caller reads
-// into edge and CommitPlaced writes as ordinary writes after the stripes.
+// placement is one placed write of n bytes at off: stripes [s0, s0+k), their locks held, whose
+// bytes of the write are placed — whole stripes, and the partial stripe at either end when it
+// is placed too (an edge: see PlaceWrite) — and the parts of the write before and after them
+// that are not (head, tail: shorter than a stripe each), which the caller reads into edge and
+// CommitPlaced writes as ordinary writes after the stripes.
 type placement struct {
 	a       *Array
 	s0, k   int64
-	off     int64  // where the write begins: the head's offset
-	head    int    // bytes before stripe s0
-	tail    int    // bytes after stripe s0+k-1
+	off     int64  // where the write begins
+	n       int    // its length
+	head    int    // bytes before the placed ones (stripe s0 whole or the head edge)
+	tail    int    // bytes after them
 	edge    []byte // scratch for the head and the tail, two stripes long
 	entered uint64 // roles whose write gate was entered
 	begun   bool   // the bitmap's Begin was called
@@ -74,11 +82,18 @@ var placements = sync.Pool{New: func() any { return new(placement) }}
 // PlaceWrite prepares a write of the n bytes at off, at least one whole stripe of them, whose
 // payload the caller will read straight into the members' mappings: it appends to vec the
 // slices that take the bytes, in order, and returns them with a handle for CommitPlaced,
-// which must follow exactly once, from any goroutine. The parts before the first whole stripe
-// and after the last go to scratch slices and are written as ordinary writes by CommitPlaced
-// (a 1 MiB write of 48 KiB stripes: 21 stripes placed, and a piece at either end). ok false:
-// the caller writes the bytes with WriteAt (or WritePinned) as usual; nothing was done. See
-// "Placed writes" above for what it requires.
+// which must follow exactly once, from any goroutine. ok false: the caller writes the bytes
+// with WriteAt (or WritePinned) as usual; nothing was done. See "Placed writes" above for what
+// it requires.
+//
+// The partial stripe at either end of the write (an edge: a 1 MiB write of 48 KiB stripes has
+// 21 whole stripes and an edge at either end) is placed too when the stripe cache holds no
+// dirty units of it (a clean head is dropped, DropClean): its parity is then computed from all
+// of its data chunks in the mappings, the new bytes and the old around them (a
+// reconstruct-write that reads memory, not the members). An edge with dirty units, whose
+// members hold older data than the cache, goes to a scratch slice instead and is written as
+// an ordinary write by CommitPlaced, after the stripes, joining the cache's head. A stream of
+// sequential writes then places every byte: each shared stripe twice, a part each time.
 func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, ok bool) {
 	ss := a.layout.StripeSize()
 	end := off + int64(n)
@@ -86,16 +101,26 @@ func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, o
 	if !a.mapWrite || a.journaled() || n <= 0 || s1 <= s0 || a.check(off, int64(n)) != nil || a.readdPending(off, int64(n)) {
 		return vec, nil, false
 	}
+	// The edges to place: those without dirty units now (a hint, confirmed under the locks).
+	head, tail := off < s0*ss && !a.cache.Dirty(s0-1, 1), end > s1*ss && !a.cache.Dirty(s1, 1)
+	if head {
+		s0--
+	}
+	if tail {
+		s1++
+	}
 	a.opMu.RLock()
 	if a.writable() != nil || a.markDirty() != nil {
 		a.opMu.RUnlock()
 		return vec, nil, false
 	}
 	pl := placements.Get().(*placement)
-	pl.a, pl.s0, pl.k = a, s0, s1-s0
-	pl.off, pl.head, pl.tail = off, int(s0*ss-off), int(end-s1*ss)
+	pl.a, pl.s0, pl.k, pl.off, pl.n = a, s0, s1-s0, off, n
+	pl.head, pl.tail = int(max(s0*ss, off)-off), int(end-min(s1*ss, end))
 	a.locks.LockSpan(pl.s0, pl.k)
-	if !pl.prepare() {
+	// Under the locks no write can make an edge dirty; one may have since the hint: then
+	// the ordinary write takes it all (rare).
+	if !pl.prepare() || head && !a.cache.DropClean(s0) || tail && !a.cache.DropClean(s1-1) {
 		pl.unlock()
 		pl.put()
 		return vec, nil, false
@@ -107,10 +132,16 @@ func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, o
 		vec = append(vec, pl.edge[:pl.head])
 	}
 	C, D := a.layout.ChunkSize(), a.layout.DataMembers()
+	lo, hi := pl.placed()
 	for i := range pl.k {
 		s := pl.s0 + i
-		for d := range D {
-			vec = append(vec, pl.ranges[a.layout.DataMember(s, d)][i*C:(i+1)*C])
+		// The stripe's bytes of the placed range, from its start, and each data chunk's part.
+		b0, b1 := max(lo, s*ss)-s*ss, min(hi, (s+1)*ss)-s*ss
+		for d := range int64(D) {
+			if c0, c1 := max(b0, d*C), min(b1, (d+1)*C); c0 < c1 {
+				r := pl.ranges[a.layout.DataMember(s, int(d))][i*C:]
+				vec = append(vec, r[c0-d*C:c1-d*C])
+			}
 		}
 	}
 	if pl.tail > 0 {
@@ -118,6 +149,18 @@ func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, o
 	}
 	a.clientOps.Add(1)
 	return vec, pl, true
+}
+
+// placed returns the array range whose bytes pl places: the write less its head and tail.
+func (pl *placement) placed() (lo, hi int64) {
+	return pl.off + int64(pl.head), pl.off + int64(pl.n-pl.tail)
+}
+
+// whole returns the stripes of pl wholly overwritten: all but placed edges.
+func (pl *placement) whole() (w0, w1 int64) {
+	ss := pl.a.layout.StripeSize()
+	lo, hi := pl.placed()
+	return (lo + ss - 1) / ss, hi / ss
 }
 
 // prepare finds every role's mapped range and enters the gates and the bitmap, or reports
@@ -182,7 +225,7 @@ func (pl *placement) put() {
 	clear(pl.mem[:])
 	clear(pl.mw[:])
 	clear(pl.shards)
-	pl.a, pl.entered, pl.begun, pl.hot, pl.faulted = nil, 0, false, 0, false
+	pl.a, pl.entered, pl.begun, pl.hot, pl.faulted, pl.n = nil, 0, false, 0, false, 0
 	placements.Put(pl)
 }
 
@@ -194,7 +237,11 @@ func (a *Array) PlaceUnit() int64 { return a.layout.StripeSize() }
 // are still in the CPU's cache; CommitPlaced does the rest.
 func (a *Array) PlacedReceived(h any, received int) {
 	pl := h.(*placement)
-	done := min(max(int64(received-pl.head), 0)/a.layout.StripeSize(), pl.k)
+	pos := pl.off + int64(received)
+	done := min(max(pos/a.layout.StripeSize()-pl.s0, 0), pl.k)
+	if _, hi := pl.placed(); pos >= hi { // a tail edge is done at the end
+		done = pl.k
+	}
 	if done > pl.hot && !pl.faulted {
 		pl.faulted = !pl.parity(pl.hot, done)
 		pl.hot = done
@@ -211,21 +258,22 @@ func (a *Array) CommitPlaced(h any, received int, _ bool) error {
 	pl := h.(*placement)
 	defer pl.put()
 	ss := a.layout.StripeSize()
-	n := pl.head + int(pl.k*ss) + pl.tail
-	err := pl.commit(received == n)
+	err := pl.commit(received == pl.n)
 	pl.unlock()
-	a.awaitRecord() // a failure the repair ran into is recorded
-	if err != nil || received < n {
+	lo, hi := pl.placed()
+	a.cache.Arrived(lo, hi-lo) // the placed edges' expected writes (Expect) have landed
+	a.awaitRecord()            // a failure the repair ran into is recorded
+	if err != nil || received < pl.n {
 		return err // cut short: the head and tail were never acknowledged, so not written
 	}
-	// The ends, as ordinary writes (their stripes are not locked by the placement).
+	// The ends not placed, as ordinary writes (their stripes are not locked by the placement).
 	if pl.head > 0 {
 		if _, err := a.writeAt(pl.edge[:pl.head], pl.off, nil); err != nil {
 			return err
 		}
 	}
 	if pl.tail > 0 {
-		if _, err := a.writeAt(pl.edge[ss:ss+int64(pl.tail)], (pl.s0+pl.k)*ss, nil); err != nil {
+		if _, err := a.writeAt(pl.edge[ss:ss+int64(pl.tail)], hi, nil); err != nil {
 			return err
 		}
 	}
@@ -237,11 +285,13 @@ func (a *Array) CommitPlaced(h any, received int, _ bool) error {
 func (pl *placement) commit(complete bool) error {
 	a := pl.a
 	C := a.layout.ChunkSize()
+	w0, w1 := pl.whole()
 	if complete {
-		a.cache.Overwritten(pl.s0, pl.k)
+		a.cache.Overwritten(w0, w1-w0) // the edges have no head (PlaceWrite)
 	}
 	// The stripes after hot, whole or not: a payload cut short leaves them consistent with
-	// what arrived. Those before have theirs (PlacedReceived), whole.
+	// what arrived. Those before have theirs (PlacedReceived), whole. An edge's parity is
+	// of all of its data, the new and the old.
 	if pl.faulted || !pl.parity(pl.hot, pl.k) || !pl.covered() {
 		// The range faulted or shrank: rewrite the parity through the ordinary member I/O,
 		// which reports what is wrong (and fails the member). The gates are left first: the
@@ -257,11 +307,12 @@ func (pl *placement) commit(complete bool) error {
 			return err
 		}
 	}
+	lo, hi := pl.placed()
 	if complete {
 		a.cache.CheckStripes(pl.s0, pl.k, "placed write")
-		a.ctr.placed.Add(uint64(pl.k * a.layout.StripeSize()))
+		a.ctr.placed.Add(uint64(hi - lo))
 	}
-	b := uint64(pl.k * C * int64(a.roles.n()))
+	b := uint64(hi - lo + pl.k*C) // the data and every stripe's parity chunk
 	a.ctr.memberWrit.Add(b)
 	a.ctr.mappedWrit.Add(b)
 	for r := range a.roles.n() {

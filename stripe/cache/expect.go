@@ -68,6 +68,10 @@ func (c *Cache) arrived(off, n int64) {
 	c.edges(off, n, c.arrive)
 }
 
+// Arrived consumes the marks of a write of n bytes at off that Expect recorded and that the
+// caller wrote itself, not through Write (the array's placed writes, whose edges it places).
+func (c *Cache) Arrived(off, n int64) { c.arrived(off, n) }
+
 func (c *Cache) arrive(s int64) {
 	sl := &c.expected[s%expectSlots]
 	if sl.s.Load() == s+1 && sl.n.Add(-1) < 0 {
