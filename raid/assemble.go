@@ -419,6 +419,10 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	a, err := AssembleMembers(members, opts)
 	if err != nil {
 		closeMembers(members)
+		var dd *DirtyDegradedError
+		if errors.As(err, &dd) {
+			dd.Absent = absent
+		}
 		if len(absent) > 0 && (errors.Is(err, ErrTooManyMissing) || errors.Is(err, ErrNoMembers)) {
 			err = fmt.Errorf("%w (not found: %s)", err, strings.Join(absent, ", "))
 		}
@@ -636,9 +640,22 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 			}
 		}
 	case dirty:
+		from := a.resumePoint(ref, true) // the point recorded: nothing written yet
+		a.resync = a.newResync(from)
+		// A role with no member at all; one being rebuilt onto a spare resumes its rebuild,
+		// the hole (above its position) reported as before.
+		if hole && byRole[missing[0]] == nil && a.resync.count() > 0 && !opts.Force && !opts.ReadOnly {
+			stripes := ref.DataSize / ref.Chunk
+			return nil, &DirtyDegradedError{Array: ref.ArrayUUID, Role: missing[0], FailedBefore: ref.States[missing[0]] == roleFaulty,
+				Regions: a.resync.ranges(stripes, layout.StripeSize()), Pending: a.resync.count(), Total: len(a.resync.pending)}
+		}
+		if !opts.ReadOnly {
+			if f := a.resumePoint(ref, false); f != from { // it could not clear the point
+				a.resync = a.newResync(f)
+			}
+		}
 		a.unclean = true
 		a.dirty.Store(true)
-		a.resync = a.newResync(a.resumePoint(ref, opts.ReadOnly))
 		log.Warn("raid: array was not shut down cleanly; parity may be inconsistent until the resync ends",
 			"array", ref.ArrayUUID, "regions", a.resync.count(), "of", len(a.resync.pending), "full", a.resync.full,
 			"resume_at", a.resync.from*ref.Chunk)

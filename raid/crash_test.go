@@ -664,8 +664,8 @@ func crashDirty(t *testing.T, a *raid.Array, mems []*raidtest.Mem, prefix string
 
 // TestWriteHole shows what the bitmap does not cover. A degraded array (one member gone) is
 // cut off in the middle of a read-modify-write: the new data chunk reached its disk, the new
-// parity did not. Reassembled, the stripe cannot be resynced (its parity is needed to
-// rebuild the missing chunk), Status says so, and the missing member's chunk — which no one
+// parity did not. Reassembly is refused (ErrDirtyDegraded); forced, the stripe cannot be
+// resynced (its parity is needed to rebuild the missing chunk), Status says so, and the missing member's chunk — which no one
 // wrote — now reads wrong. A consistency policy that logs partial parity (PPL) or journals
 // writes closes this hole; the bitmap alone cannot.
 func TestWriteHole(t *testing.T) {
@@ -710,8 +710,13 @@ func TestWriteHole(t *testing.T) {
 	for _, v := range vs {
 		v.Reopen()
 	}
+	// Refused (ErrDirtyDegraded), as md refuses a dirty degraded array; Force runs it.
+	var dd *raid.DirtyDegradedError
+	if _, err := raid.AssembleMembers(deg, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}}); !errors.As(err, &dd) || !dd.FailedBefore {
+		t.Fatalf("dirty and degraded (role failed before the crash), without Force: %v", err)
+	}
 	var logs recorder
-	c, err := raid.AssembleMembers(deg, raid.AssembleOptions{Logger: slog.New(&logs), IOOptions: raid.IOOptions{StripeCache: -1}})
+	c, err := raid.AssembleMembers(deg, raid.AssembleOptions{Force: true, Logger: slog.New(&logs), IOOptions: raid.IOOptions{StripeCache: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -419,8 +419,13 @@
 // the missing chunk is known only through parity — and if a data chunk reached its member but
 // the parity did not, the missing member's chunk, which nobody wrote, is now computed from
 // mismatched parity and reads wrong; a rebuild writes that wrong chunk onto the new member.
-// raid5d logs this as an error and reports Status.WriteHole; it keeps serving (TestWriteHole
-// shows the corruption).
+// So Assemble refuses a dirty array with a role that has no member, when regions are pending
+// (ErrDirtyDegraded, a *DirtyDegradedError naming the role and the regions at risk; nothing is
+// written, so the member can still come back), as md refuses to start a dirty degraded array;
+// Force assembles it anyway and ReadOnly to look at it (TestDirtyDegradedRefused). A role
+// being rebuilt onto a spare at the crash resumes its rebuild instead. Assembled so — or
+// crashed while serving degraded and not reassembled since — raid5d logs the hole as an
+// error and reports Status.WriteHole; it keeps serving (TestWriteHole shows the corruption).
 //
 // The write journal closes the hole (CreateOptions.Consistency "journal", with a journal file
 // or device: CreateOptions.Journal or JournalPath; create --consistency journal --journal

@@ -3,6 +3,7 @@ package raid
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -123,6 +124,17 @@ var (
 	// faulty stopped only when the array failed, so their data holds every acknowledged
 	// write. The message names them and says what Force would do.
 	ErrNeedsForce = errors.New("raid: the array failed; it can be assembled with Force")
+	// ErrDirtyDegraded is returned by Assemble, inside a *DirtyDegradedError that names the
+	// missing role and the regions at risk, for an array that was not shut down cleanly and
+	// has a role with no member, when it has stripes whose parity may be torn (regions its
+	// write-intent bitmap marks, or all of them without a bitmap): assembled degraded, the
+	// missing member's chunks of those stripes would be computed from that parity and could
+	// read wrong — the write hole — as md refuses to start a dirty degraded array. Nothing is
+	// written: the member can still come back. AssembleOptions.Force (serve --force) assembles
+	// it anyway, degraded, reporting the hole (Status.WriteHole); ReadOnly assembles it to
+	// look at. An array with the journal policy replays its journal instead: no hole, no
+	// refusal.
+	ErrDirtyDegraded = errors.New("raid: dirty array with a member missing: the write hole")
 	// ErrGeometry is returned by Assemble for a member whose superblock disagrees with the
 	// others on the geometry (level, layout, chunk, member count, data offset or size).
 	ErrGeometry = errors.New("raid: members disagree on the array geometry")
@@ -195,6 +207,56 @@ type superblockError struct{ msg string }
 
 // Is makes every specific superblock error match ErrBadSuperblock.
 func (e *superblockError) Is(target error) bool { return target == ErrBadSuperblock }
+
+// Range is a run of the array's bytes: [Off, Off+Len).
+type Range struct{ Off, Len int64 }
+
+// DirtyDegradedError is Assemble's refusal of a dirty array with a role missing
+// (errors.Is(err, ErrDirtyDegraded)): see ErrDirtyDegraded.
+type DirtyDegradedError struct {
+	Array UUID
+	Role  int // the role with no member
+	// FailedBefore: the superblocks record Role as faulty: it failed before the crash, so no
+	// member of it can close the hole. Otherwise its member was simply not there (Absent):
+	// bring it back.
+	FailedBefore bool
+	// Absent are the paths Assemble was given that were not found or did not answer (one
+	// of them is presumably Role's member).
+	Absent []string
+	// Regions are the array's bytes whose parity may be torn (the pending resync: merged
+	// write-intent regions, or the whole array without a bitmap), Pending of Total regions.
+	Regions        []Range
+	Pending, Total int
+}
+
+// maxRangesShown is how many of DirtyDegradedError.Regions its message lists.
+const maxRangesShown = 8
+
+func (e *DirtyDegradedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: array %s was not shut down cleanly and role %d has no member", ErrDirtyDegraded, e.Array, e.Role)
+	if len(e.Absent) > 0 {
+		fmt.Fprintf(&b, " (not found or not answering: %s)", strings.Join(e.Absent, ", "))
+	}
+	fmt.Fprintf(&b, "; the parity of %d of %d regions may be torn by the writes under way at the crash:", e.Pending, e.Total)
+	for i, r := range e.Regions {
+		if i == maxRangesShown {
+			fmt.Fprintf(&b, " and %d more", len(e.Regions)-i)
+			break
+		}
+		fmt.Fprintf(&b, " [%d, %d)", r.Off, r.Off+r.Len)
+	}
+	fmt.Fprintf(&b, " (array bytes); assembled degraded, role %d's chunks there would be computed from that parity and could read wrong (the write hole). ", e.Role)
+	if e.FailedBefore {
+		fmt.Fprintf(&b, "Role %d failed before the crash, so nothing can close the hole now: ", e.Role)
+	} else {
+		fmt.Fprintf(&b, "Bring role %d's member back (it missed nothing: the array then resyncs those regions and is whole), or ", e.Role)
+	}
+	b.WriteString("assemble it anyway with Force (serve --force: degraded, the hole reported; check the file system), or ReadOnly (serve --read-only) to look at it first")
+	return b.String()
+}
+
+func (e *DirtyDegradedError) Unwrap() error { return ErrDirtyDegraded }
 
 // MemberError records an error on one member, in the manner of fs.PathError.
 type MemberError struct {

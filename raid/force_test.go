@@ -314,8 +314,8 @@ func TestForceDuringRebuild(t *testing.T) {
 }
 
 // TestWriteHoleReadOnly (issue 13 item 11): a dirty array assembled degraded and read-only
-// reports the write hole as a read-write assembly does (Status.WriteHole, an error logged):
-// reads of the missing member's chunks use parity that may not match.
+// reports the write hole as a (forced) read-write assembly does (Status.WriteHole, an error
+// logged): reads of the missing member's chunks use parity that may not match.
 func TestWriteHoleReadOnly(t *testing.T) {
 	ms := createMem(t, "w", 3)
 	a, err := raid.AssembleMembers(asMembers(ms), raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}})
@@ -332,7 +332,7 @@ func TestWriteHoleReadOnly(t *testing.T) {
 		t.Run(fmt.Sprintf("read-only=%v", ro), func(t *testing.T) {
 			c := []*raidtest.Mem{clone(crashed[0], "w0"), clone(crashed[1], "w2")}
 			var logs recorder
-			b, err := raid.AssembleMembers(asMembers(c), raid.AssembleOptions{ReadOnly: ro, Logger: slog.New(&logs)})
+			b, err := raid.AssembleMembers(asMembers(c), raid.AssembleOptions{ReadOnly: ro, Force: !ro, Logger: slog.New(&logs)})
 			if err != nil {
 				t.Fatal(err)
 			}

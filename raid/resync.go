@@ -37,6 +37,24 @@ func newResyncSet(stripes, regionStripes, from int64, dirty func(r int64) bool) 
 	return rs
 }
 
+// ranges returns the array bytes of the pending regions, adjacent ones merged: stripes
+// stripes of stripeSize bytes. From is honoured (the stripes below it are not pending).
+func (rs *resyncSet) ranges(stripes, stripeSize int64) []Range {
+	var out []Range
+	for r := range int64(len(rs.pending)) {
+		if !rs.pending[r].Load() {
+			continue
+		}
+		s0, s1 := max(r*rs.regionStripes, rs.from), min((r+1)*rs.regionStripes, stripes)
+		if n := len(out); n > 0 && out[n-1].Off+out[n-1].Len == s0*stripeSize {
+			out[n-1].Len += (s1 - s0) * stripeSize
+			continue
+		}
+		out = append(out, Range{Off: s0 * stripeSize, Len: (s1 - s0) * stripeSize})
+	}
+	return out
+}
+
 // newResync returns the regions to resync after an unclean shutdown: those whose bit is set in
 // the write-intent bitmap (the union of the members'), or every region if the array has no
 // bitmap or it cannot be read, but those below from (stripes: where a full resync stopped

@@ -32,7 +32,10 @@ the array clean and exit 0. A second SIGINT or SIGTERM while that drain runs (a 
 can make it last for ever) exits at once with status 128+signal (130, 143) and an ERROR line,
 without flushing or marking anything: the array is left dirty and resynced at the next start, as
 after a crash; writes not yet flushed may be lost. With one member missing (a path that does not exist, or one left out),
-the array is served degraded: every byte is still there, rebuilt from parity on the fly.
+the array is served degraded: every byte is still there, rebuilt from parity on the fly. An array
+that was not shut down cleanly is refused degraded, unless it has a write journal: the stripes
+being written at the crash may have torn parity, and the missing member's chunks computed from it
+could read wrong (the write hole); bring the member back, or give --force (or --read-only to look).
 
 Writes go through a write-back stripe cache: a partial-stripe write is acknowledged once it is in
 the cache and written out a few milliseconds later, so a stream of small sequential writes
@@ -139,7 +142,8 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	rebuildStale := fs.Bool("rebuild-stale", false, "a stale member (one that missed writes) becomes a spare and is rebuilt, instead of being left out")
 	force := fs.Bool("force", false, "assemble a failed array from the members that stopped only when it failed (as mdadm --assemble\n"+
 		"--force): the log says which it trusts; they get one events counter, the array is marked dirty and\n"+
-		"resynced, stale members are rebuilt. With --read-only nothing is written. One-off: not a configuration key")
+		"resynced, stale members are rebuilt. Also assembles a dirty array with a member missing, which is refused\n"+
+		"without it (the write hole: see README). With --read-only nothing is written. One-off: not a configuration key")
 	configFile := fs.String("config", "", "read settings and members from this TOML `file` (see above); flags given here win")
 	printCfg := fs.Bool("print-config", false, "print the effective settings as a configuration file and exit")
 	setMemberOpts := serveMemberFlags(fs)
