@@ -1,6 +1,7 @@
 package raid
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -379,8 +380,17 @@ type AssembleOptions struct {
 	SkipCorruptJournal bool
 	// Journal is the write journal, already open (tests); it takes precedence over
 	// JournalPath. On success the array owns it; on error the caller does.
-	Journal   Member
-	IOOptions // stripe cache, stable pages, failure handling (no cache when ReadOnly)
+	Journal Member
+	// WaitRemote bounds how long Assemble waits for remote members (those with no local
+	// file: nbd://...) that do not answer yet — nothing listening, a reset, no answer —
+	// as after a power cut of a rack, when the member hosts and the daemon's boot in any
+	// order: each is tried again, with a backoff from 100 ms to 2 s, until it answers or
+	// the bound has passed since Assemble began; then it counts as missing. 0: no wait
+	// (one attempt, as before). Local members are never waited for: a file or device
+	// that is not there counts as missing at once (a service manager orders the daemon
+	// after the devices it needs).
+	WaitRemote time.Duration
+	IOOptions  // stripe cache, stable pages, failure handling (no cache when ReadOnly)
 }
 
 // Assemble opens the members at paths, in any order, and puts them in their roles from their
@@ -401,20 +411,21 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	if err := checkDistinct(paths); err != nil {
 		return nil, err
 	}
+	opened, errs := openMembers(paths, opts.ReadOnly, opts.WaitRemote, log)
 	var members []Member
 	var absent []string
-	for _, p := range paths {
-		m, err := OpenMember(p, opts.ReadOnly)
+	for i, p := range paths {
+		err := errs[i]
 		if errors.Is(err, fs.ErrNotExist) {
 			log.Warn("raid: member not found; counting it as missing", "member", p, "err", err)
 			absent = append(absent, p)
 			continue
 		}
 		if err != nil {
-			closeMembers(members)
+			closeMembers(slices.DeleteFunc(opened, func(m Member) bool { return m == nil }))
 			return nil, &MemberError{Member: p, Role: -1, Op: "open", Off: -1, Err: err}
 		}
-		members = append(members, m)
+		members = append(members, opened[i])
 	}
 	a, err := AssembleMembers(members, opts)
 	if err != nil {
@@ -430,6 +441,112 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	}
 	return a, nil
 }
+
+// openMembers opens the members at paths, all at once: ms[i] and errs[i] are what opening
+// paths[i] gave. A remote member (no local file: SpecPath "") that does not answer
+// (fs.ErrNotExist: nbdmember's ErrUnreachable) is tried again with a backoff until wait has
+// passed (AssembleOptions.WaitRemote), each attempt ending by then too
+// (member.OpenContext), or until the members that answered leave it nothing to add
+// (waitUseless); the log says what it waits for and what came.
+func openMembers(paths []string, readOnly bool, wait time.Duration, log *slog.Logger) (ms []Member, errs []error) {
+	use := useExclusive
+	if readOnly {
+		use = useShared
+	}
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background()) // no wait: one attempt each, as bounded as its kind bounds it
+	if wait > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), wait)
+	}
+	defer cancel()
+	type result struct {
+		i   int
+		m   Member
+		err error
+	}
+	results := make(chan result, len(paths))
+	var wg sync.WaitGroup
+	for i, p := range paths {
+		wg.Go(func() {
+			late := wait > 0 && SpecPath(p) == ""
+			backoff := assembleMinBackoff
+			for attempt := 1; ; attempt++ {
+				m, err := openMemberContext(ctx, p, use)
+				if !late || !errors.Is(err, fs.ErrNotExist) || ctx.Err() != nil {
+					if late && attempt > 1 {
+						if err == nil {
+							log.Info("raid: remote member answered", "member", p, "after", time.Since(start).Round(time.Millisecond), "attempts", attempt)
+						} else {
+							log.Warn("raid: remote member did not answer while it was waited for", "member", p, "waited", time.Since(start).Round(time.Millisecond), "attempts", attempt, "err", err)
+						}
+					}
+					results <- result{i, m, err}
+					return
+				}
+				if attempt == 1 {
+					log.Warn("raid: remote member does not answer (yet); trying again until it does or the wait has passed",
+						"member", p, "wait", wait, "err", err)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, assembleMaxBackoff)
+			}
+		})
+	}
+	ms, errs = make([]Member, len(paths)), make([]error, len(paths))
+	var sbs []*superblock // of the members opened so far
+	for pending := len(paths); pending > 0; {
+		r := <-results
+		pending--
+		ms[r.i], errs[r.i] = r.m, r.err
+		if r.err == nil && ctx.Err() == nil {
+			if sb, err := readSuperblock(r.m); err == nil {
+				sbs = append(sbs, sb)
+			}
+		}
+		if r.err != nil && !errors.Is(r.err, fs.ErrNotExist) {
+			cancel() // Assemble fails with it: no use waiting for the others
+		}
+		if pending > 0 && wait > 0 && ctx.Err() == nil && waitUseless(sbs) {
+			log.Info("raid: not waiting for the remote members still away: the members that answered hold every role a late member could take (the others are recorded faulty: a late member of theirs is stale)",
+				"waited", time.Since(start).Round(time.Millisecond))
+			cancel()
+		}
+	}
+	wg.Wait()
+	return ms, errs
+}
+
+// waitUseless reports whether no member that has not answered yet could change the assembly
+// of an array whose members that answered have the superblocks sbs: every role either has one
+// of them, current, or is recorded faulty in the freshest superblock (a member of it that came
+// late would be stale, left out).
+func waitUseless(sbs []*superblock) bool {
+	if len(sbs) == 0 {
+		return false
+	}
+	ref := referenceSuperblock(sbs)
+	held := make([]bool, ref.Members)
+	for _, sb := range sbs {
+		if sb.ArrayUUID == ref.ArrayUUID && sb.Role >= 0 && sb.Role < ref.Members && !behind(sb, ref) && ref.States[sb.Role] != roleFaulty {
+			held[sb.Role] = true
+		}
+	}
+	for r, ok := range held {
+		if !ok && ref.States[r] != roleFaulty {
+			return false
+		}
+	}
+	return true
+}
+
+// The backoff between Assemble's attempts at a remote member that does not answer yet.
+const (
+	assembleMinBackoff = 100 * time.Millisecond
+	assembleMaxBackoff = 2 * time.Second
+)
 
 // AssembleMembers is Assemble on members already open, in any order. On success the array owns
 // the members; on error the caller still owns them.

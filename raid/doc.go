@@ -427,6 +427,12 @@
 // crashed while serving degraded and not reassembled since — raid5d logs the hole as an
 // error and reports Status.WriteHole; it keeps serving (TestWriteHole shows the corruption).
 //
+// Remote members come late after a power cut of a rack: Assemble opens every member at once,
+// and with AssembleOptions.WaitRemote tries a remote one that does not answer yet again, with
+// a backoff, until it answers, the wait has passed, or the members that answered hold every
+// role a late one could take (TestWaitRemoteLate, TestWaitRemoteNever,
+// TestWaitRemoteFaultyRole).
+//
 // The write journal closes the hole (CreateOptions.Consistency "journal", with a journal file
 // or device: CreateOptions.Journal or JournalPath; create --consistency journal --journal
 // FILE). Like md's raid5 journal it is a separate device holding a ring of records (layout

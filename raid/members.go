@@ -1,6 +1,8 @@
 package raid
 
 import (
+	"context"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/raid5d/raid5d/internal/aligned"
@@ -35,6 +37,12 @@ func OpenMember(path string, readOnly bool) (Member, error) {
 // openMember is OpenMember with the use (and lock) spelled out; Examine inspects members
 // without a lock.
 func openMember(path string, use memberUse) (Member, error) { return memberpkg.Open(path, use) }
+
+// openMemberContext is openMember with its waits ending when ctx ends too
+// (member.OpenContext).
+func openMemberContext(ctx context.Context, path string, use memberUse) (Member, error) {
+	return memberpkg.OpenContext(ctx, path, use)
+}
 
 // SpecPath returns the file or device a member spec opens: the PATH of faulty:PATH?... or
 // volatile:PATH?..., a plain path itself, "" for a kind with no local file (memberpkg.SpecPath).

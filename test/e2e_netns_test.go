@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -352,4 +353,109 @@ func TestNetnsFilesystem(t *testing.T) {
 // RAID5D_CRASH_ROUNDS=20 runs it as long as TestCrashLoop.
 func TestNetnsCrashLoop(t *testing.T) {
 	crashLoop{rounds: 4, seed: 20261201, remote: true}.run(t)
+}
+
+// crashWithMemberDown leaves n's array as a power cut of its rack would: a region written and
+// flushed before (pattern 0x5c at lateOff, verified afterwards), raid5d SIGKILLed under fio's
+// writes (the array dirty, write-intent bits set), and member late's server stopped with it.
+func (n *netArray) crashWithMemberDown(t *testing.T, late int) []qemuOp {
+	t.Helper()
+	const lateOff, lateLen = 128 << 20, 1 << 20 // beyond verify.fio's [0, 64M)
+	s := n.serve(t, "--member-timeout", netTimeout.String())
+	qemuIOIn(t, n.client.prefix(), s.uri, []qemuOp{{kind: "write", off: lateOff, n: lateLen, pattern: 0x5c}})
+	s.stop() // flushed, clean
+	s = n.serve(t, "--member-timeout", netTimeout.String())
+	run := n.startLoad(t, s, "verify.fio")
+	s.kill()
+	<-run.done // fio fails with the daemon gone
+	run.cancel()
+	for _, m := range n.members {
+		m.afterClientKilled(t)
+	}
+	if _, err := n.members[late].p.stop(syscall.SIGTERM, stopGrace); err != nil {
+		t.Logf("nbdkit of member %d: %v", late, err)
+	}
+	return []qemuOp{{kind: "read", off: lateOff, n: lateLen, pattern: 0x5c}}
+}
+
+// TestNetnsLateMember: after a power cut of the rack (crashWithMemberDown), raid5d starts
+// before a member host is back. /late: the member's server comes up a few seconds after the
+// daemon; the daemon waits for it (--assemble-timeout), the array assembles whole — no member
+// missing, no rebuild — resyncs the regions being written at the cut, and reads back what was
+// written before; every stripe's parity matches on the member files. /never: the server does
+// not come back; once --assemble-timeout has passed the daemon refuses the dirty array
+// degraded, naming the member and the override, and writes nothing; --force serves it
+// degraded with the write hole reported. /clean: the same host missing from an array stopped
+// cleanly: served degraded once the wait has passed.
+func TestNetnsLateMember(t *testing.T) {
+	const late = 1 // an nbdkit host
+	t.Run("late", func(t *testing.T) {
+		need(t, "fio", "qemu-io")
+		n := newNetArray(t, nil)
+		reads := n.crashWithMemberDown(t, late)
+		s, greet := n.lab.startServe(t, n.client, n.uris, "--member-timeout", netTimeout.String(), "--assemble-timeout", "2m")
+		time.Sleep(3 * time.Second)
+		if !s.running() {
+			t.Fatalf("the daemon did not wait for the late member: %v\n%s", s.proc.err, s.proc.out.String())
+		}
+		n.members[late].start(t)
+		s.awaitGreeting(greet)
+		st := s.status()
+		if len(st.Missing) != 0 || st.LastRebuild != nil || st.Sync != nil && st.Sync.Kind == "rebuild" {
+			t.Fatalf("the late member: state %q, missing %v, sync %+v, last rebuild %+v; want every member, no rebuild", st.State, st.Missing, st.Sync, st.LastRebuild)
+		}
+		waitFor(t, "the resync of the regions written at the cut", 2*time.Minute, s.proc, func() bool {
+			cs := s.crashStatus()
+			return cs.LastResync != nil && cs.Sync == nil
+		})
+		if st := s.status(); st.State != "clean" && st.State != "active" || st.WriteHole {
+			t.Fatalf("after the resync: state %q, write hole %v", st.State, st.WriteHole)
+		}
+		if !strings.Contains(s.proc.out.String(), "remote member answered") {
+			t.Fatalf("the log does not say the late member answered:\n%s", s.proc.out.String())
+		}
+		qemuIOIn(t, n.client.prefix(), s.uri, reads, "-r")
+		s.stop()
+		checkParity(t, n.files())
+	})
+	t.Run("never", func(t *testing.T) {
+		need(t, "fio", "qemu-io")
+		n := newNetArray(t, nil)
+		reads := n.crashWithMemberDown(t, late)
+		var before [][32]byte
+		for _, f := range n.files().members {
+			before = append(before, fileSum(t, f))
+		}
+		start := time.Now()
+		s, _ := n.lab.startServe(t, n.client, n.uris, "--member-timeout", netTimeout.String(), "--assemble-timeout", "2s")
+		<-s.proc.exited
+		s.stopped = true
+		out := s.proc.out.String()
+		if s.proc.err == nil || time.Since(start) < 2*time.Second ||
+			!strings.Contains(out, "dirty array with a member missing") || !strings.Contains(out, n.uris[late]) || !strings.Contains(out, "--force") {
+			t.Fatalf("dirty, member %d never came: exit %v after %v; want a refusal naming it and --force\n%s", late, s.proc.err, time.Since(start), out)
+		}
+		for i, f := range n.files().members {
+			if fileSum(t, f) != before[i] {
+				t.Fatalf("the refused start wrote to member %d", i)
+			}
+		}
+		s = n.lab.serve(t, n.client, n.uris, "--member-timeout", netTimeout.String(), "--assemble-timeout", "2s", "--force")
+		if st := s.status(); st.State != "degraded" || !st.WriteHole || len(st.Missing) != 1 || st.Missing[0] != late {
+			t.Fatalf("forced: state %q, write hole %v, missing %v", st.State, st.WriteHole, st.Missing)
+		}
+		qemuIOIn(t, n.client.prefix(), s.uri, reads, "-r")
+		s.stop()
+	})
+	t.Run("clean", func(t *testing.T) {
+		n := newNetArray(t, nil)
+		if _, err := n.members[late].p.stop(syscall.SIGTERM, stopGrace); err != nil {
+			t.Logf("nbdkit of member %d: %v", late, err)
+		}
+		s := n.serve(t, "--member-timeout", netTimeout.String(), "--assemble-timeout", "2s")
+		if st := s.status(); st.State != "degraded" || st.WriteHole || len(st.Missing) != 1 || st.Missing[0] != late {
+			t.Fatalf("clean, member %d never came: state %q, write hole %v, missing %v", late, st.State, st.WriteHole, st.Missing)
+		}
+		s.stop()
+	})
 }

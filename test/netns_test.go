@@ -289,6 +289,15 @@ func (l *lab) memberHost(t *testing.T, name string, nbdServer bool, extra ...str
 // client; its control socket is a path, so the management commands run here.
 func (l *lab) serve(t testing.TB, client *netHost, members []string, flags ...string) *server {
 	t.Helper()
+	s, greet := l.startServe(t, client, members, flags...)
+	s.awaitGreeting(greet)
+	return s
+}
+
+// startServe is serve without the wait: it returns the server started and the probe that
+// awaitGreeting takes.
+func (l *lab) startServe(t testing.TB, client *netHost, members []string, flags ...string) (*server, func() (*wireClient, error)) {
+	t.Helper()
 	ctlDir, err := os.MkdirTemp("", "r5d")
 	if err != nil {
 		t.Fatal(err)
@@ -299,14 +308,13 @@ func (l *lab) serve(t testing.TB, client *netHost, members []string, flags ...st
 	args := append([]string{"serve", "--listen", addr, "--control", s.control, "--log-format", "json"}, flags...)
 	s.proc = startProcIn(t, l.hub.prefix(), raid5dBin, append(args, members...)...)
 	t.Cleanup(func() { s.stop() })
-	s.awaitGreeting(func() (*wireClient, error) {
+	return s, func() (*wireClient, error) {
 		conn, err := client.dial("tcp", addr, wireTimeout)
 		if err != nil {
 			return nil, err
 		}
 		return wireGreet(conn)
-	})
-	return s
+	}
 }
 
 // netArray is an array of memberCount members on hosts of their own in a lab (nbdkit on the

@@ -24,6 +24,14 @@ import (
 
 const defaultListen = "127.0.0.1:10809"
 
+// defaultAssembleTimeout is --assemble-timeout's default (raid.AssembleOptions.WaitRemote):
+// as long as mdadm's last-resort timer waits for the rest of an array before it starts it
+// degraded, and as the member timeout's default, which a host that drops the connection
+// attempts already cost. A flag of its own: the member timeout is how long clients wait on a
+// member that hangs, lowered for a quick failover; this is how long a booting daemon waits
+// for hosts that boot slower, raised for hosts that take minutes.
+const defaultAssembleTimeout = 30 * time.Second
+
 func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "[flags] MEMBER...",
 		`Assembles the array from its MEMBERs (in any order; roles come from the superblocks) and serves
@@ -32,10 +40,11 @@ the array clean and exit 0. A second SIGINT or SIGTERM while that drain runs (a 
 can make it last for ever) exits at once with status 128+signal (130, 143) and an ERROR line,
 without flushing or marking anything: the array is left dirty and resynced at the next start, as
 after a crash; writes not yet flushed may be lost. With one member missing (a path that does not exist, or one left out),
-the array is served degraded: every byte is still there, rebuilt from parity on the fly. An array
-that was not shut down cleanly is refused degraded, unless it has a write journal: the stripes
-being written at the crash may have torn parity, and the missing member's chunks computed from it
-could read wrong (the write hole); bring the member back, or give --force (or --read-only to look).
+the array is served degraded: every byte is still there, rebuilt from parity on the fly. A remote
+member whose server does not answer yet is waited for first (--assemble-timeout). An array that
+was not shut down cleanly is refused degraded, unless it has a write journal: the stripes being
+written at the crash may have torn parity, and the missing member's chunks computed from it could
+read wrong (the write hole); bring the member back, or give --force (or --read-only to look).
 
 Writes go through a write-back stripe cache: a partial-stripe write is acknowledged once it is in
 the cache and written out a few milliseconds later, so a stream of small sequential writes
@@ -113,6 +122,9 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		"this long is failed (the array goes on degraded), and so is one whose superblock update or sync takes longer;\n"+
 		"a read slower than this counts as a read error once it returns (its data is still used; past\n"+
 		"--read-error-limit the member is failed). Default 30s; negative: none")
+	assembleTimeout := fs.Duration("assemble-timeout", defaultAssembleTimeout, "how long the start waits for remote members (nbd://...) whose servers do not answer yet\n"+
+		"(`duration`), as after a power cut of the rack: each is tried again with a backoff until it answers or\n"+
+		"this has passed, then counts as missing. Local members are never waited for. 0: no wait")
 	readErrorLimit := fs.Int("read-error-limit", 0, "read errors after which a member is marked faulty (`count`, default 20)")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate `file` (PEM); with --tls-key turns on NBD STARTTLS")
 	tlsKey := fs.String("tls-key", "", "TLS private key `file` (PEM)")
@@ -226,6 +238,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		RebuildStale: *rebuildStale,
 		Force:        *force,
 		JournalPath:  journalPath,
+		WaitRemote:   *assembleTimeout,
 		IOOptions: raid.IOOptions{
 			StablePages:    *stablePages,
 			MappedReads:    *mappedReads,

@@ -1,6 +1,7 @@
 package member
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,6 +17,11 @@ type Kind struct {
 	// path a wrapper wraps). A member that does not exist is fs.ErrNotExist, which Assemble
 	// takes for a missing member; any other failure is an error naming the spec.
 	Open func(spec string, use Use) (Member, error)
+	// OpenContext is Open with its waits (a dial, a handshake) ending when ctx ends as well
+	// as by the kind's own bounds: Assemble retries a remote member that does not answer
+	// yet within a bound, and stops when waiting is no longer of use; an attempt must not
+	// outlast either. nil: Open, whose own bounds apply.
+	OpenContext func(ctx context.Context, spec string, use Use) (Member, error)
 	// Path returns the local file or device spec opens, for the checks that compare files
 	// (is the journal one of the members?) and for Create to make; "" if none, as for a
 	// remote export. nil: "".
@@ -126,6 +132,15 @@ func Open(spec string, use Use) (Member, error) {
 		return nil, err // not a nil *File in a Member
 	}
 	return m, nil
+}
+
+// OpenContext is Open with its waits ending when ctx ends too, where the kind can bound them
+// (Kind.OpenContext); a plain path opens at once.
+func OpenContext(ctx context.Context, spec string, use Use) (Member, error) {
+	if k, ok := kindOf(spec); ok && k.OpenContext != nil {
+		return k.OpenContext(ctx, spec, use)
+	}
+	return Open(spec, use)
 }
 
 // SpecPath returns the local file or device a member spec opens: the spec itself for a plain

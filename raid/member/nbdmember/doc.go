@@ -56,9 +56,11 @@
 // the caller one deadline; the array counts the errors, fails the member (a failed write
 // fails it at once) and goes on degraded. Open's dial and handshake share the same bound. An
 // export that cannot be reached at Open (no server listening, no such socket, no such
-// export, no answer in time) is ErrUnreachable, which wraps fs.ErrNotExist: Assemble counts
-// the member as missing, as it does a file that is not there; a TLS or protocol failure is an
-// error that stops it.
+// export, a connection reset or closed during the handshake, no answer in time, or none
+// before OpenContext's context ended) is ErrUnreachable, which wraps fs.ErrNotExist:
+// Assemble tries it again within its wait (raid.AssembleOptions.WaitRemote, serve
+// --assemble-timeout), then counts the member as missing, as it does a file that is not
+// there; a TLS or protocol failure is an error that stops it.
 //
 // # Reconnecting
 //

@@ -132,6 +132,12 @@ func Register(opts func() Options) {
 			return nil, err // not a nil *Member in a Member
 		}
 		return m, nil
+	}, OpenContext: func(ctx context.Context, spec string, use member.Use) (member.Member, error) {
+		m, err := OpenContext(ctx, spec, use, opts())
+		if err != nil {
+			return nil, err
+		}
+		return m, nil
 	}, MapPath: mapPaths}
 	for _, p := range Prefixes {
 		member.Register(p, k)
@@ -234,6 +240,13 @@ var testHookMaskFlags uint16
 // Open connects to the export spec names (an NBD URI, with libnbd's tls-certificates query
 // key allowed on nbds URIs) and returns it as a member for use.
 func Open(spec string, use member.Use, opts Options) (*Member, error) {
+	return OpenContext(context.Background(), spec, use, opts)
+}
+
+// OpenContext is Open with the dial and handshake ending when ctx ends too (an
+// ErrUnreachable then), besides Options.Timeout: raid.Assemble's attempts at a member that
+// does not answer yet (member.Kind.OpenContext).
+func OpenContext(ctx context.Context, spec string, use member.Use, opts Options) (*Member, error) {
 	uri, tlsDir, err := splitTLSQuery(spec)
 	if err != nil {
 		return nil, err
@@ -259,13 +272,15 @@ func Open(spec string, use member.Use, opts Options) (*Member, error) {
 		m.log = slog.Default()
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	ctx, cancel := m.dialContext(m.deadline())
+	cancel := context.CancelFunc(func() {}) // no Close can end this dial: m is not returned yet
+	if d := m.deadline(); !d.IsZero() {
+		ctx, cancel = context.WithDeadline(ctx, d)
+	}
 	defer cancel()
 	c, err := m.dialConn(ctx)
 	if err != nil {
 		m.cancel()
-		var oe *client.OptionError
-		if errors.As(err, &oe) && oe.Reply == repErrUnknown || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errDial) {
+		if unreachable(err) {
 			return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, spec, err)
 		}
 		return nil, fmt.Errorf("nbdmember: %s: %w", spec, err)
@@ -301,6 +316,17 @@ func Open(spec string, use member.Use, opts Options) (*Member, error) {
 
 // errDial wraps a failure to reach the server's address (dialConn).
 var errDial = errors.New("dial")
+
+// unreachable reports whether Open's dial and handshake failed for want of a server that
+// answers (ErrUnreachable): nothing listening (errDial), no answer in time (or before the
+// caller gave up: OpenContext), no such export, or a connection reset or closed in the
+// middle of the handshake, as by a server starting up or going down. A TLS or protocol
+// failure is not: that server answered, wrongly.
+func unreachable(err error) bool {
+	var oe *client.OptionError
+	return errors.As(err, &oe) && oe.Reply == repErrUnknown || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, errDial) ||
+		errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
 
 // dialConn makes one connection and runs the handshake, within ctx.
 func (m *Member) dialConn(ctx context.Context) (*conn, error) {

@@ -2,6 +2,7 @@ package nbdmember_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"io/fs"
@@ -411,13 +412,37 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := nbdmember.Open(uri(sock, "big"), member.Exclusive, nbdmember.Options{}); !errors.Is(err, nbdmember.ErrBlockSize) {
 		t.Errorf("minimum block 8192: %v, want ErrBlockSize", err)
 	}
+	// A server that closes every connection at once (one starting up, or going down): its
+	// member is unreachable too, and raid.Assemble tries it again within its wait.
+	closing := filepath.Join(t.TempDir(), "closing.sock")
+	ln, err := net.Listen("unix", closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 	for _, spec := range []string{
 		uri(sock, "nosuch"),
 		uri(filepath.Join(t.TempDir(), "none.sock"), "m"),
+		uri(closing, "m"),
 	} {
 		if _, err := nbdmember.Open(spec, member.Exclusive, nbdmember.Options{Timeout: 10 * time.Second}); !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, nbdmember.ErrUnreachable) {
 			t.Errorf("%s: %v, want ErrUnreachable (fs.ErrNotExist)", spec, err)
 		}
+	}
+	// OpenContext gives up when its context ends, as unreachable.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := nbdmember.OpenContext(ctx, uri(sock, "ro"), member.Inspect, nbdmember.Options{}); !errors.Is(err, nbdmember.ErrUnreachable) {
+		t.Errorf("OpenContext with its context ended: %v, want ErrUnreachable", err)
 	}
 	for _, spec := range []string{
 		"nbd://host/x?tls-certificates=/d", // TLS files on a plaintext URI
