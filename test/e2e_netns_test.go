@@ -435,6 +435,7 @@ func TestNetnsLateMember(t *testing.T) {
 			!strings.Contains(out, "dirty array with a member missing") || !strings.Contains(out, n.uris[late]) || !strings.Contains(out, "--force") {
 			t.Fatalf("dirty, member %d never came: exit %v after %v; want a refusal naming it and --force\n%s", late, s.proc.err, time.Since(start), out)
 		}
+		t.Logf("refused after %v:\n%s", time.Since(start).Round(time.Millisecond), out[strings.LastIndex(out, "raid: dirty array"):])
 		for i, f := range n.files().members {
 			if fileSum(t, f) != before[i] {
 				t.Fatalf("the refused start wrote to member %d", i)
