@@ -213,6 +213,9 @@ func stateNote(rep *raid.Report) string {
 			len(rep.Missing), strings.Join(rep.Forceable, ", "))
 	case rep.Failed():
 		return fmt.Sprintf(" (%d members missing: the data cannot be served)", len(rep.Missing))
+	case rep.Degraded() && rep.Dirty && rep.Consistency != raid.ConsistencyJournal:
+		return fmt.Sprintf(" (role %d missing, and not shut down cleanly: serve refuses it if stripes were being written at the crash — the write hole —"+
+			" until the member is back, or with --force; see README, \"Assembly\")", rep.Missing[0])
 	case rep.Degraded():
 		return fmt.Sprintf(" (role %d missing: served from parity, no redundancy left)", rep.Missing[0])
 	case rep.Dirty:
