@@ -88,6 +88,11 @@ type Array struct {
 	// Taken before sbMu, never by the I/O paths.
 	mgmtMu sync.Mutex
 
+	// recordMu serialises the records of a full rebuild's position (recordRebuilt), so that
+	// writers meeting its unrecorded window at once share one. Taken under stripe locks,
+	// before sbMu.
+	recordMu sync.Mutex
+
 	// sbMu serialises superblock updates (record.go) and membership changes; it guards every
 	// member's sb, spares, faulty, retired, events, unclean, uuid, the role table's changes
 	// (roleTable.set, remove, recount) and the storing of view and dirty. It is never held

@@ -317,6 +317,13 @@
 // leave it out). The position is checkpointed — spare fdatasync'ed, then every superblock
 // updated — every second and when the rebuild stops, so the next assembly resumes there
 // (Progress.Resumed); the member being rebuilt says so in its superblock (role, table state 2).
+// A superblock update records only the position the spare was synced to. Between the
+// checkpoint and the position the spare is served but not recorded: a write there, torn by a
+// crash, would make the restart rebuild the spare's chunks of its stripe (flushed ones too)
+// from the torn stripe. So every path that writes a member checks, under its stripes' locks
+// and before its first write, whether they reach into that window (roleTable.unrecorded), and
+// records the position first (recordBefore: sync the spare, write the superblocks; writers
+// that meet it at once share one record); the placed paths decline there instead.
 // At the end the spare becomes active and the faulty member it replaced is dropped.
 //
 // ReAdd (mdadm --re-add, readd.go) brings back a member that failed, was removed or was

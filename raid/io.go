@@ -439,6 +439,7 @@ func (a *Array) zeroRange(off, length int64, noHole bool) error {
 	for s := first; s < end; s += nLocks {
 		n := min(nLocks, end-s)
 		a.locks.LockSpan(s, n) // in ascending lock order, as every holder of several (Array.locks)
+		a.recordBefore(s, n)
 		var errs []error
 		var jops []journal.Op
 		if a.journaled() {

@@ -18,7 +18,9 @@ type cacheBackend struct{ a *Array }
 func (m cacheBackend) Missing(s int64) int { return m.a.roles.missingAt(s) }
 
 // Do performs ops (offsets in the members' data areas; the caller holds their stripes' locks),
-// in three steps: a failed array's writes are refused (ErrArrayFailed); the writes' intent is
+// in four steps: a failed array's writes are refused (ErrArrayFailed); a full rebuild's
+// position is recorded if the writes reach stripes it serves but has not recorded
+// (recordBefore); the writes' intent is
 // made durable — the write-intent bitmap's regions or one journal record, both derived from the
 // stripes the ops carry (writeSpan, writeIntent); then do runs the ops, each member's in order,
 // every member write through the write gate. A member that fails is failed, its writes skipped
@@ -38,6 +40,11 @@ func (m cacheBackend) Do(ops []stripe.MemberOp) error {
 			if ops[i].Write {
 				return fmt.Errorf("%w: the stripe cache's write-out of stripe %d refused", ErrArrayFailed, ops[i].Stripe)
 			}
+		}
+	}
+	if a.roles.recorded.Load() < a.roles.rebuildPos() { // a rebuild's window may be open
+		if s0, n := writeSpan(ops); n > 0 {
+			a.recordBefore(s0, n)
 		}
 	}
 	if a.bm != nil || a.jr != nil {

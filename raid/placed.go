@@ -169,6 +169,9 @@ func (pl *placement) prepare() bool {
 	a := pl.a
 	C := a.layout.ChunkSize()
 	off, n := a.dataOffset+pl.s0*C, pl.k*C
+	if a.roles.unrecorded(pl.s0, pl.k) {
+		return false // the ordinary write records the rebuild's position first (recordBefore)
+	}
 	for r := range a.roles.n() {
 		m := a.roles.usable(r, pl.s0)
 		if m == nil || a.roles.usable(r, pl.s0+pl.k-1) != m {

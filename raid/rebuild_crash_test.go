@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // TestRebuildCrashKeepsRebuilt: a crash during a full rebuild onto a spare loses no flushed
@@ -13,10 +14,22 @@ import (
 // the rebuild has passed its stripe (so the spare is written as a member there), then a write
 // to another chunk of its stripe is torn by the crash (its data on its member, the parity
 // not). The restart must take the spare's chunk as it is, not rebuild it from the torn
-// parity, so the superblocks must already record a position past the stripe. Before, the
-// position reached them only at the next checkpoint, a second or more after the spare served
-// the stripe, and the restart rebuilt the block from the torn stripe.
+// parity, so the superblocks must already record a position past the stripe. The rebuild
+// records its position only each second: the write records it first (recordBefore). Before
+// session 13 nothing did, and the restart rebuilt the block from the torn stripe.
+//
+// The block reaches the members by each path that writes them: WriteAt (into the cache,
+// written out by the Flush), WriteCached (into the cache, written out by the background
+// writer: the member writes come long after the call, which checks nothing) and a placed
+// write of the whole stripe (PlaceWrite, which must decline in the unrecorded window and
+// leave the write to WriteAt, as the NBD server does).
 func TestRebuildCrashKeepsRebuilt(t *testing.T) {
+	for _, via := range []string{"WriteAt", "WriteCached", "PlaceWrite"} {
+		t.Run(via, func(t *testing.T) { testRebuildCrashKeepsRebuilt(t, via) })
+	}
+}
+
+func testRebuildCrashKeepsRebuilt(t *testing.T, via string) {
 	const (
 		chunk   = 4 << 10
 		stripes = 1024
@@ -24,7 +37,8 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 	)
 	paths := rrFiles(t, 4)
 	a, err := Create(paths, CreateOptions{Chunk: chunk, MemberSize: DataOffset + stripes*chunk,
-		IOOptions: IOOptions{SyncSpeedMin: 1, SyncSpeedMax: 1}})
+		IOOptions: IOOptions{SyncSpeedMin: 1, SyncSpeedMax: 1, WriteBackDelay: time.Millisecond,
+			MappedWrites: via == "PlaceWrite"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +59,7 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 	if err := a.AddSpare(spare); err != nil {
 		t.Fatal(err)
 	}
-	batch := a.rebuildBatch()
+	batch := a.syncBatch()
 	st := waitStatusInternal(t, a, func(st Status) bool {
 		return st.Sync != nil && st.Sync.Kind == "rebuild" && st.Sync.Done >= batch*chunk
 	})
@@ -58,12 +72,35 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 	if !a.roles.isRebuilt(s) {
 		t.Fatalf("stripe %d not served by the spare after the first batch", s)
 	}
+	if !a.roles.unrecorded(s, 1) {
+		t.Fatalf("stripe %d already recorded (position %d): the test needs it served only", s, a.roles.recorded.Load())
+	}
 	d := a.layout.DataIndex(s, role)
 	off := s*ss + int64(d)*chunk
 	blk := model[off : off+chunk]
-	fill(blk)
-	if _, err := a.WriteAt(blk, off); err != nil {
-		t.Fatal(err)
+	switch via {
+	case "WriteAt":
+		fill(blk)
+		if _, err := a.WriteAt(blk, off); err != nil {
+			t.Fatal(err)
+		}
+	case "WriteCached":
+		fill(blk)
+		if !a.WriteCached(blk, off, nil) {
+			t.Fatal("WriteCached declined the block")
+		}
+		// Written out by the background writer (a millisecond's delay), under the lock.
+		for deadline := time.Now().Add(10 * time.Second); a.cache.Dirty(s, 1); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the block was not written out in 10 s")
+			}
+		}
+		a.locks.LockSpan(s, 1)
+		a.locks.UnlockSpan(s, 1) // the write-out that cleared the head has ended
+	case "PlaceWrite":
+		p := model[s*ss : (s+1)*ss]
+		fill(p)
+		placeOrWrite(t, a, p, s*ss)
 	}
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
@@ -75,6 +112,10 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 	a.locks.LockSpan(0, stripes)
 	rrCopy(t, live, img)
 	a.locks.UnlockSpan(0, stripes)
+	if via == "PlaceWrite" && !placeOrWrite(t, a, model[s*ss:(s+1)*ss], s*ss) {
+		// Recorded now: the stripe is placed, so the decline above was the window's.
+		t.Fatal("PlaceWrite declined the stripe after its position was recorded")
+	}
 	torn := make([]byte, chunk)
 	fill(torn)
 	b, got := crashTornRead(t, a, img, s, d, torn, off)
@@ -90,4 +131,25 @@ func TestRebuildCrashKeepsRebuilt(t *testing.T) {
 		t.Fatalf("after the restart: last rebuild %+v, want it resumed and finished", r)
 	}
 	checkAllButStripe(t, b, model, s, "after the resumed rebuild")
+}
+
+// placeOrWrite writes p at off as a placed write (PlaceWrite, CommitPlaced) or, if the array
+// declines it, with WriteAt, as the NBD server does; it reports whether p was placed.
+func placeOrWrite(t *testing.T, a *Array, p []byte, off int64) bool {
+	t.Helper()
+	v, h, ok := a.PlaceWrite(off, len(p), nil)
+	if !ok {
+		if _, err := a.WriteAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		return false
+	}
+	n := 0
+	for _, b := range v {
+		n += copy(b, p[n:])
+	}
+	if err := a.CommitPlaced(h, n, true); err != nil {
+		t.Fatal(err)
+	}
+	return true
 }

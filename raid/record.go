@@ -71,7 +71,15 @@ func (a *Array) superblockWrite(set func(*superblock)) (bad []*member, err error
 				}
 			}()
 		} else {
-			recovery = a.roles.rebuildPos() * a.layout.ChunkSize()
+			// A full rebuild's position as far as its member is synced: the rebuild serves
+			// stripes beyond it (roleTable.synced), not yet durable on the member.
+			synced := a.roles.synced.Load()
+			recovery = synced * a.layout.ChunkSize()
+			defer func() {
+				if len(bad) == 0 {
+					a.roles.recorded.Store(synced)
+				}
+			}()
 		}
 	}
 	// The bitmap's cleared mark moves only with an update written while every role is

@@ -98,7 +98,7 @@ func (a *Array) rmwLocked(p []byte, off int64) bool {
 	// hold it to change what these say about s.
 	pr := a.layout.ParityMember(s)
 	pm := a.roles.usable(pr, s)
-	if pm == nil || a.needsRCW(s) {
+	if pm == nil || a.needsRCW(s) || a.roles.unrecorded(s, 1) {
 		return false
 	}
 	pw, ok := pm.Member.(mapWriter)

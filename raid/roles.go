@@ -17,7 +17,7 @@ import (
 // Who changes what: set, remove and recount run under Array.sbMu (or in newArray, which owns
 // the array alone); markFaulty runs without sbMu (fail marks a member before it takes sbMu, so
 // that I/O goes around the member at once); the rebuild position moves past stripe s only
-// while s's stripe lock is held or once a re-add's map serves s (setRebuilt, readdMap). A
+// while s's stripe lock is held or once a re-add's map serves s (serveRebuilt, readdMap). A
 // member's own flags (faulty, rebuilding) are atomics of the member.
 //
 // The decision that the array has failed is made in one place, recount, which shuts the gate.
@@ -35,6 +35,13 @@ type roleTable struct {
 	// below it. It moves past stripe s only while s's lock is held, or (a re-add) once the
 	// re-add's map serves s.
 	rebuilt atomic.Int64
+	// synced and recorded trail rebuilt during a full rebuild: the rebuilding member's chunks
+	// below synced are durable on it, so a superblock update may record synced; the
+	// superblocks on disk record recorded. A full rebuild moves rebuilt batch by batch and
+	// lets the other two catch up each second (Array.recordRebuilt); a write to a stripe in
+	// [recorded, rebuilt) makes them catch up first (unrecorded). Outside a full rebuild all
+	// three are equal, and a re-add records its position piece by piece (readdPiece).
+	synced, recorded atomic.Int64
 	// readd is the re-added member's map (readdmap.go) while the rebuilding member is a
 	// re-added one: it also serves the stripes at or above rebuilt that the map says it is
 	// whole in. nil otherwise; setRebuilt drops it.
@@ -221,18 +228,40 @@ func (t *roleTable) states() (states [stripe.MaxMembers]uint8, rebuilding bool) 
 // rebuildPos returns the rebuild position in stripes.
 func (t *roleTable) rebuildPos() int64 { return t.rebuilt.Load() }
 
-// setRebuilt moves the rebuild position to stripe s and drops a re-add's map. Moving it past
-// a stripe needs that stripe's lock, unless nothing can read it meanwhile: assembly (before
-// the array serves) and the rebuild's start (under sbMu, before the spare takes the role).
+// setRebuilt sets the rebuild position to stripe s, served, synced and recorded alike, and
+// drops a re-add's map: at assembly (before the array serves), at the rebuild's start (under
+// sbMu, before the spare takes the role) and at its end (sbMu, the member synced).
 func (t *roleTable) setRebuilt(s int64) {
 	t.rebuilt.Store(s)
+	t.synced.Store(s)
+	t.recorded.Store(s)
 	t.readd.Store(nil)
+}
+
+// serveRebuilt moves the served rebuild position of a full rebuild to stripe s, ahead of the
+// synced and recorded ones. The caller holds the locks of the stripes it passes.
+func (t *roleTable) serveRebuilt(s int64) { t.rebuilt.Store(s) }
+
+// unrecorded reports whether stripes [s0, s0+n) reach into a full rebuild's unrecorded window
+// [recorded, rebuilt): there the rebuilding member is served as whole while the superblocks
+// still say it is not, and a restart after a crash would rebuild its chunks from the others.
+// A write must not reach a member there before the position is recorded (Array.recordBefore):
+// torn by a crash, it would make the restart rebuild the member's chunks, flushed ones too,
+// from the torn stripe. The caller holds the stripes' locks (so rebuilt does not move past
+// them); recorded only grows meanwhile. One atomic load when no window is open below s0+n.
+func (t *roleTable) unrecorded(s0, n int64) bool {
+	if s0+n <= t.recorded.Load() {
+		return false
+	}
+	return s0 < t.rebuilt.Load() && t.readd.Load() == nil
 }
 
 // setReAdd makes m the re-added member's map, its position at stripe pos (under sbMu, with
 // every stripe's lock held or before the array serves).
 func (t *roleTable) setReAdd(m *readdMap, pos int64) {
 	t.rebuilt.Store(pos)
+	t.synced.Store(pos)
+	t.recorded.Store(pos)
 	t.readd.Store(m)
 }
 

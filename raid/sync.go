@@ -39,30 +39,20 @@ type Progress struct {
 
 const maxMismatchAt = 100
 
-// Sync tuning: bytes of each member a scrub, resync or re-add handles under one set of stripe
-// locks (a full rebuild: rebuildBatchBytes), how often progress is logged.
+// Sync tuning: bytes of each member a rebuild, scrub, resync or re-add handles under one set
+// of stripe locks, how often a full rebuild records its position, how often progress is
+// logged.
 const (
-	syncBatchBytes = 1 << 20
-	logEvery       = 5 * time.Second
+	syncBatchBytes  = 1 << 20
+	checkpointEvery = time.Second
+	logEvery        = 5 * time.Second
 )
 
-// syncBatch returns how many stripes a scrub, resync or re-add handles under one set of locks.
-func (a *Array) syncBatch() int64 { return a.batchOf(syncBatchBytes) }
-
-// rebuildBatchBytes is how much of each member a full rebuild handles under one set of locks:
-// more than a scrub's batch, because each batch ends with a sync of the new member and a write
-// of every superblock (commitRebuilt). With 1 MiB batches, on files on this machine's virtual
-// disk, a rebuild took twice as long or more as with a checkpoint each second.
-const rebuildBatchBytes = 8 << 20
-
-// rebuildBatch returns how many stripes a full rebuild handles under one set of locks.
-func (a *Array) rebuildBatch() int64 { return a.batchOf(rebuildBatchBytes) }
-
-// batchOf returns the stripes of a batch of perMember bytes of each member, but at least 64
-// batches in all (small arrays), and at least one stripe.
-func (a *Array) batchOf(perMember int64) int64 {
+// syncBatch returns how many stripes a sync handles under one set of locks: syncBatchBytes
+// of each member, but at least 64 batches in all (small arrays), and at least one stripe.
+func (a *Array) syncBatch() int64 {
 	C := a.layout.ChunkSize()
-	return max(min(perMember/C, a.memberData/C/64), 1)
+	return max(min(syncBatchBytes/C, a.memberData/C/64), 1)
 }
 
 // syncJob is the background rebuild or scrub. Its progress fields are guarded by Array.syncMu.
@@ -337,8 +327,10 @@ func (a *Array) setDone(j *syncJob, t *throttle, done int64) {
 // 0) and reconstructs the role's chunks onto it, batch by batch, each under its stripes'
 // locks: below the rebuild position the new member is written like any other, at and above it
 // it counts as missing.
-// The position is recorded in the superblocks with each batch, under its locks, after the
-// batch is synced on the new member (commitRebuilt); a re-add records its pieces likewise.
+// A full rebuild serves each batch from the new member as soon as it is written
+// (serveRebuilt), and records the position in the superblocks, after syncing the member, every
+// checkpointEvery and when it stops (recordRebuilt); a write that reaches a batch served but
+// not recorded records it first (recordBefore). A re-add records each piece as it is done.
 // When done the member takes the role and the faulty member it replaces is dropped.
 func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	a.sbMu.Lock()
@@ -403,23 +395,26 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		err = a.readdResync(ctx, j, sp, role, t)
 		pos = a.roles.rebuildPos()
 	} else {
-		batch := a.rebuildBatch()
+		batch := a.syncBatch()
 		bufs := make([][]byte, a.layout.Members())
 		for i := range bufs {
 			bufs[i] = aligned.Make(int(batch * C)) // members read into it: aligned for direct I/O
 		}
+		lastCk := time.Now()
 		for pos < total {
 			if err = ctx.Err(); err != nil {
 				break
+			}
+			if time.Since(lastCk) >= checkpointEvery {
+				a.recordRebuilt(pos)
+				lastCk = time.Now()
 			}
 			s0, k := pos, min(batch, total-pos)
 			a.locks.LockSpan(s0, k)
 			err = a.rebuildSpan(sp, role, s0, k, bufs)
 			if err == nil {
-				err = a.commitRebuilt(sp, role, s0+k)
-			}
-			if err == nil {
 				pos = s0 + k
+				a.roles.serveRebuilt(pos)
 			}
 			a.locks.UnlockSpan(s0, k)
 			if err != nil {
@@ -435,9 +430,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		}
 	}
 	if pos < total {
-		if !sp.faulty.Load() {
-			a.checkpoint(sp)
-		}
+		a.recordRebuilt(pos)
 		return err
 	}
 	// Done: the member takes the role.
@@ -448,7 +441,7 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	a.sbMu.Lock()
 	sp.rebuilding.Store(false)
 	sp.readd.Store(false)
-	a.roles.readd.Store(nil)
+	a.roles.setRebuilt(total) // synced; the position no longer matters, and no window stays open
 	kept := a.faulty[:0]
 	for _, m := range a.faulty {
 		if m.sb.Role == role {
@@ -469,38 +462,55 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 	return nil
 }
 
-// commitRebuilt moves the rebuild position of sp (in role) to stripe pos and records it: the
-// caller holds the locks of the stripes it passes, just rebuilt onto sp. Their chunks are
-// made durable on sp first, then the position moves and the superblocks are written, all
-// before a write can reach those stripes with sp as a member: a crash after such a write,
-// with the write torn, must find sp in-sync there, or the restart would rebuild sp's
-// chunks (flushed ones too) from the torn parity.
-func (a *Array) commitRebuilt(sp *member, role int, pos int64) error {
-	if err := syncData(sp.Member); err != nil {
-		merr := memberErr(sp, role, "sync", -1, err)
-		a.fail(sp, merr)
-		return merr
+// recordBefore makes a full rebuild's position durable (recordRebuilt) before a write to
+// stripes [s0, s0+n) reaches a member, if they reach into the stripes the rebuild serves but
+// has not recorded (roleTable.unrecorded). Every path that writes client data or parity to the
+// members calls it under the stripes' locks, after it has chosen the members and before the
+// first write: the cache's member I/O (cacheBackend.Do: whole-stripe writes and every
+// write-out, of cached writes too), trims; the placed paths decline there instead. One atomic
+// load when no window is open.
+func (a *Array) recordBefore(s0, n int64) {
+	if a.roles.unrecorded(s0, n) {
+		a.recordRebuilt(s0 + n)
 	}
-	a.roles.setRebuilt(pos)
-	a.sbMu.Lock()
-	defer a.sbMu.Unlock()
-	if err := a.writeSuperblocks(nil); err != nil {
-		a.log.Error("raid: recording the rebuild position failed", "err", err)
-	}
-	return nil
 }
 
-// checkpoint makes the rebuilt part of sp durable, then records the position in the
-// superblocks.
-func (a *Array) checkpoint(sp *member) {
+// recordRebuilt makes a full rebuild's position durable as far as it serves, or at least up
+// to stripe end: it syncs the rebuilding member, then records in the superblocks the position
+// it served before the sync (roleTable.synced, recorded). Writers that meet the window at once
+// share one record: each waits for recordMu and returns if the record before covers it. A
+// sync that fails fails the member (writes then go around it). Callers may hold stripe locks
+// (the order: stripe locks, recordMu, sbMu), not sbMu.
+func (a *Array) recordRebuilt(end int64) {
+	a.recordMu.Lock()
+	defer a.recordMu.Unlock()
+	pos := a.roles.rebuildPos()
+	if a.roles.recorded.Load() >= min(end, pos) || a.roles.readd.Load() != nil {
+		return
+	}
+	var sp *member
+	role := -1
+	for r := range a.roles.n() {
+		if m := a.roles.working(r); m != nil && m.rebuilding.Load() {
+			sp, role = m, r
+		}
+	}
+	if sp == nil {
+		// The rebuilding member failed: it serves nothing, and writes go around it.
+		return
+	}
 	if err := syncData(sp.Member); err != nil {
-		a.fail(sp, memberErr(sp, -1, "sync", -1, err))
+		a.fail(sp, memberErr(sp, role, "sync", -1, err))
 		return
 	}
 	a.sbMu.Lock()
 	defer a.sbMu.Unlock()
+	if a.roles.member(role) != sp || !sp.rebuilding.Load() || sp.faulty.Load() {
+		return // it failed, or ended, meanwhile: its position is not to be recorded
+	}
+	a.roles.synced.Store(max(a.roles.synced.Load(), pos))
 	if err := a.writeSuperblocks(nil); err != nil {
-		a.log.Error("raid: rebuild checkpoint failed", "err", err)
+		a.log.Error("raid: recording the rebuild position failed", "err", err)
 	}
 }
 

@@ -17,7 +17,9 @@
 # shows it done), fio (nbd engine, one connection) reads 4 KiB at random offsets of the array
 # at queue depth 1, and the clients' latency is printed: the reads of the failed member's
 # chunks are rebuilt from the others under their stripes' locks, so they wait for what the
-# resync holds. Every wait is bounded (TIMEOUT seconds, 300).
+# resync holds. PROBE_RW=randwrite: random 4 KiB writes instead (a write that reaches what a
+# full rebuild has rebuilt since its last checkpoint records its position first). Every wait is
+# bounded (TIMEOUT seconds, 300).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${DIR:-/dev/shm/raid5d-readd}
@@ -27,6 +29,7 @@ TRIALS=${TRIALS:-3}
 REMOTE=${REMOTE:-0}
 PORT=${PORT:-$((20000 + $$ % 10000))}
 PROBE=${PROBE:-0}
+PROBE_RW=${PROBE_RW:-randread}
 TIMEOUT=${TIMEOUT:-300}
 [[ $PROBE = 1 ]] && { command -v fio >/dev/null || { echo "need fio for PROBE=1 (make deps)"; exit 1; }; }
 for t in qemu-io python3; do command -v $t >/dev/null || { echo "need $t (make deps)"; exit 1; }; done
@@ -82,7 +85,7 @@ wait_for() {
 # latencies are printed at the stop.
 probe_start() {
   [[ $PROBE = 1 ]] || return 0
-  timeout $((TIMEOUT + 60)) fio --name=probe --ioengine=nbd --uri="$URI" --rw=randread --bs=4k --iodepth=1 \
+  timeout $((TIMEOUT + 60)) fio --name=probe --ioengine=nbd --uri="$URI" --rw="$PROBE_RW" --bs=4k --iodepth=1 \
     --time_based=1 --runtime=$((TIMEOUT + 30)) --output-format=json --output="$DIR/probe.json" >/dev/null 2>&1 &
   probe=$!
   sleep 1 # connected and reading
@@ -90,12 +93,12 @@ probe_start() {
 probe_stop() {
   [[ $PROBE = 1 ]] || return 0
   kill -INT "$probe"; wait "$probe" || true; probe=""
-  python3 - "$DIR/probe.json" "$1" <<'PY'
+  python3 - "$DIR/probe.json" "$1" "${PROBE_RW#rand}" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
-r = json.loads(text[text.index("{"):])["jobs"][0]["read"]
+r = json.loads(text[text.index("{"):])["jobs"][0][sys.argv[3]]
 c = r["clat_ns"]
-print("  %s: client 4k reads meanwhile: %d, mean %.0f us, p99.9 %.0f us, max %.1f ms" % (sys.argv[2], r["total_ios"],
+print("  %s: client 4k %ss meanwhile: %d, mean %.0f us, p99.9 %.0f us, max %.1f ms" % (sys.argv[2], sys.argv[3], r["total_ios"],
       c["mean"] / 1e3, c.get("percentile", {}).get("99.900000", 0) / 1e3, c["max"] / 1e6))
 PY
 }
