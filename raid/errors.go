@@ -76,7 +76,8 @@ var (
 	ErrNotRunning error = &ioError{"raid: no scrub is running", uint32(unix.EINVAL)}
 	// ErrCannotReAdd is returned by ReAdd and ReAddMember for a member the write-intent bitmap
 	// cannot bring up to date: not this array's (or no superblock), a spare, its role held by
-	// a working member (the array not degraded in that role), being rebuilt when it left, or
+	// a working member (the array not degraded in that role), being rebuilt by a full rebuild
+	// when it left (not a member that failed during its own re-add), or
 	// an events counter older than the bitmap's last clear (EventsCleared: writes it missed
 	// may no longer be marked), or an array without a bitmap. AddSpare (`raid5d add`) rebuilds
 	// it fully instead.

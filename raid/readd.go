@@ -190,7 +190,11 @@ func (a *Array) reAdd(m Member, old *member) error {
 		err = refuse(r, "it was a spare, with no role to come back to")
 	case a.roles.working(r) != nil:
 		err = refuse(r, "role %d is held by %s", r, a.roles.working(r).Name())
-	case sb.States[r] == roleRebuilding:
+	case sb.States[r] == roleRebuilding && sb.ReAdd == nil:
+		// A spare of a full rebuild is whole only below its position, which no bit covers. A
+		// member that failed during its own re-add (its record says so) is taken: the role
+		// was never active since it first left, so no bit was cleared, and the bits cover
+		// what it missed then and since; its new map is taken from them.
 		err = refuse(r, "it was being rebuilt into role %d when it left (its data is whole only below %d)", r, sb.Recovery)
 	case a.eventsCleared == 0:
 		err = refuse(r, "the superblocks do not record when the bitmap was last cleared (an array last run by an older raid5d)")

@@ -341,3 +341,78 @@ func TestReAddClose(t *testing.T) {
 	}
 	checkEachOut(t, b, paths, 3, model)
 }
+
+// TestReAddAfterFailedReAdd: a member that fails during its re-add's resync (its superblock
+// records the re-add) is re-added again, not refused: the bits kept while the role was away
+// cover what it missed before the first re-add and since its second failure, and every byte
+// reads back with each other member failed in turn. A spare that failed during a full rebuild
+// is still refused (TestReAddRefused's kind of member, whole only below its position).
+func TestReAddAfterFailedReAdd(t *testing.T) {
+	dir := t.TempDir()
+	opts := raid.IOOptions{StripeCache: -1, SyncSpeedMin: 64 << 10, SyncSpeedMax: 64 << 10}
+	a, paths, model := readdArray(t, dir, 256, opts)
+	ss := a.Layout().StripeSize()
+	rng := newRand(12)
+	write := func(r0 int64) { // every other region from r0: 32 of 64
+		for r := r0; r < 64; r += 2 {
+			p := model[r*4*ss+ss : r*4*ss+ss+ss/2]
+			fill(rng, p)
+			if _, err := a.WriteAt(p, r*4*ss+ss); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := a.Fail(paths[3]); err != nil {
+		t.Fatal(err)
+	}
+	write(0)
+	if err := a.ReAdd(paths[3]); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, a, "the re-add under way", func(st raid.Status) bool {
+		return st.Sync != nil && st.Sync.Resynced > 0
+	})
+	if err := a.Fail(paths[3]); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, a, "the re-add stopped", func(st raid.Status) bool { return st.Sync == nil })
+	if p := a.Status().LastRebuild; p == nil || !p.ReAdd || p.Done >= p.Total {
+		t.Fatalf("stopped re-add %+v, want one part done", p)
+	}
+	write(1) // the other regions, while it is away again
+	if err := a.SetSyncSpeed(1<<40, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	if p := reAdded(t, a, paths[3]); p.Resynced > 64*4*testChunk {
+		t.Fatalf("the second re-add resynced %d bytes, more than the 64 regions' chunks", p.Resynced)
+	}
+	checkEachOut(t, a, paths, 3, model)
+
+	// A spare that fails during a full rebuild is still refused: it is whole only below its
+	// position, which no bit covers.
+	spare := dir + "/spare.img"
+	if err := os.WriteFile(spare, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(spare, raid.DataOffset+256*testChunk); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetSyncSpeed(64<<10, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Fail(paths[3]); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSpare(spare); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, a, "the full rebuild under way", func(st raid.Status) bool {
+		return st.Sync != nil && !st.Sync.ReAdd && st.Sync.Resynced > 0
+	})
+	if err := a.Fail(spare); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReAdd(spare); !errors.Is(err, raid.ErrCannotReAdd) {
+		t.Fatalf("ReAdd of a spare failed during its full rebuild = %v, want ErrCannotReAdd", err)
+	}
+}
