@@ -181,3 +181,52 @@ func TestHungMembersFailArray(t *testing.T) {
 		t.Fatalf("state %v with three roles lost", st.State)
 	}
 }
+
+// TestHungSpareSync: a write that reaches what a full rebuild has rebuilt since its last
+// record makes the position durable first, syncing the spare with the write's stripe locked;
+// a spare whose sync hangs is failed after the member timeout, as a FLUSH's sync is, and the
+// write goes on around it (it waited for ever before). Every byte is compared at the end.
+func TestHungSpareSync(t *testing.T) {
+	const chunks = 1024
+	opts := raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1, SyncSpeedMin: 1, SyncSpeedMax: 1}}
+	opts.MemberTimeout = 300 * time.Millisecond
+	a, _, _, model := faultyArray(t, 4, chunks, opts)
+	ss := a.Layout().StripeSize()
+	p := bytes.Repeat([]byte{0x11}, int(ss))
+	if _, err := a.WriteAtFUA(p, 0); err != nil { // dirty now
+		t.Fatal(err)
+	}
+	copy(model, p)
+	if err := a.Fail("1"); err != nil {
+		t.Fatal(err)
+	}
+	spare := raidtest.NewFaulty(raidtest.NewMem("spare", raid.DataOffset+chunks*testChunk))
+	var armed atomic.Bool
+	ch := make(chan struct{})
+	spare.SetHook(func(op raidtest.Op, off int64) {
+		if armed.Load() && op == raidtest.OpSync {
+			<-ch
+		}
+	})
+	t.Cleanup(func() { close(ch) })
+	if err := a.AddSpareMember(spare); err != nil {
+		t.Fatal(err)
+	}
+	// The rebuild does its first batch (1/64 of the array), then the throttle holds it; its
+	// position is not recorded before a write reaches the batch.
+	waitStatus(t, a, "the rebuild's first batch", func(st raid.Status) bool {
+		return st.Sync != nil && st.Sync.Done > 0
+	})
+	armed.Store(true)
+	q := bytes.Repeat([]byte{0x22}, int(ss))
+	within(t, 10*time.Second, "a write below the rebuild position (the spare's sync hung)", func() error {
+		_, err := a.WriteAt(q, ss)
+		return err
+	})
+	copy(model[ss:], q)
+	waitStatus(t, a, "the spare failed and its rebuild stopped", func(st raid.Status) bool {
+		s, _ := memberState(st, "spare")
+		return s == raid.MemberFaulty && st.Sync == nil
+	})
+	compareArray(t, a, model)
+}

@@ -479,7 +479,8 @@ func (a *Array) recordBefore(s0, n int64) {
 // to stripe end: it syncs the rebuilding member, then records in the superblocks the position
 // it served before the sync (roleTable.synced, recorded). Writers that meet the window at once
 // share one record: each waits for recordMu and returns if the record before covers it. A
-// sync that fails fails the member (writes then go around it). Callers may hold stripe locks
+// sync that fails, or does not return within the member timeout, fails the member (writes
+// then go around it). Callers may hold stripe locks
 // (the order: stripe locks, recordMu, sbMu), not sbMu.
 func (a *Array) recordRebuilt(end int64) {
 	a.recordMu.Lock()
@@ -499,7 +500,9 @@ func (a *Array) recordRebuilt(end int64) {
 		// The rebuilding member failed: it serves nothing, and writes go around it.
 		return
 	}
-	if err := syncData(sp.Member); err != nil {
+	// Bounded by the member timeout, as a FLUSH's sync: a writer waits here with its stripes
+	// locked, and a spare whose sync hangs is failed (then writes go around it).
+	if err := a.eachMember([]*member{sp}, func(_ int, m *member) error { return syncData(m.Member) })[0]; err != nil {
 		a.fail(sp, memberErr(sp, role, "sync", -1, err))
 		return
 	}
