@@ -89,9 +89,10 @@ type WriteExpecter interface {
 // that reading a piece never waits for the client, and only the kernel's copy (readv) writes
 // the slices; what it cannot place it writes as usual.
 //
-// PlaceUnit is the device's unit of placement (raid5d: a stripe), a constant: a piece holds at
-// least one whole unit (aligned to a multiple of it), and the server cuts a WRITE into pieces
-// at multiples of it. PlaceWrite appends to v the slices that take the n bytes at off, in
+// PlaceUnit is the device's unit of placement (raid5d: a stripe), a constant: the server offers
+// only WRITEs that hold at least one whole unit (aligned to a multiple of it), and cuts them
+// into pieces at multiples of it; a piece may be the WRITE's head before its first multiple,
+// or its tail after the last, alone (the device declines what it cannot place). PlaceWrite appends to v the slices that take the n bytes at off, in
 // order, and returns them with a handle and ok true; or ok false, having done nothing, and the
 // server writes the piece, and the rest of the WRITE, as usual. The server then reads the
 // piece's bytes into the slices and calls CommitPlaced exactly once, with the handle, the

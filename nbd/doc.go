@@ -103,7 +103,7 @@
 //     pinned: they go to WriteAtFUA (or WriteAt and Flush).
 //   - With a Device that is a PlacedWriter, on a connection without TLS, a WRITE without FUA of
 //     at least 16 KiB, none of whose payload the connection's buffered reader holds, is
-//     offered to PlaceWrite first, in pieces of whole units (PlaceUnit) whose bytes have all
+//     offered to PlaceWrite first, in pieces cut at multiples of its unit (PlaceUnit) whose bytes have all
 //     arrived in the socket's receive queue, waiting up to 2 ms with nothing held for a piece
 //     still arriving: for each piece the device takes, the reader reads its bytes straight into
 //     the device's slices with readv (one, or for a PlacedProgresser one per ~192 KiB, each

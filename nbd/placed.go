@@ -236,8 +236,10 @@ func (c *conn) writePlaced(h *protocol.TransmissionRequestHeader) (bool, error) 
 	var werr error // a piece's error: the reply's
 	for done < n {
 		pos, rest := off+int64(done), n-done
-		// A piece needs the bytes up to the end of the first whole unit from pos, or the rest.
-		need := min(rest, int((pos+u-1)/u*u+u-pos))
+		// A piece needs the bytes up to the next unit boundary after pos (a whole unit from
+		// a boundary), or the rest: a WRITE's head or tail alone is a piece too, which the
+		// device places if it can (raid5d: if the stripe cache holds no newer data there).
+		need := min(rest, int(u-pos%u))
 		// All of the rest known to be here (known) costs no SIOCINQ; else awaitPiece asks
 		// how much is, so that the piece is as long as can be.
 		if p.avail = c.br.Buffered() + p.known; p.avail < rest && !c.awaitPiece(need) {

@@ -79,8 +79,8 @@ type placement struct {
 
 var placements = sync.Pool{New: func() any { return new(placement) }}
 
-// PlaceWrite prepares a write of the n bytes at off, at least one whole stripe of them, whose
-// payload the caller will read straight into the members' mappings: it appends to vec the
+// PlaceWrite prepares a write of the n bytes at off whose payload the caller will read straight
+// into the members' mappings: it appends to vec the
 // slices that take the bytes, in order, and returns them with a handle for CommitPlaced,
 // which must follow exactly once, from any goroutine. ok false: the caller writes the bytes
 // with WriteAt (or WritePinned) as usual; nothing was done. See "Placed writes" above for what
@@ -93,16 +93,23 @@ var placements = sync.Pool{New: func() any { return new(placement) }}
 // reconstruct-write that reads memory, not the members). An edge with dirty units, whose
 // members hold older data than the cache, goes to a scratch slice instead and is written as
 // an ordinary write by CommitPlaced, after the stripes, joining the cache's head. A stream of
-// sequential writes then places every byte: each shared stripe twice, a part each time.
+// sequential writes then places every byte: each shared stripe twice, a part each time. A
+// write with no whole stripe (the NBD server's piece of a WRITE that has only partly arrived:
+// its head up to the first stripe boundary, or its tail) is placed only if all of it can be.
 func (a *Array) PlaceWrite(off int64, n int, vec [][]byte) (v [][]byte, h any, ok bool) {
 	ss := a.layout.StripeSize()
 	end := off + int64(n)
-	s0, s1 := (off+ss-1)/ss, end/ss // the whole stripes: [s0, s1)
-	if !a.mapWrite || a.journaled() || n <= 0 || s1 <= s0 || a.check(off, int64(n)) != nil || a.readdPending(off, int64(n)) {
+	s0, s1 := (off+ss-1)/ss, end/ss // the whole stripes: [s0, s1), none if s1 <= s0
+	if !a.mapWrite || a.journaled() || n <= 0 || a.check(off, int64(n)) != nil || a.readdPending(off, int64(n)) {
 		return vec, nil, false
 	}
 	// The edges to place: those without dirty units now (a hint, confirmed under the locks).
-	head, tail := off < s0*ss && !a.cache.Dirty(s0-1, 1), end > s1*ss && !a.cache.Dirty(s1, 1)
+	// Within one stripe both are that stripe.
+	needHead, needTail := off < s0*ss, end > s1*ss
+	head, tail := needHead && !a.cache.Dirty(s0-1, 1), needTail && !a.cache.Dirty(s1, 1)
+	if s1 <= s0 && (head != needHead || tail != needTail) {
+		return vec, nil, false // nothing whole, and a part the cache holds newer data of
+	}
 	if head {
 		s0--
 	}
@@ -156,11 +163,13 @@ func (pl *placement) placed() (lo, hi int64) {
 	return pl.off + int64(pl.head), pl.off + int64(pl.n-pl.tail)
 }
 
-// whole returns the stripes of pl wholly overwritten: all but placed edges.
+// whole returns the stripes of pl wholly overwritten: all but placed edges (none, w0 == w1,
+// for a write within one stripe).
 func (pl *placement) whole() (w0, w1 int64) {
 	ss := pl.a.layout.StripeSize()
 	lo, hi := pl.placed()
-	return (lo + ss - 1) / ss, hi / ss
+	w0 = (lo + ss - 1) / ss
+	return w0, max(w0, hi/ss)
 }
 
 // prepare finds every role's mapped range and enters the gates and the bitmap, or reports

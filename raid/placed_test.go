@@ -143,9 +143,10 @@ func TestPlacedWrite(t *testing.T) {
 	checkMembers(t, paths, l, model, -1)
 }
 
-// TestPlaceWriteDeclines: the array places only whole, aligned stripes of a healthy,
-// unjournaled array with mapped writes whose member pages are all in memory; anything else is
-// declined with nothing done, and the ordinary write that follows works.
+// TestPlaceWriteDeclines: the array places writes only into a healthy, unjournaled array with
+// mapped writes whose member pages are all in memory, and a write with no whole stripe only
+// if the cache holds no newer data of its stripes; anything else is declined with nothing
+// done, and the ordinary write that follows works.
 func TestPlaceWriteDeclines(t *testing.T) {
 	a, paths, model := placedArray(t, raid.CreateOptions{})
 	ss := a.Layout().StripeSize()
@@ -155,8 +156,14 @@ func TestPlaceWriteDeclines(t *testing.T) {
 			t.Fatalf("%s: PlaceWrite(%d, %d) placed", what, off, n)
 		}
 	}
-	decline("unaligned", ss+512, int(ss))
-	decline("part of a stripe", ss, int(ss-4096))
+	// Dirty units in stripe 1 (an hour's write-back delay): newer than its members.
+	d := bytes.Repeat([]byte{0x5a}, 4096)
+	if _, err := a.WriteAt(d, ss+8192); err != nil {
+		t.Fatal(err)
+	}
+	copy(model[ss+8192:], d)
+	decline("part of a stripe with dirty units", ss, int(ss-4096))
+	decline("no whole stripe, one part's stripe with dirty units", ss+512, int(ss))
 	decline("past the end", int64(len(model))-ss, int(2*ss))
 	decline("empty", 0, 0)
 	// The declines took no lock: an ordinary write of the same stripes goes through.

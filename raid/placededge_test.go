@@ -82,6 +82,22 @@ func TestPlacedEdges(t *testing.T) {
 	compareArray(t, a, model)
 	placedBytes(total, "sequential unaligned writes")
 
+	// No whole stripe: within one stripe (from its start, to its end, and inside it), and
+	// across a stripe boundary (the NBD server's pieces of a WRITE still arriving).
+	for _, w := range []struct{ off, n int64 }{
+		{22 * ss, 5000}, {23*ss - 7000, 7000}, {23*ss + 3000, 9000}, {24*ss - 6000, 11000},
+	} {
+		p := make([]byte, w.n)
+		fill(rng, p)
+		if err := place(t, a, p, w.off, len(p)); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[w.off:], p)
+		total += uint64(w.n)
+	}
+	compareArray(t, a, model)
+	placedBytes(total, "writes with no whole stripe")
+
 	// Cut short inside the head edge, and inside the tail edge (with progress reported in
 	// the head edge and at its end): not acknowledged, not counted; the stripes hold what
 	// arrived, consistent.

@@ -52,6 +52,7 @@ type crashStatus struct {
 	Counters struct {
 		MemberBytesWritten int64 `json:"member_bytes_written"`
 		MappedBytesWritten int64 `json:"mapped_bytes_written"`
+		PlacedBytes        int64 `json:"placed_bytes"`
 	} `json:"counters"`
 }
 
@@ -147,6 +148,9 @@ type crashLoop struct {
 	// mapped: the kill waits until the daemon has written some bytes through the members'
 	// mappings (with bs below a stripe: placed read-modify-writes).
 	mapped bool
+	// edges: the kill waits until the daemon has placed a part of a stripe (a placed write's
+	// edge: its placed bytes are no longer whole stripes).
+	edges bool
 	// churn, if set, runs once the round's load is writing, before the kill's random delay:
 	// it fails a member, rebuilds it, ... (crashChurn). After the restart the loop waits for
 	// the array to be whole again (settled) before the next round.
@@ -220,6 +224,11 @@ func (c crashLoop) run(t *testing.T) {
 		if c.mapped {
 			waitFor(t, "writes through the members' mappings", 20*time.Second, bench, func() bool {
 				return s.crashStatus().Counters.MappedBytesWritten > 0
+			})
+		}
+		if c.edges {
+			waitFor(t, "a placed write's edge", 20*time.Second, bench, func() bool {
+				return s.crashStatus().Counters.PlacedBytes%stripeData != 0
 			})
 		}
 		if c.churn != nil {
@@ -451,4 +460,19 @@ func TestCrashLoopRMW(t *testing.T) {
 		t.Skip("kills raid5d")
 	}
 	crashLoop{rounds: 8, seed: 20261202, bs: "4K", mapped: true}.run(t)
+}
+
+// TestCrashLoopPlacedEdges is TestCrashLoop under random writes of a stripe and a half, each
+// round killed once the daemon has placed a part of a stripe: every other write
+// starts or ends inside a stripe, whose part the daemon reads straight into the mappings too
+// when the cache holds no newer data of it (a placed write's edges, raid/placed.go), its
+// parity computed from all of the stripe's data there. Every write acknowledged after a
+// flush survives, every other block holds one of its writes or its old contents, and the
+// scrub after the last round finds every stripe's parity right.
+func TestCrashLoopPlacedEdges(t *testing.T) {
+	needRaid5d(t)
+	if standin {
+		t.Skip("kills raid5d")
+	}
+	crashLoop{rounds: 6, seed: 20261208, bs: fmt.Sprintf("%dK", stripeData*3/2>>10), edges: true}.run(t)
 }
