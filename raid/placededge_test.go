@@ -1,6 +1,7 @@
 package raid_test
 
 import (
+	"runtime/debug"
 	"testing"
 
 	"github.com/raid5d/raid5d/raid"
@@ -123,4 +124,49 @@ func TestPlacedEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkMembers(t, paths, l, model, -1)
+}
+
+// TestPlacedWriteAllocs: in steady state a placed write allocates nothing, its edges placed
+// too (a write of 3.5 stripes from half a stripe in: an edge at either end), every
+// write-intent bit already set (the cleaner stopped), no GC during the count.
+func TestPlacedWriteAllocs(t *testing.T) {
+	if invariantsEnabled {
+		t.Skip("the invariants build re-reads every stripe it writes: allocations are not counted")
+	}
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops items: allocations are not counted")
+	}
+	a, _, model := placedArray(t, raid.CreateOptions{})
+	raid.StopBitmapCleaner(a)
+	ss := a.Layout().StripeSize()
+	p := make([]byte, 7*ss/2)
+	fill(newRand(43), p)
+	vec := make([][]byte, 0, 64)
+	offs := int64(len(model))/int64(len(p)) - 1
+	i := int64(0)
+	write := func() {
+		off := ss/2 + i%offs*int64(len(p))
+		i++
+		v, h, ok := a.PlaceWrite(off, len(p), vec[:0])
+		if !ok {
+			t.Fatalf("PlaceWrite(%d, %d) declined", off, len(p))
+		}
+		n := 0
+		for _, b := range v {
+			n += copy(b, p[n:])
+		}
+		if err := a.CommitPlaced(h, n, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		write()
+	}
+	if c := a.Counters(); c.PlacedBytes != 100*uint64(len(p)) {
+		t.Fatalf("PlacedBytes = %d, want every byte of 100 writes (%d): the edges placed", c.PlacedBytes, 100*len(p))
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	if allocs := testing.AllocsPerRun(200, write); allocs != 0 {
+		t.Fatalf("%.1f allocations per placed write, want 0", allocs)
+	}
 }
