@@ -13,16 +13,20 @@
 #
 # Environment: ROUNDS (3; the table shows medians, each round starting with the next
 # configuration), RUNTIME (seconds per job, 5), IODEPTH (32), MEMBER (member size, 128M), DELAY
-# (5ms), CONNS (4), DIR (/dev/shm/raid5d-netns), RAID5D (a raid5d binary instead of building one),
-# RAID5D_FLAGS (extra serve flags for the daemons), CREATE_FLAGS (extra create flags, e.g.
-# --bitmap-region 64M: at MEMBER 128M the default region is one stripe), RAID5D_B (a second
-# binary, e.g. one built from the commit before a change: every configuration runs with it
-# too, on members of its own, taking turns with the first, and a third table gives RAID5D /
-# RAID5D_B), JOBS (the jobs to run, of seqwrite-1M seqread-1M randread-4k randwrite-4k; all),
-# CONFIGS (the configurations to run, of local remote delayed conns; all: a quicker A/B),
+# (5ms), CONNS (4), DIR (/dev/shm/raid5d-netns), RESULTS (a file to keep each round's figures
+# in: CONFIG JOB bytes/s IOPS, a line per run of a job), RAID5D (a raid5d binary instead of
+# building one), RAID5D_FLAGS (extra serve flags for the daemons), CREATE_FLAGS (extra create
+# flags, e.g. --bitmap-region 64M: at MEMBER 128M the default region is one stripe),
+# RAID5D_B (a second binary, e.g. one built from the commit before a change: every
+# configuration runs with it too, on members of its own, taking turns with the first, and a
+# third table gives RAID5D / RAID5D_B), JOBS (the jobs to run, of seqwrite-1M seqread-1M
+# randread-4k randwrite-4k; all), CONFIGS (the configurations to run, of local remote delayed
+# conns; all: a quicker A/B),
 # PROFILE (a directory: each job's run is profiled with perf, on the daemon and, apart, on its
 # member servers: `perf record -e cpu-clock -g` into CONFIG-JOB-{raid5d,members}.data, and
-# perf stat's CPU time, system calls and context switches per MiB moved, in PROFILE/stat;
+# perf stat's CPU time, system calls and context switches per MiB moved, in PROFILE/stat, with
+# fio's CPU per MiB and each CPU's busy share over the job from /proc/stat: a run whose CPUs
+# are all busy is bound by the machine, and the sum per MiB says whose CPU bounds it;
 # PERF_EVENTS adds events to count, e.g. syscalls:sys_enter_readv), PIN (1: every nbdkit member
 # server on CPU 1, every raid5d and fio on CPU 0, in the local configuration too, so that both
 # columns give the array host and its client one core and the members another: a stand-in for
@@ -161,13 +165,15 @@ run() { # run CONFIG URI JOB RW BS
       prof+=($!)
     done
   fi
+  grep '^cpu' /proc/stat >"$DIR/cpu.before"
   NBD_URI=$2 RW=$4 BS=$5 timeout $((RUNTIME + 60)) ip netns exec "$id-client" "${hostcpu[@]}" \
     fio --output-format=json --output="$out" "$JOBFILE" >/dev/null
+  grep '^cpu' /proc/stat >"$DIR/cpu.after"
   for p in "${prof[@]}"; do kill -INT "$p" 2>/dev/null; done
   for p in "${prof[@]}"; do wait "$p" 2>/dev/null || true; done
-  python3 - "$out" "$1" "$3" "${PROFILE:-}" >>"$results" <<'PY'
+  python3 - "$out" "$1" "$3" "${PROFILE:-}" "$DIR/cpu.before" "$DIR/cpu.after" >>"$results" <<'PY'
 import json, os, sys
-out, config, job, prof = sys.argv[1:]
+out, config, job, prof, before, after = sys.argv[1:]
 with open(out) as f:
     text = f.read()
 j = json.loads(text[text.index("{"):])["jobs"][0]
@@ -190,6 +196,24 @@ if prof:
                 v.get("raw_syscalls:sys_enter", 0) / mib, v.get("context-switches", 0) / mib))
             for e in sorted(set(v) - {"cpu-clock", "raw_syscalls:sys_enter", "context-switches"}):
                 st.write("  %s %.1f/MiB\n" % (e, v[e] / mib))
+        # fio's own CPU (its usr_cpu and sys_cpu are percent of one CPU over the job's runtime)
+        # and the machine's: each CPU's busy share over the job from /proc/stat (softirq apart),
+        # and every CPU's busy time per MiB (its busy share times the job's runtime), whoever
+        # spent it
+        fio = (j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] / 1e3
+        def ticks(path):
+            return {l.split()[0]: [int(x) for x in l.split()[1:]] for l in open(path)}
+        a, b = ticks(before), ticks(after)
+        parts, busy_all = [], 0.0
+        for c in sorted(k for k in b if k != "cpu"):
+            dt = [y - x for x, y in zip(a[c], b[c])]
+            total = sum(dt[:8])
+            idle = dt[3] + dt[4] # idle, iowait
+            parts.append("%s %.0f%% busy (softirq %.0f%%)" % (
+                c, 100 * (total - idle) / total, 100 * dt[6] / total))
+            busy_all += (total - idle) / total * j["job_runtime"] / 1e3
+        st.write("%s %s fio: cpu %.0f us/MiB; machine: %s; all CPUs %.0f us/MiB\n" % (
+            config, job, fio * 1e6 / mib, ", ".join(parts), busy_all * 1e6 / mib))
 PY
 }
 jobs=()
@@ -207,6 +231,7 @@ for round in $(seq "$ROUNDS"); do
   done
   echo "round $round done" >&2
 done
+if [[ -n ${RESULTS:-} ]]; then cp "$results" "$RESULTS"; fi
 echo "raid5d over 4 nbdkit members on hosts of their own (netns, veth) vs over 4 local files ($DIR),"
 echo "fio nbd engine on a client host, 1 connection, iodepth $IODEPTH, ${RUNTIME}s per job, medians of $ROUNDS;"
 echo "latency: nbdkit's delay filter, $DELAY on every read and write of every member; load at the end: $(cut -d" " -f1-3 /proc/loadavg)"
