@@ -230,3 +230,91 @@ func TestHungSpareSync(t *testing.T) {
 	})
 	compareArray(t, a, model)
 }
+
+// syncHangsAfterData makes f's syncs block, from its first data-area write on (a rebuild's or
+// a re-add's write, after the superblock writes of the add), until the test ends.
+func syncHangsAfterData(t *testing.T, f *raidtest.Faulty) {
+	var armed atomic.Bool
+	ch := make(chan struct{})
+	t.Cleanup(func() { close(ch) }) // before the array's Close, registered earlier
+	f.SetHook(func(op raidtest.Op, off int64) {
+		if op == raidtest.OpWrite && off >= raid.DataOffset {
+			armed.Store(true)
+		}
+		if op == raidtest.OpSync && armed.Load() {
+			<-ch
+		}
+	})
+}
+
+// TestHungSpareSyncEnd: a rebuild that has written every stripe syncs the spare before it
+// takes the role; a spare whose sync hangs is failed after the member timeout, as a FLUSH's
+// sync is, and the rebuild ends (it waited for ever before, and Close with it). The array
+// stays degraded and serves every byte; Close returns.
+func TestHungSpareSyncEnd(t *testing.T) {
+	const chunks = 64
+	opts := raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}}
+	opts.MemberTimeout = 300 * time.Millisecond
+	a, _, _, model := faultyArray(t, 4, chunks, opts)
+	if err := a.Fail("1"); err != nil {
+		t.Fatal(err)
+	}
+	spare := raidtest.NewFaulty(raidtest.NewMem("spare", raid.DataOffset+chunks*testChunk))
+	syncHangsAfterData(t, spare)
+	if err := a.AddSpareMember(spare); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st raid.Status // written by within's goroutine, read after it returned
+		within(t, 5*time.Second, "Status", func() error { st = a.Status(); return nil })
+		if s, _ := memberState(st, "spare"); s == raid.MemberFaulty && st.Sync == nil {
+			if st.LastRebuild == nil || st.LastRebuild.Err == "" || st.State != raid.StateDegraded {
+				t.Fatalf("the spare failed: last rebuild %+v, state %v; want a rebuild ended by the spare's failure, degraded", st.LastRebuild, st.State)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the rebuild's last sync of the spare hung and it did not end within 10 s: sync %+v, members %+v", st.Sync, st.Members)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	compareArray(t, a, model)
+	within(t, 10*time.Second, "Close (the spare's sync still hanging)", a.Close)
+}
+
+// TestHungReAddSync: a re-add syncs the member after each piece it resyncs, with the piece's
+// stripes locked; a member whose sync hangs is failed after the member timeout and the re-add
+// ends, so a client write to that piece returns (it waited for ever before). Every byte is
+// compared; Close returns.
+func TestHungReAddSync(t *testing.T) {
+	a, ms := windowArrayWith(t, "hr", raid.IOOptions{MemberTimeout: 300 * time.Millisecond})
+	model, write := stripeWriter(a, readdStripes)
+	for _, s := range []int64{0, 1, 2000} { // written while ms[1] is away: resynced by its re-add
+		if err := write(s, byte(s)+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Remove(ms[1].Name()); err != nil {
+		t.Fatal(err)
+	}
+	ms[1].Reopen() // Remove closed it
+	f := raidtest.NewFaulty(ms[1])
+	syncHangsAfterData(t, f)
+	if err := a.ReAddMember(f); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 10*time.Second, "a write to the piece being resynced (the member's sync hung)", func() error {
+		return write(1, 0x77)
+	})
+	waitStatus(t, a, "the member failed and its re-add ended", func(st raid.Status) bool {
+		s, _ := memberState(st, ms[1].Name())
+		return s == raid.MemberFaulty && st.Sync == nil
+	})
+	compareArray(t, a, model)
+	// Its error is not the point: the Mem under the removed member and its re-add is one.
+	within(t, 10*time.Second, "Close (the member's sync still hanging)", func() error { a.Close(); return nil })
+}

@@ -467,9 +467,8 @@ func (a *Array) readdPiece(sp *member, role int, m *readdMap, p int64, bufs [][]
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
-	if err := syncData(sp.Member); err != nil {
-		err = memberErr(sp, role, "sync", -1, err)
-		a.fail(sp, err)
+	// Under the piece's locks: bounded (syncSpare).
+	if err := a.syncSpare(sp, role); err != nil {
 		return 0, err
 	}
 	m.mu.Lock()

@@ -36,16 +36,7 @@ func (h *held) WriteAt(p []byte, off int64) (int, error) {
 // every stripe's parity are checked after.
 func TestReAddLocksPieces(t *testing.T) {
 	a, ms := windowArray(t, "l")
-	ss := a.Layout().StripeSize()
-	model := make([]byte, readdStripes*ss)
-	write := func(s int64, b byte) error {
-		p := bytes.Repeat([]byte{b}, int(ss))
-		_, err := a.WriteAt(p, s*ss)
-		if err == nil {
-			copy(model[s*ss:], p)
-		}
-		return err
-	}
+	model, write := stripeWriter(a, readdStripes)
 	for s := int64(0); s < readdStripes; s += 600 { // 7 regions of a stripe, 9 batches apart
 		if err := write(s, 0xa5); err != nil {
 			t.Fatal(err)

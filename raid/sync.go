@@ -433,9 +433,8 @@ func (a *Array) rebuild(ctx context.Context, j *syncJob) error {
 		a.recordRebuilt(pos)
 		return err
 	}
-	// Done: the member takes the role.
-	if err := syncData(sp.Member); err != nil {
-		a.fail(sp, memberErr(sp, role, "sync", -1, err))
+	// Done: the member takes the role once it is durable (bounded: syncSpare).
+	if err := a.syncSpare(sp, role); err != nil {
 		return err
 	}
 	a.sbMu.Lock()
@@ -500,10 +499,8 @@ func (a *Array) recordRebuilt(end int64) {
 		// The rebuilding member failed: it serves nothing, and writes go around it.
 		return
 	}
-	// Bounded by the member timeout, as a FLUSH's sync: a writer waits here with its stripes
-	// locked, and a spare whose sync hangs is failed (then writes go around it).
-	if err := a.eachMember([]*member{sp}, func(_ int, m *member) error { return syncData(m.Member) })[0]; err != nil {
-		a.fail(sp, memberErr(sp, role, "sync", -1, err))
+	// A writer waits here with its stripes locked: bounded (syncSpare).
+	if a.syncSpare(sp, role) != nil {
 		return
 	}
 	a.sbMu.Lock()
@@ -722,4 +719,18 @@ func (a *Array) scrubSpan(s0, k int64, bufs [][]byte, repair bool) ([]int64, err
 		}
 	}
 	return bad, nil
+}
+
+// syncSpare syncs sp, the member being rebuilt (or re-added) into role, bounded by the member
+// timeout as a FLUSH's sync is (eachMember): a sync that fails, or does not return in time,
+// fails sp, and writes then go around it. Its callers hold stripe locks (a write recording
+// the rebuild's position, a re-add's piece) or are the rebuild that Close waits for: a spare
+// whose sync hangs must not hold them for ever. It returns the member error.
+func (a *Array) syncSpare(sp *member, role int) error {
+	err := a.eachMember([]*member{sp}, func(_ int, m *member) error { return syncData(m.Member) })[0]
+	if err != nil {
+		err = memberErr(sp, role, "sync", -1, err)
+		a.fail(sp, err)
+	}
+	return err
 }

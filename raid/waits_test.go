@@ -192,9 +192,15 @@ func TestReAddConcurrent(t *testing.T) {
 // is closed at the test's end.
 func windowArray(t *testing.T, prefix string) (*raid.Array, []*raidtest.Mem) {
 	t.Helper()
+	return windowArrayWith(t, prefix, raid.IOOptions{})
+}
+
+// windowArrayWith is windowArray with opts.
+func windowArrayWith(t *testing.T, prefix string, opts raid.IOOptions) (*raid.Array, []*raidtest.Mem) {
+	t.Helper()
 	const chunk = 4 << 10
 	ms := newMems(prefix, 4, raid.DataOffset+readdStripes*chunk)
-	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk, BitmapRegion: 3 * chunk})
+	a, err := raid.CreateMembers(asMembers(ms), raid.CreateOptions{Chunk: chunk, BitmapRegion: 3 * chunk, IOOptions: opts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,3 +214,18 @@ func windowArray(t *testing.T, prefix string) (*raid.Array, []*raidtest.Mem) {
 
 // readdStripes is the stripes of windowArray's array.
 const readdStripes = 4096
+
+// stripeWriter returns the model of an array a of stripes stripes and a function that writes
+// stripe s of it whole with byte b, and the model with it when the write succeeds.
+func stripeWriter(a *raid.Array, stripes int64) (model []byte, write func(s int64, b byte) error) {
+	ss := a.Layout().StripeSize()
+	model = make([]byte, stripes*ss)
+	return model, func(s int64, b byte) error {
+		p := bytes.Repeat([]byte{b}, int(ss))
+		_, err := a.WriteAt(p, s*ss)
+		if err == nil {
+			copy(model[s*ss:], p)
+		}
+		return err
+	}
+}
