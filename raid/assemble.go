@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/raid5d/raid5d/internal/aligned"
+	"github.com/raid5d/raid5d/raid/internal/bitmap"
 	"github.com/raid5d/raid5d/raid/internal/journal"
 	"github.com/raid5d/raid5d/stripe"
 )
@@ -995,6 +996,12 @@ type Report struct {
 	// ConsistencyJournal); JournalPath where the superblocks say the journal is.
 	Consistency string
 	JournalPath string
+	// DirtyDegraded: Assemble would refuse these members (ErrDirtyDegraded, unless Force or
+	// ReadOnly): the array was not shut down cleanly, a role has no member, and stripes may
+	// have been being written at the crash (write-intent regions set, or no bitmap); no
+	// journal. AtRisk is the array bytes whose parity may be torn there.
+	DirtyDegraded bool
+	AtRisk        []Range
 }
 
 // Degraded reports whether exactly one role has no usable member.
@@ -1019,9 +1026,27 @@ type ExaminedMember struct {
 // an error (ErrNoMembers) only if no path holds a valid superblock; the problems of individual
 // paths are in Report.Members.
 func Examine(paths []string) (*Report, error) {
+	rep, _, err := examine(paths)
+	return rep, err
+}
+
+// examined is what examine found beyond the Report: the newest superblock of the array (ref),
+// and for each role the index in paths of the member that holds it (active, or being
+// rebuilt into it), -1 for none.
+type examined struct {
+	ref    *superblock
+	byRole []int
+	// dirty is the regions an unclean shutdown may have left being written, as assembly
+	// reads them (Array.newResync): nil if ref is clean or the policy is the journal.
+	dirty *resyncSet
+}
+
+// examine is Examine, returning what it found beyond the Report too (nil on an error).
+func examine(paths []string) (*Report, *examined, error) {
 	rep := &Report{Members: make([]ExaminedMember, len(paths))}
 	var sbs []*superblock
 	byPath := make([]*superblock, len(paths))
+	bms := make([]bitmap.Bits, len(paths)) // each member's write-intent bitmap
 	for i, p := range paths {
 		em := &rep.Members[i]
 		em.Path, em.Role = p, -1
@@ -1032,6 +1057,9 @@ func Examine(paths []string) (*Report, error) {
 		}
 		em.Size = m.Size()
 		sb, err := readSuperblock(m)
+		if err == nil && sb.Features&featureBitmap != 0 && sb.BitmapRegion > 0 {
+			bms[i], _ = readBitmap(m, sb) // unreadable: the others' (dirtyRegions)
+		}
 		m.Close()
 		if err != nil {
 			em.Err = err
@@ -1042,7 +1070,7 @@ func Examine(paths []string) (*Report, error) {
 		byPath[i] = sb
 	}
 	if len(sbs) == 0 {
-		return rep, fmt.Errorf("%w: no valid raid5d superblock on any of %d paths", ErrNoMembers, len(paths))
+		return rep, nil, fmt.Errorf("%w: no valid raid5d superblock on any of %d paths", ErrNoMembers, len(paths))
 	}
 	ref := referenceSuperblock(sbs)
 	rep.UUID, rep.DataOffset, rep.MemberData = ref.ArrayUUID, ref.DataOffset, ref.DataSize
@@ -1059,6 +1087,7 @@ func Examine(paths []string) (*Report, error) {
 	}
 	present := make([]bool, ref.Members)
 	holders := make([]*member, ref.Members) // for forcePlan: superblocks only
+	ex := &examined{ref: ref, byRole: slices.Repeat([]int{-1}, ref.Members)}
 	var stale []*member
 	pathOf := map[*member]string{}
 	for i, sb := range byPath {
@@ -1077,14 +1106,24 @@ func Examine(paths []string) (*Report, error) {
 			stale, pathOf[m] = append(stale, m), em.Path
 		case ref.States[sb.Role] == roleRebuilding:
 			holders[sb.Role] = &member{sb: sb}
+			ex.byRole[sb.Role] = i
 		default:
 			present[sb.Role] = true
 			holders[sb.Role] = &member{sb: sb}
+			ex.byRole[sb.Role] = i
 		}
 	}
 	for r, ok := range present {
 		if !ok {
 			rep.Missing = append(rep.Missing, r)
+		}
+	}
+	ex.dirty = dirtyRegions(ref, bms, ex.byRole)
+	if ref.Dirty && ref.Features&featureJournal == 0 && len(rep.Missing) == 1 && ex.byRole[rep.Missing[0]] < 0 {
+		// Assembly's refusal (ErrDirtyDegraded): a role with no member at all.
+		stripes := ref.DataSize / ref.Chunk
+		if ranges := ex.dirty.ranges(stripes, rep.Layout.StripeSize()); len(ranges) > 0 {
+			rep.DirtyDegraded, rep.AtRisk = true, ranges
 		}
 	}
 	if plan := forcePlan(ref, holders, stale); len(rep.Missing) > 1 && len(rep.Missing)-len(plan) <= 1 {
@@ -1102,7 +1141,7 @@ func Examine(paths []string) (*Report, error) {
 	default:
 		rep.State = StateClean
 	}
-	return rep, nil
+	return rep, ex, nil
 }
 
 // behind reports whether the member with superblock sb missed changes to the array whose newest

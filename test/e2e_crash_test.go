@@ -43,6 +43,7 @@ type crashStatus struct {
 	Bitmap     *struct {
 		RegionBytes int64 `json:"region_bytes"`
 		Regions     int   `json:"regions"`
+		Set         int   `json:"set"`
 	} `json:"bitmap"`
 	Consistency string `json:"consistency"`
 	Journal     *struct {
@@ -129,7 +130,11 @@ func (s *server) scrubClean() {
 // restart bench --check proves that every block flushed (or acknowledged after a flush) before
 // the kill is intact and every other block holds one of the values written to it or its old
 // contents; then the resync must cover only the regions the bench wrote. The same array
-// lives through every crash, so later rounds also start from a dirty array. At the end a
+// lives through every crash, so later rounds also start from a dirty array. After each kill,
+// before the restart, the members are checked offline (checkParityOffline): every stripe
+// outside the regions being written must have right parity, which the restart's resync
+// would otherwise hide; every settleEvery rounds the round first writes elsewhere and lets
+// those writes settle, so that there are acknowledged writes there to check. At the end a
 // scrub check finds no stripe whose parity does not match.
 type crashLoop struct {
 	rounds int
@@ -203,7 +208,7 @@ func (c crashLoop) run(t *testing.T) {
 		return b.serve(t, "--sync-speed-min", crashSyncSpeed)
 	}
 	s := serveWith(c.load, 0)
-	var durable, resynced int64
+	var durable, resynced, checkedStripes, settled int64
 	rounds, replayed := 0, 0
 	for i := range c.rounds {
 		if budget > 0 && time.Since(start) > budget {
@@ -218,6 +223,9 @@ func (c crashLoop) run(t *testing.T) {
 		bs := []string{"4K", "36K", fmt.Sprintf("%dK", stripeData>>10)}[i%3]
 		if c.bs != "" {
 			bs = c.bs
+		}
+		if i%settleEvery == 0 {
+			settled += settleWrites(t, s, client, bs, 2000+i)
 		}
 		// Kill once the load is running, at a random moment after that.
 		bench := startCrashBench(t, client, s.uri, log, bs, 1000+i)
@@ -242,6 +250,14 @@ func (c crashLoop) run(t *testing.T) {
 				m.afterClientKilled(t)
 			}
 		}
+		// Before the restart's resync or replay rewrites the parity of the stripes being
+		// written: every other stripe must already be consistent.
+		var host []string
+		if na != nil {
+			host = na.lab.hub.prefix()
+		}
+		checked, dirty := checkParityOffline(t, host, specsOf(c.check, a, i), fmt.Sprintf("round %d (bs %s): after the crash", i, bs))
+		checkedStripes += checked - dirty
 
 		s = serveWith(c.check, i)
 		// The check reads while the resync runs: reads of regions not resynced yet are correct
@@ -273,12 +289,12 @@ func (c crashLoop) run(t *testing.T) {
 		if replayed == 0 {
 			t.Fatalf("seed %d: %d crashes of a journaled array and no record ever replayed", c.seed, rounds)
 		}
-		t.Logf("seed %d: %d crashes, %d durable blocks checked intact, %d journal records replayed, no resync, scrub check: 0 mismatches",
-			c.seed, rounds, durable, replayed)
+		t.Logf("seed %d: %d crashes, %d durable blocks checked intact, %d journal records replayed, no resync, %d stripes' parity checked offline outside the stripes being written at the crashes (%d rounds wrote and settled first), scrub check: 0 mismatches",
+			c.seed, rounds, durable, replayed, checkedStripes, settled)
 		return
 	}
-	t.Logf("seed %d: %d crashes, %d durable blocks checked intact, resyncs of %.1f MiB per member in all (a full one is %d MiB), scrub check: 0 mismatches",
-		c.seed, rounds, durable, float64(resynced)/(1<<20), (memberSize-dataOffset)>>20)
+	t.Logf("seed %d: %d crashes, %d durable blocks checked intact, resyncs of %.1f MiB per member in all (a full one is %d MiB), %d stripes' parity checked offline outside the stripes being written at the crashes (%d rounds wrote and settled first), scrub check: 0 mismatches",
+		c.seed, rounds, durable, float64(resynced)/(1<<20), (memberSize-dataOffset)>>20, checkedStripes, settled)
 }
 
 // startCrashBench starts the crash loops' load on uri: raid5d bench writing randomly over
@@ -358,15 +374,73 @@ func benchCheck(t *testing.T, client []string, uri, log, what string) (*benchRes
 	return &res, out
 }
 
+// specsOf returns the member specs f gives for round (crashLoop.load, check): the plain member
+// paths when f is nil.
+func specsOf(f func(*array, int) []string, a *array, round int) []string {
+	if f == nil {
+		return a.members
+	}
+	return f(a, round)
+}
+
 // sameSpecs reports whether the check after round i runs on the specs the next load uses.
 func sameSpecs(check, load func(*array, int) []string, a *array, i int) bool {
-	spec := func(f func(*array, int) []string, round int) []string {
-		if f == nil {
-			return a.members
-		}
-		return f(a, round)
+	return fmt.Sprint(specsOf(check, a, i)) == fmt.Sprint(specsOf(load, a, i+1))
+}
+
+// settleEvery: every this many rounds a crash loop writes and lets the writes settle first
+// (settleWrites), so that the check after the kill has acknowledged writes of the daemon to
+// look at outside the regions being written: a round's own load is all in regions whose
+// write-intent bits are still set at the kill (a bit is cleared only after its region has
+// been idle for raid.BitmapClearDelay), which the check counts apart.
+const settleEvery = 4
+
+// settleWrites runs raid5d bench for a moment over [crashBenchSize, 2*crashBenchSize) in
+// blocks of bs (the loads write below crashBenchSize, in other bitmap regions), to its end,
+// and waits until the write-intent bitmap has no bit set: those writes' stripes are then
+// outside the regions the kill can find being written, so the offline check after it
+// compares their parity (a wrong one the restart's resync would not touch). With no bitmap
+// (the journal), or a member missing (no bit is cleared while degraded), it only writes.
+// It returns 1 if the writes settled, 0 if not.
+func settleWrites(t *testing.T, s *server, client []string, bs string, seed int) int64 {
+	t.Helper()
+	name, args := prefixed(client, raid5dBin, "bench", s.uri, "--rw", "randwrite", "--bs", bs,
+		"--iodepth", "8", "--jobs", "2", "--offset", fmt.Sprint(crashBenchSize), "--size", fmt.Sprint(crashBenchSize),
+		"--time", "1s", "--flush-every", "16", "--seed", fmt.Sprint(seed))
+	if out, err := runToolErr(name, args...); err != nil {
+		t.Fatalf("the settled writes: %v\n%s", err, out)
 	}
-	return fmt.Sprint(spec(check, i)) == fmt.Sprint(spec(load, i+1))
+	if st := s.crashStatus(); st.Bitmap == nil || len(s.status().Missing) > 0 {
+		return 0
+	}
+	waitFor(t, "the settled writes' write-intent bits cleared", 30*time.Second, s.proc, func() bool {
+		return s.crashStatus().Bitmap.Set == 0
+	})
+	return 1
+}
+
+// checkParityOffline runs `raid5d scrub check MEMBER...` on the members of a killed daemon
+// (on host, a lab's: nil for this one): every stripe outside the regions the crash may have
+// left being written (the write-intent bitmap's set bits, the journal's records) must have
+// parity equal to the XOR of its data, before the restart's resync or replay rewrites any.
+// A mismatch there is an acknowledged write with wrong parity, which the resync would hide:
+// the test fails (what says where) naming the stripes. It returns the stripes checked, and
+// of them those in the regions being written.
+func checkParityOffline(t *testing.T, host, members []string, what string) (checked, dirty int64) {
+	t.Helper()
+	args := append([]string{"scrub", "check", "--control", filepath.Join(t.TempDir(), "none.sock")}, members...)
+	name, args := prefixed(host, raid5dBin, args...)
+	out, err := runToolErr(name, args...)
+	var stripes int64
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, "scrub check offline: "); ok {
+			fmt.Sscanf(rest, "%d of %d stripes checked; %d in regions", &checked, &stripes, &dirty)
+		}
+	}
+	if err != nil || stripes == 0 {
+		t.Fatalf("%s: raid5d scrub check of the members offline: %v (exit 5: parity wrong outside the regions being written)\n%s", what, err, out)
+	}
+	return checked, dirty
 }
 
 // TestCrashLoop kills the daemon with SIGKILL at 20 random moments under a verifying bench

@@ -8,9 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/raid5d/raid5d/cmd/raid5d/internal/control"
+	"github.com/raid5d/raid5d/raid"
 )
 
 // Exit statuses of the management commands (besides 0 success, 1 error, 2 usage, 3 degraded).
@@ -234,21 +236,35 @@ when PATH carries another array's raid5d superblock or journal.`, stdout)
 }
 
 func runScrub(args []string, stdout, stderr io.Writer) error {
-	fs, cf := newManageFlagSet("scrub", "[flags] check|repair|stop",
+	fs, cf := newManageFlagSet("scrub", "[flags] check|repair|stop | check MEMBER...",
 		`Starts or stops a background scrub of the running array, at the rebuild speed limits.
   check   reads every stripe and counts those whose parity does not match their data
   repair  does the same and rewrites the parity of those stripes
   stop    stops the scrub running now
 The mismatch count and the first stripes found are shown by raid5d status. A scrub is refused
-while a rebuild or another scrub runs, and on a degraded array (parity needs every member).`+"\n\nWith --wait, exit status 5 means check found mismatches.", stdout)
+while a rebuild or another scrub runs, and on a degraded array (parity needs every member).
+
+check MEMBER..., when no daemon answers at the control socket: checks the members of a
+stopped (or crashed) array offline, reading only. Stripes that an unclean shutdown may have
+left with a write under way (the write-intent bitmap's set regions, the journal's records, or
+every stripe of a dirty array with neither) are counted apart: the next serve's resync or
+replay rewrites their parity. A mismatch anywhere else is an acknowledged write whose parity
+is wrong: they are listed, and the exit status is 5. Stripes where a role has no whole member
+(missing, or being rebuilt above its recorded position) are skipped, and the output says so.
+A member a running daemon holds is refused.`+"\n\nWith --wait, or offline, exit status 5 means check found mismatches.", stdout)
 	wait := fs.Bool("wait", false, "check, repair: wait until the scrub finishes and print its result")
 	poll := fs.Duration("poll", 500*time.Millisecond, "how often --wait asks the daemon (`duration`)")
+	setMemberOpts := memberFlags(fs)
 	args, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
+	if len(args) > 1 && args[0] == control.ScrubCheck {
+		setMemberOpts(0)
+		return checkOffline(cf.socket(), args[1:], stdout)
+	}
 	if len(args) != 1 {
-		return fmt.Errorf("%w: want one of check, repair, stop", errUsage)
+		return fmt.Errorf("%w: want one of check, repair, stop (or check MEMBER... offline)", errUsage)
 	}
 	action := args[0]
 	switch action {
@@ -334,4 +350,36 @@ limit left out is unchanged; the daemon starts at 1M and 200M. Prints the limits
 	}
 	fmt.Fprintf(stdout, "rebuild speed: min %s/s, max %s/s\n", formatRate(st.SyncSpeedMin), formatRate(st.SyncSpeedMax))
 	return nil
+}
+
+// checkOffline is scrub check MEMBER... (raid.CheckParity), unless a daemon answers at sock
+// serving one of paths: then it is refused, as the daemon is writing them.
+func checkOffline(sock string, paths []string, stdout io.Writer) error {
+	st, err := control.Do(sock, control.Request{Op: control.OpStatus})
+	switch {
+	case err == nil && servesAny(st, paths):
+		return fmt.Errorf("%w: the daemon at %s serves these members: run scrub check without MEMBERs to check them online", errUsage, sock)
+	case err != nil && !errors.Is(err, control.ErrNoDaemon):
+		return err
+	}
+	pc, err := raid.CheckParity(paths)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "offline: no daemon serves these members; read from the members, nothing written\n")
+	if pc.Unchecked != "" {
+		fmt.Fprintf(stdout, "not checked: %s\n", pc.Unchecked)
+	}
+	fmt.Fprintf(stdout, "scrub check offline: %d of %d stripes checked; %d in regions an unclean shutdown left dirty (%d with mismatched parity: the next serve's resync or replay rewrites them); %d mismatches elsewhere\n",
+		pc.Checked, pc.Stripes, pc.Dirty, pc.DirtyMismatches, pc.Mismatches)
+	if pc.Mismatches == 0 {
+		return nil
+	}
+	ss := pc.Report.Layout.StripeSize()
+	parts := make([]string, len(pc.First))
+	for i, s := range pc.First {
+		parts[i] = fmt.Sprintf("stripe %d (array bytes %d-%d)", s, s*ss, (s+1)*ss-1)
+	}
+	fmt.Fprintf(stdout, "mismatched parity outside the dirty regions (acknowledged writes with wrong parity): %s\n", strings.Join(parts, ", "))
+	return &exitError{exitMismatches, fmt.Errorf("scrub check found %d stripes with mismatched parity outside the regions an unclean shutdown left dirty", pc.Mismatches)}
 }

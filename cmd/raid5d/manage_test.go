@@ -482,6 +482,18 @@ func TestDirtyDegradedCLI(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "not shut down cleanly: serve refuses it") {
 		t.Fatalf("offline status of the crashed members, one gone: exit %d\n%s%s", code, out, errOut)
 	}
+	// The JSON carries it too, for scripts: dirty_degraded, and the bytes at risk (the
+	// write's region).
+	code, out, errOut = runCLI(t, append([]string{"status", "--json", "--control", filepath.Join(crash, "none")}, copies...)...)
+	var st control.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil || code == 0 || !st.DirtyDegraded || len(st.AtRisk) == 0 ||
+		st.AtRisk[0].Off != 0 || st.AtRisk[0].Len < 64<<10 || st.Consistency != raid.ConsistencyBitmap {
+		t.Fatalf("offline status --json of the crashed members, one gone: exit %d, %v: %+v\n%s%s", code, err, st, out, errOut)
+	}
+	// Whole, it is not refused.
+	if code, out, errOut := runCLI(t, append([]string{"status", "--json", "--control", filepath.Join(crash, "none")}, append(copies[:1:1], ms[1], copies[2])...)...); code != 0 || strings.Contains(out, "dirty_degraded") {
+		t.Fatalf("offline status --json of the crashed members, whole: exit %d\n%s%s", code, out, errOut)
+	}
 	code, out, errOut = runCLI(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--control", filepath.Join(crash, "ctl.sock")}, copies...)...)
 	if code == 0 || !strings.Contains(errOut, "dirty array with a member missing") || !strings.Contains(errOut, copies[1]) || !strings.Contains(errOut, "--force") {
 		t.Fatalf("serve of the crashed members, one gone: exit %d\n%s%s", code, out, errOut)

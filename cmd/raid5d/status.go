@@ -124,7 +124,11 @@ func offlineStatus(rep *raid.Report) *control.Status {
 	st := &control.Status{
 		Source: "offline", UUID: rep.UUID.String(), State: rep.State.String(), Dirty: rep.Dirty,
 		Events: rep.Events, Size: rep.Size, Level: 5, Disks: rep.Layout.Members(), Chunk: rep.Layout.ChunkSize(),
-		Missing: rep.Missing, Members: []control.MemberStatus{},
+		Missing: rep.Missing, Members: []control.MemberStatus{}, Consistency: rep.Consistency,
+		DirtyDegraded: rep.DirtyDegraded,
+	}
+	for _, r := range rep.AtRisk {
+		st.AtRisk = append(st.AtRisk, control.Range{Off: r.Off, Len: r.Len})
 	}
 	if st.Disks > 0 {
 		st.Layout = rep.Layout.Algorithm().String()
@@ -213,9 +217,13 @@ func stateNote(rep *raid.Report) string {
 			len(rep.Missing), strings.Join(rep.Forceable, ", "))
 	case rep.Failed():
 		return fmt.Sprintf(" (%d members missing: the data cannot be served)", len(rep.Missing))
+	case rep.DirtyDegraded:
+		return fmt.Sprintf(" (role %d missing, and not shut down cleanly: serve refuses it, as stripes were being written at the crash — the write hole, %s at risk —"+
+			" until the member is back, or with --force; see README, \"Assembly\")", rep.Missing[0], formatSize(rangesLen(rep.AtRisk)))
+	case rep.Degraded() && rep.Dirty && rep.Consistency != raid.ConsistencyJournal && rebuilding(rep):
+		return fmt.Sprintf(" (role %d being rebuilt, and not shut down cleanly: serve resumes the rebuild; stripes above its position being written at the crash may be torn — the write hole)", rep.Missing[0])
 	case rep.Degraded() && rep.Dirty && rep.Consistency != raid.ConsistencyJournal:
-		return fmt.Sprintf(" (role %d missing, and not shut down cleanly: serve refuses it if stripes were being written at the crash — the write hole —"+
-			" until the member is back, or with --force; see README, \"Assembly\")", rep.Missing[0])
+		return fmt.Sprintf(" (role %d missing, and not shut down cleanly, but no stripe was being written at the crash: served from parity, no redundancy left)", rep.Missing[0])
 	case rep.Degraded():
 		return fmt.Sprintf(" (role %d missing: served from parity, no redundancy left)", rep.Missing[0])
 	case rep.Dirty:
@@ -236,4 +244,24 @@ func stoppedMessage(st raid.Status) string {
 		return "stopped: requests drained, members flushed; the array stays marked dirty (its resync after an unclean shutdown has not finished)"
 	}
 	return "stopped: requests drained, members flushed, array marked clean"
+}
+
+// rangesLen is the bytes rs cover.
+func rangesLen(rs []raid.Range) int64 {
+	var n int64
+	for _, r := range rs {
+		n += r.Len
+	}
+	return n
+}
+
+// rebuilding reports whether the role a degraded report misses has a member being rebuilt
+// into it (a current member of that role: Examine counts it missing).
+func rebuilding(rep *raid.Report) bool {
+	for _, m := range rep.Members {
+		if m.Role == rep.Missing[0] && m.Err == nil && !m.Stale {
+			return true
+		}
+	}
+	return false
 }

@@ -353,3 +353,46 @@ func TestHeader(t *testing.T) {
 		t.Fatalf("another array's journal: %v", err)
 	}
 }
+
+// TestLogged: Logged lists, without writing, the stripes of every record a replay would
+// rewrite (those since the last checkpoint), and none once the replay has emptied it.
+func TestLogged(t *testing.T) {
+	d, j, _ := create(t, 1<<20)
+	logAll(t, j, 0, 3)
+	if err := j.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	logAll(t, j, 3, 10)
+	d.crash()
+	logged := func() []int64 {
+		t.Helper()
+		h, err := ReadHeader(d, testUUID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int64
+		all, err := Logged(d, h, func(s0, n int64) {
+			for s := s0; s < s0+n; s++ {
+				got = append(got, s)
+			}
+		})
+		if err != nil || all {
+			t.Fatalf("Logged: all %v, %v", all, err)
+		}
+		return got
+	}
+	image := d.image()
+	if got, want := logged(), []int64{3, 4, 5, 6, 7, 8, 9}; !slices.Equal(got, want) {
+		t.Fatalf("Logged after a crash: stripes %v, want %v", got, want)
+	}
+	if !bytes.Equal(d.image(), image) {
+		t.Fatal("Logged wrote to the journal")
+	}
+	j2, _ := open(t, d)
+	if _, err := j2.Recover(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := logged(); len(got) != 0 {
+		t.Fatalf("Logged after the replay: stripes %v, want none", got)
+	}
+}

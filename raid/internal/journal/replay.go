@@ -2,6 +2,7 @@ package journal
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 
@@ -295,3 +296,47 @@ func (j *Journal) Status() Status {
 	j.mu.Unlock()
 	return st
 }
+
+// Logged reads, writing nothing, the records a replay of the journal on m (whose current
+// header is h) would rewrite, and calls fn with the stripes [s0, s0+n) of each: the stripes
+// whose member writes may have been under way at a crash. Every other stripe's writes had
+// completed and been synced when the checkpoint that reclaimed their records was written.
+// all reports a journal that cannot say so: its header asks for a full resync (a discarded
+// journal's, not finished), or Recover would refuse it (damaged, or in an old format); then
+// any stripe may be inconsistent.
+func Logged(m Store, h *Header, fn func(s0, n int64)) (all bool, err error) {
+	j := &Journal{m: storeDevice{m}, uuid: h.ArrayUUID, ringSize: h.RingSize, tail: h.Tail, tailSeq: h.TailSeq}
+	if h.Flags&jhfResync != 0 {
+		return true, nil
+	}
+	recs, end, err := j.scan()
+	if err != nil {
+		return false, err
+	}
+	if end.later != nil || end.v1 {
+		return true, nil
+	}
+	buf := aligned.Make(page) // aligned for direct I/O
+	for _, rr := range recs {
+		if rr.typ != jrecOps {
+			continue
+		}
+		r, why, err := j.readRecord(rr.pos, rr.seq, &buf)
+		if err != nil {
+			return false, err
+		}
+		if why != nil {
+			return false, fmt.Errorf("%w: %s: the record at %d changed during the scan: %w", ErrUnusable, m.Name(), rr.pos, why)
+		}
+		fn(r.s0, r.n)
+	}
+	return false, nil
+}
+
+// storeDevice is a Store as a read-only Device (Logged only reads).
+type storeDevice struct{ Store }
+
+func (storeDevice) WriteVec([][]byte, int64) (int, error) { return 0, errReadOnly }
+func (storeDevice) Close() error                          { return nil }
+
+var errReadOnly = errors.New("raid: journal opened read-only")

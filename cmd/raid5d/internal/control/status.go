@@ -41,6 +41,13 @@ type Status struct {
 	// WriteHole: the array was assembled dirty and degraded, so parity of stripes being written
 	// at the crash cannot be made consistent and the missing member's chunks there may be wrong.
 	WriteHole bool `json:"write_hole"`
+	// DirtyDegraded, offline only: serve refuses these members as they are (raid.ErrDirtyDegraded):
+	// the array was not shut down cleanly, a role has no member, and stripes were being
+	// written at the crash (write-intent regions set, or no bitmap), so their parity may be
+	// torn and the missing member's chunks there cannot be rebuilt (the write hole). Until
+	// the member is back, or with serve --force or --read-only. AtRisk is those array bytes.
+	DirtyDegraded bool    `json:"dirty_degraded,omitempty"`
+	AtRisk        []Range `json:"at_risk,omitempty"`
 	// AutoReAdd: the away members serve --auto-re-add probes; absent without it.
 	AutoReAdd *AutoReAdd `json:"auto_re_add,omitempty"`
 	// SuperblocksBusy: a superblock update was under way (held up by a slow member, up to the
@@ -55,6 +62,12 @@ type Status struct {
 	SyncSpeedMax int64 `json:"sync_speed_max"` // bytes/s
 
 	Counters Counters `json:"counters"`
+}
+
+// Range is a span of array bytes.
+type Range struct {
+	Off int64 `json:"offset"`
+	Len int64 `json:"length"`
 }
 
 // Bitmap is the write-intent bitmap's state.
