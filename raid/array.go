@@ -48,6 +48,9 @@ type Array struct {
 	timeout      time.Duration // IOOptions.MemberTimeout; ≤ 0: none
 	ticks        atomic.Int64  // the watchdog's ticks so far (hung.go): the slow-read check's clock
 	readErrLimit int           // IOOptions.ReadErrorLimit
+	// waitRemote is AssembleOptions.WaitRemote: how long openNew tries a remote member
+	// that does not answer (at most maxManageWait).
+	waitRemote time.Duration
 
 	// locks serialise writes, and reads that reconstruct, per stripe (hashed, stripe.Locks);
 	// they also guard the stripe's cache head. A request takes them one at a
@@ -253,7 +256,10 @@ func newArray(layout stripe.Layout, roles []*member, spares []*member, readOnly 
 	a.mapWrite = opts.MappedWrites
 	if !readOnly { // the only write path; without caching (StripeCache < 0) it has no heads
 		stripes := max(opts.StripeCache, 0)
-		if opts.StripeCache == 0 {
+		switch {
+		case opts.StripeCacheBytes > 0:
+			stripes = int(max(1, opts.StripeCacheBytes/(int64(n)*layout.ChunkSize())))
+		case opts.StripeCache == 0:
 			stripes = DefaultCacheStripes(layout)
 		}
 		wb := opts.WriteBackers

@@ -469,31 +469,13 @@ func openMembers(paths []string, readOnly bool, wait time.Duration, log *slog.Lo
 	var wg sync.WaitGroup
 	for i, p := range paths {
 		wg.Go(func() {
-			late := wait > 0 && SpecPath(p) == ""
-			backoff := assembleMinBackoff
-			for attempt := 1; ; attempt++ {
-				m, err := openMemberContext(ctx, p, use)
-				if !late || !errors.Is(err, fs.ErrNotExist) || ctx.Err() != nil {
-					if late && attempt > 1 {
-						if err == nil {
-							log.Info("raid: remote member answered", "member", p, "after", time.Since(start).Round(time.Millisecond), "attempts", attempt)
-						} else {
-							log.Warn("raid: remote member did not answer while it was waited for", "member", p, "waited", time.Since(start).Round(time.Millisecond), "attempts", attempt, "err", err)
-						}
-					}
-					results <- result{i, m, err}
-					return
-				}
-				if attempt == 1 {
-					log.Warn("raid: remote member does not answer (yet); trying again until it does or the wait has passed",
-						"member", p, "wait", wait, "err", err)
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, assembleMaxBackoff)
+			if wait > 0 && SpecPath(p) == "" {
+				m, err := openLate(ctx, p, use, wait, log)
+				results <- result{i, m, err}
+				return
 			}
+			m, err := openMemberContext(ctx, p, use)
+			results <- result{i, m, err}
 		})
 	}
 	ms, errs = make([]Member, len(paths)), make([]error, len(paths))
@@ -518,6 +500,41 @@ func openMembers(paths []string, readOnly bool, wait time.Duration, log *slog.Lo
 	}
 	wg.Wait()
 	return ms, errs
+}
+
+// openLate opens the remote member at p for use, trying again with a backoff
+// (assembleMinBackoff doubling to assembleMaxBackoff) while it does not answer (fs.ErrNotExist:
+// nbdmember's ErrUnreachable, a server that refuses, resets, or is silent) until ctx ends,
+// wait from now at most; each attempt ends with ctx too (member.OpenContext). The log says
+// what it waits for, and what came. An error after more than one attempt says how long it
+// tried.
+func openLate(ctx context.Context, p string, use memberUse, wait time.Duration, log *slog.Logger) (Member, error) {
+	start := time.Now()
+	backoff := assembleMinBackoff
+	for attempt := 1; ; attempt++ {
+		m, err := openMemberContext(ctx, p, use)
+		if !errors.Is(err, fs.ErrNotExist) || ctx.Err() != nil {
+			if attempt > 1 {
+				waited := time.Since(start).Round(time.Millisecond)
+				if err == nil {
+					log.Info("raid: remote member answered", "member", p, "after", waited, "attempts", attempt)
+				} else {
+					log.Warn("raid: remote member did not answer while it was waited for", "member", p, "waited", waited, "attempts", attempt, "err", err)
+					err = fmt.Errorf("%w (no answer in %v, %d attempts)", err, waited, attempt)
+				}
+			}
+			return m, err
+		}
+		if attempt == 1 {
+			log.Warn("raid: remote member does not answer (yet); trying again until it does or the wait has passed",
+				"member", p, "wait", wait, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, assembleMaxBackoff)
+	}
 }
 
 // waitUseless reports whether no member that has not answered yet could change the assembly
@@ -717,6 +734,7 @@ func AssembleMembers(members []Member, opts AssembleOptions) (_ *Array, err erro
 	if err != nil {
 		return nil, err
 	}
+	a.waitRemote = opts.WaitRemote
 	for _, m := range byRole {
 		if m != nil && m.rebuilding.Load() {
 			a.roles.setRebuilt(ref.Recovery / ref.Chunk)

@@ -1,6 +1,7 @@
 package raid
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -234,7 +235,7 @@ func (a *Array) addSpare(path string, force, first bool) error {
 		a.sbMu.Unlock()
 		return nil
 	}
-	m, err := OpenMember(path, false)
+	m, err := a.openNew(path)
 	if err != nil {
 		return &MemberError{Member: path, Role: -1, Op: "open", Off: -1, Err: err}
 	}
@@ -416,4 +417,22 @@ func (a *Array) SetSyncSpeed(min, max int64) error {
 	}
 	a.speedMin, a.speedMax = lo, hi
 	return nil
+}
+
+// maxManageWait bounds openNew's wait for a remote member: the management command that asked
+// for it waits for the answer (control.ManageWait).
+const maxManageWait = 30 * time.Second
+
+// openNew opens path, a member being added (AddSpare, Replace, ReAdd), for exclusive use. A
+// remote member that does not answer (a server not up yet, refusing, or silent) is tried
+// again with assembly's backoff for the array's WaitRemote (AssembleOptions), at most
+// maxManageWait, as Assemble tries it (openLate).
+func (a *Array) openNew(path string) (Member, error) {
+	wait := min(a.waitRemote, maxManageWait)
+	if wait <= 0 || SpecPath(path) != "" {
+		return OpenMember(path, false)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	return openLate(ctx, path, useExclusive, wait, a.log)
 }

@@ -41,6 +41,10 @@ type IOOptions struct {
 	// cache's memory is StripeCache × members × chunk bytes, allocated as stripes are first
 	// cached.
 	StripeCache int
+	// StripeCacheBytes, if > 0, sets the capacity in bytes instead (serve --stripe-cache
+	// SIZE): as many stripes as fit, members × chunk bytes each, at least one. The geometry is
+	// the array's own, so no caller has to read it from the members first.
+	StripeCacheBytes int64
 	// WriteBackDelay is how long a partly written stripe waits in the cache for more writes
 	// before it is written out; 0 means cache.DefaultWriteBackDelay (5 ms).
 	WriteBackDelay time.Duration

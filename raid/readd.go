@@ -76,7 +76,7 @@ func (a *Array) reAddName(name string) error {
 			return err
 		}
 	}
-	m, err := OpenMember(name, false)
+	m, err := a.openNew(name)
 	if err != nil {
 		return &MemberError{Member: name, Role: -1, Op: "open", Off: -1, Err: err}
 	}

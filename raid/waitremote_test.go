@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -214,3 +215,69 @@ func TestWaitRemoteFaultyRole(t *testing.T) {
 		t.Fatalf("role 2 recorded faulty, its member away: %v, missing %v", st.State, st.Missing)
 	}
 }
+
+// TestManageWaitRemote: AddSpare (and so Replace) and ReAdd of a remote member that does
+// not answer yet try it again, with assembly's backoff, for the array's WaitRemote: a member
+// that answers late is added, or re-added; one that never answers is an error after the
+// wait (fs.ErrNotExist), saying how long it was tried. They made one attempt before.
+func TestManageWaitRemote(t *testing.T) {
+	const wait = 2 * time.Second
+	const late = 300 * time.Millisecond
+	ms := createMem(t, "mw", 3)
+	ms = append(ms, raidtest.NewMem("mwspare", memberSize), raidtest.NewMem("mwnever", memberSize))
+	specs, lms := lateMembers(t, ms)
+	for i, lm := range lms {
+		lm.m = specNamed{lm.m, specs[i]} // as a remote member is named
+	}
+	a, err := raid.Assemble(specs[:3], raid.AssembleOptions{WaitRemote: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+
+	lms[4].at = time.Time{} // never
+	start := time.Now()
+	err = a.AddSpare(specs[4])
+	if took := time.Since(start); !errors.Is(err, fs.ErrNotExist) || took < wait || !strings.Contains(err.Error(), "no answer in") {
+		t.Fatalf("AddSpare of a member that never answers: %v after %v (want fs.ErrNotExist after the wait, %v)", err, took, wait)
+	}
+	if n, _ := lms[4].record(); n < 2 {
+		t.Fatalf("AddSpare tried a member that never answers %d times", n)
+	}
+
+	if err := a.Fail(specs[0]); err != nil {
+		t.Fatal(err)
+	}
+	lateKind.mu.Lock()
+	lms[0].at = time.Now().Add(late)
+	before := lms[0].attempts
+	lateKind.mu.Unlock()
+	if err := a.ReAdd(specs[0]); err != nil {
+		t.Fatalf("ReAdd of a member that answers %v late: %v", late, err)
+	}
+	if n, _ := lms[0].record(); n-before < 2 {
+		t.Fatalf("ReAdd of a late member: %d attempts", n-before)
+	}
+	waitStatus(t, a, "the re-added member active", func(st raid.Status) bool { return len(st.Missing) == 0 && st.Sync == nil })
+
+	lateKind.mu.Lock()
+	lms[3].at = time.Now().Add(late)
+	lateKind.mu.Unlock()
+	if err := a.AddSpare(specs[3]); err != nil {
+		t.Fatalf("AddSpare of a member that answers %v late: %v", late, err)
+	}
+	if n, _ := lms[3].record(); n < 2 {
+		t.Fatalf("AddSpare of a late member: %d attempts", n)
+	}
+	if s, _ := memberState(a.Status(), specs[3]); s != raid.MemberSpare {
+		t.Fatalf("the late spare is %q", s)
+	}
+}
+
+// specNamed is a member named by the spec it was opened from, as a remote member is.
+type specNamed struct {
+	raid.Member
+	spec string
+}
+
+func (m specNamed) Name() string { return m.spec }

@@ -459,4 +459,42 @@ func TestNetnsLateMember(t *testing.T) {
 		}
 		s.stop()
 	})
+	t.Run("re-add", func(t *testing.T) {
+		// Served degraded, the member's server down; re-add is asked for before its server
+		// is back (2 s later): the daemon tries it again until it answers, as assembly does
+		// (one attempt before, refused at once). --stripe-cache SIZE reads nothing before
+		// assembly.
+		n := newNetArray(t, nil)
+		if _, err := n.members[late].p.stop(syscall.SIGTERM, stopGrace); err != nil {
+			t.Logf("nbdkit of member %d: %v", late, err)
+		}
+		s := n.serve(t, "--member-timeout", netTimeout.String(), "--assemble-timeout", "6s", "--stripe-cache", "16M")
+		if st := s.status(); st.State != "degraded" || len(st.Missing) != 1 || st.Missing[0] != late {
+			t.Fatalf("member %d down: state %q, missing %v", late, st.State, st.Missing)
+		}
+		type result struct {
+			out  string
+			err  error
+			took time.Duration
+		}
+		done := make(chan result, 1)
+		start := time.Now()
+		go func() {
+			out, err := runToolErr(raid5dBin, "re-add", "--control", s.control, n.uris[late])
+			done <- result{out, err, time.Since(start)}
+		}()
+		time.Sleep(2 * time.Second)
+		n.members[late].start(t)
+		r := <-done
+		if r.err != nil || r.took < 2*time.Second {
+			t.Fatalf("re-add of a member whose server answers 2 s later: %v after %v\n%s", r.err, r.took, r.out)
+		}
+		t.Logf("re-add answered after %v: %s", r.took.Round(time.Millisecond), strings.TrimSpace(r.out))
+		s.waitStatus("the re-added member whole", time.Minute, (*r5Status).healthy)
+		if !strings.Contains(s.proc.out.String(), "remote member answered") {
+			t.Fatalf("the log does not say the late member answered:\n%s", s.proc.out.String())
+		}
+		s.stop()
+		checkParity(t, n.files())
+	})
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/raid5d/raid5d/raid"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -110,7 +112,20 @@ func TestStripeCacheFlag(t *testing.T) {
 				t.Fatalf("Set(%q): %v", tc.in, err)
 			}
 		}
-		if got := f.stripesFor(ms); got != tc.want {
+		stripes, bytes := f.options()
+		a, err := raid.Assemble(ms, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: stripes, StripeCacheBytes: bytes}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := a.Status().Counters.CacheStripes
+		a.Close()
+		if tc.want == 0 {
+			tc.want = raid.DefaultCacheStripes(a.Layout())
+		}
+		if tc.want < 0 {
+			tc.want = 0 // no heads
+		}
+		if got != tc.want {
 			t.Errorf("--stripe-cache %q: %d stripes, want %d", tc.in, got, tc.want)
 		}
 	}

@@ -232,6 +232,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		return fmt.Errorf("--control %s: %w", ctlPath, err)
 	}
 	defer ctlLn.Close() // removes the socket
+	cacheStripes, cacheBytes := cacheFlag.options()
 	a, err := raid.Assemble(members, raid.AssembleOptions{
 		ReadOnly:     *readOnly,
 		Logger:       log,
@@ -240,15 +241,16 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		JournalPath:  journalPath,
 		WaitRemote:   *assembleTimeout,
 		IOOptions: raid.IOOptions{
-			StablePages:    *stablePages,
-			MappedReads:    *mappedReads,
-			MappedWrites:   *mappedWrites,
-			StripeCache:    cacheFlag.stripesFor(members),
-			WriteBackDelay: *writeBackDelay,
-			MemberTimeout:  *memberTimeout,
-			ReadErrorLimit: *readErrorLimit,
-			SyncSpeedMin:   syncMin.n,
-			SyncSpeedMax:   syncMax.n,
+			StablePages:      *stablePages,
+			MappedReads:      *mappedReads,
+			MappedWrites:     *mappedWrites,
+			StripeCache:      cacheStripes,
+			StripeCacheBytes: cacheBytes,
+			WriteBackDelay:   *writeBackDelay,
+			MemberTimeout:    *memberTimeout,
+			ReadErrorLimit:   *readErrorLimit,
+			SyncSpeedMin:     syncMin.n,
+			SyncSpeedMax:     syncMax.n,
 		},
 		SkipCorruptJournal: *skipCorruptJournal,
 	})
@@ -512,23 +514,18 @@ func (f *cacheSizeFlag) Set(s string) error {
 	return nil
 }
 
-// stripesFor returns the raid.IOOptions.StripeCache value: 0 for the default, -1 for no cache,
-// else stripes, converting a byte size with the geometry in the members' superblocks (at least 1).
-func (f *cacheSizeFlag) stripesFor(members []string) int {
+// options returns the raid.IOOptions.StripeCache and StripeCacheBytes values: 0 for the
+// default, -1 for no cache, else stripes; or a byte size, which the array turns into stripes
+// with its geometry (no read of the members before assembly, which waits for late remote
+// members as a read here would not).
+func (f *cacheSizeFlag) options() (stripes int, bytes int64) {
 	switch {
 	case !f.set:
-		return 0
+		return 0, 0
 	case f.off:
-		return -1
-	case f.bytes == 0:
-		return f.stripes
+		return -1, 0
 	}
-	rep, err := raid.Examine(members)
-	if err != nil || rep.Layout.Members() == 0 {
-		return 0 // Assemble reports what is wrong with the members
-	}
-	per := int64(rep.Layout.Members()) * rep.Layout.ChunkSize()
-	return int(max(1, f.bytes/per))
+	return f.stripes, f.bytes
 }
 
 // serverTLS builds the NBD server's TLS settings from the flags: no certificate means no TLS

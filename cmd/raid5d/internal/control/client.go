@@ -24,7 +24,11 @@ func Do(path string, req Request) (*Status, error) {
 		return nil, err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * ioTimeout))
+	timeout := 2 * ioTimeout
+	if req.Op == OpAdd || req.Op == OpReplace || req.Op == OpReAdd {
+		timeout += ManageWait // the daemon may wait for a remote member to answer
+	}
+	c.SetDeadline(time.Now().Add(timeout))
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err

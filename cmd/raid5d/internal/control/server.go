@@ -22,6 +22,9 @@ import (
 const (
 	maxRequest = 64 << 10         // bytes in one request line
 	ioTimeout  = 10 * time.Second // to read a request and to write its response
+	// ManageWait is the longest the daemon waits for a remote member that add, replace or
+	// re-add names to answer (raid's maxManageWait): their clients wait for it too.
+	ManageWait = 30 * time.Second
 )
 
 // Listen makes the control socket at path and listens on it. Its directory must not let anyone
