@@ -21,6 +21,8 @@ func FuzzConfigFile(f *testing.F) {
 		"read-only = true\nstripe-cache = \"64M\"\nmember-timeout = \"3s\"\n",
 		"journal = \"volatile:j.img\"\nexport = \"a\\\"b\"\n",
 		"max-connections = 3\n[t]\nx = 1\n",
+		"max-in-flight = 4096\nmember-conns = 16\n",
+		"max-in-flight = \"0x10\"\n",
 		"listen = \"\\u0001\"\nspare = [\"s.img\"]\n",
 	} {
 		f.Add(s)

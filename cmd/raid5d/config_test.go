@@ -61,6 +61,7 @@ func TestConfigExample(t *testing.T) {
 		`# stable-pages = true  # default`,
 		`log-format = "text"  # ` + example,
 		`# max-connections = 128  # default`,
+		`# max-in-flight = 64  # default`,
 		`# mlock = false  # default`,
 	} {
 		if !strings.Contains(out, want+"\n") {
@@ -81,6 +82,7 @@ listen = "127.0.0.1:1234"
 socket = "nbd.sock"
 tls-cert = "/etc/x.pem"
 max-connections = 7
+max-in-flight = 256
 handshake-timeout = "3s"
 stable-pages = false
 allow-client = ["alice", "bob"]
@@ -99,6 +101,7 @@ export = "from-file"
 		`socket = "` + dir + `/nbd.sock"  # ` + cfg,
 		`tls-cert = "/etc/x.pem"  # ` + cfg,
 		`max-connections = 9  # command line`,
+		`max-in-flight = 256  # ` + cfg,
 		`export = "cli"  # command line`,
 		`handshake-timeout = "3s"  # ` + cfg,
 		`stable-pages = false  # ` + cfg,
@@ -159,6 +162,9 @@ func TestConfigErrors(t *testing.T) {
 		{"string type", "listen = true\n", []string{"line 1", "listen", "want a string or an integer, got the boolean true"}},
 		{"array for one", "listen = [\"a\", \"b\"]\n", []string{"line 1", "listen", "takes one value"}},
 		{"float", "max-connections = 1.5\n", []string{"line 1", "the float 1.5"}},
+		{"in flight 0", "\nmax-in-flight = 0\n", []string{"line 2", "max-in-flight", "want 1 to 4096"}},
+		{"in flight negative", "max-in-flight = -1\n", []string{"line 1", "max-in-flight", "want 1 to 4096"}},
+		{"in flight absurd", "max-in-flight = 1000000\n", []string{"line 1", "max-in-flight", "want 1 to 4096"}},
 		{"bad value", "\n\nhandshake-timeout = \"soon\"\n", []string{"line 3", "handshake-timeout", `"soon"`}},
 		{"members type", "members = \"m0.img\"\n", []string{"line 1", "members", "want an array of paths"}},
 		{"syntax", "listen = \"127.0.0.1\n", []string{"line 1"}},

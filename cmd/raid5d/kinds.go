@@ -54,27 +54,28 @@ func memberFlags(fs *flag.FlagSet) func(timeout time.Duration) {
 // daemon's logger) the options of the remote members opened from then on.
 func serveMemberFlags(fs *flag.FlagSet) func(timeout time.Duration, log *slog.Logger) {
 	set := memberFlags(fs)
-	conns := connsFlag(nbdmember.DefaultConns)
+	conns := rangeFlag{n: nbdmember.DefaultConns, lo: 1, hi: nbdmember.MaxConns}
 	fs.Var(&conns, "member-conns", "connections to each remote member whose server advertises CAN_MULTI_CONN (`n`, 1 to 16;\n"+
 		"one to the others); requests go to the least busy, FLUSH to every one")
 	return func(timeout time.Duration, log *slog.Logger) {
 		set(timeout)
 		remoteOpts.mu.Lock()
 		defer remoteOpts.mu.Unlock()
-		remoteOpts.o.Conns, remoteOpts.o.Logger = int(conns), log
+		remoteOpts.o.Conns, remoteOpts.o.Logger = conns.n, log
 	}
 }
 
-// connsFlag is --member-conns: 1 to nbdmember.MaxConns.
-type connsFlag int
+// rangeFlag is an integer flag that takes lo to hi and nothing else (--member-conns,
+// --max-in-flight): a usage error names the range.
+type rangeFlag struct{ n, lo, hi int }
 
-func (c *connsFlag) String() string { return strconv.Itoa(int(*c)) }
-func (c *connsFlag) Get() any       { return int(*c) }
-func (c *connsFlag) Set(s string) error {
+func (c *rangeFlag) String() string { return strconv.Itoa(c.n) }
+func (c *rangeFlag) Get() any       { return c.n }
+func (c *rangeFlag) Set(s string) error {
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > nbdmember.MaxConns {
-		return fmt.Errorf("want 1 to %d", nbdmember.MaxConns)
+	if err != nil || n < c.lo || n > c.hi {
+		return fmt.Errorf("want %d to %d", c.lo, c.hi)
 	}
-	*c = connsFlag(n)
+	c.n = n
 	return nil
 }

@@ -36,6 +36,11 @@ func TestUsageAndHelp(t *testing.T) {
 		{[]string{"serve"}, 2, "no members given"},
 		{[]string{"serve", "--log-format", "xml", "a"}, 2, "--log-format"},
 		{[]string{"serve", "--member-conns", "17", "a"}, 2, "want 1 to 16"},
+		{[]string{"serve", "--max-in-flight", "0", "a"}, 2, "-max-in-flight: want 1 to 4096"},
+		{[]string{"serve", "--max-in-flight", "-64", "a"}, 2, "-max-in-flight: want 1 to 4096"},
+		{[]string{"serve", "--max-in-flight", "4097", "a"}, 2, "-max-in-flight: want 1 to 4096"},
+		{[]string{"serve", "--max-in-flight", "lots", "a"}, 2, "-max-in-flight: want 1 to 4096"},
+		{[]string{"serve", "--help"}, 0, "-max-in-flight n"},
 		{[]string{"status", "--control", "/nonexistent/raid5d.sock"}, 2, "no members given"},
 	} {
 		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {

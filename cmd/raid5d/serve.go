@@ -32,6 +32,14 @@ const defaultListen = "127.0.0.1:10809"
 // for hosts that boot slower, raised for hosts that take minutes.
 const defaultAssembleTimeout = 30 * time.Second
 
+// maxInFlightLimit is the most --max-in-flight takes, as bench's --iodepth: each request in
+// flight costs a connection a request struct and a slot of its work queue (its buffer is bounded
+// apart, by nbd.DefaultMaxInFlightBytes), so the bound is there to catch a typo, not memory.
+const maxInFlightLimit = 4096
+
+// newServer is nbd.NewServer; a test replaces it to see the options serve builds.
+var newServer = nbd.NewServer
+
 func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "[flags] MEMBER...",
 		`Assembles the array from its MEMBERs (in any order; roles come from the superblocks) and serves
@@ -136,6 +144,9 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	var allowUIDs intList
 	fs.Var(&allowUIDs, "allow-uid", "on a unix socket, admit only peers with this user `id`; repeatable")
 	maxConns := fs.Int("max-connections", nbd.DefaultMaxConnections, "connections served at once; more are closed at once (`n`)")
+	maxInFlight := rangeFlag{n: nbd.DefaultMaxInFlightRequests, lo: 1, hi: maxInFlightLimit}
+	fs.Var(&maxInFlight, "max-in-flight", "requests of one connection served at once (`n`, 1 to 4096); past it the connection's next\n"+
+		"requests wait unread in its socket (a client queuing more over slow members waits)")
 	handshakeTimeout := fs.Duration("handshake-timeout", nbd.DefaultHandshakeTimeout, "a client must finish the NBD handshake within this `duration`")
 	idleTimeout := fs.Duration("idle-timeout", 0, "close a connection with nothing in flight after this `duration` without a request (0: never)")
 	replyTimeout := fs.Duration("reply-timeout", nbd.DefaultReplyTimeout, "close a connection whose client stops reading: one reply write may block this long (`duration`)")
@@ -288,16 +299,17 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 	if metricsLn != nil {
 		dev = instrumentDevice(dev, reqMetrics)
 	}
-	srv, err := nbd.NewServer(nbd.Options{
-		MlockBuffers:     *mlock,
-		DebugImmutable:   *debugImmutable,
-		TLSConfig:        tlsConf,
-		TLSMode:          mode,
-		MaxConnections:   *maxConns,
-		HandshakeTimeout: *handshakeTimeout,
-		IdleTimeout:      *idleTimeout,
-		ReplyTimeout:     *replyTimeout,
-		PayloadTimeout:   *payloadTimeout,
+	srv, err := newServer(nbd.Options{
+		MlockBuffers:        *mlock,
+		DebugImmutable:      *debugImmutable,
+		TLSConfig:           tlsConf,
+		TLSMode:             mode,
+		MaxConnections:      *maxConns,
+		MaxInFlightRequests: maxInFlight.n,
+		HandshakeTimeout:    *handshakeTimeout,
+		IdleTimeout:         *idleTimeout,
+		ReplyTimeout:        *replyTimeout,
+		PayloadTimeout:      *payloadTimeout,
 		Exports: []nbd.Export{{
 			StablePages:    *stablePages,
 			MappedReads:    *mappedReads,
