@@ -63,6 +63,7 @@ func TestConfigExample(t *testing.T) {
 		`# max-connections = 128  # default`,
 		`# max-in-flight = 64  # default`,
 		`# mlock = false  # default`,
+		`# sched-batch = true  # default`,
 	} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("--print-config lacks %q:\n%s", want, out)

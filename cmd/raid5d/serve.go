@@ -119,6 +119,9 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		"(write-through, no cache); memory used is stripes × members × chunk. Default: 64M worth of stripes, 16 to 256")
 	writeBackDelay := fs.Duration("write-back-delay", 0, "how long a partial stripe waits in the cache for more writes (`duration`; default 5ms)")
 	mlock := fs.Bool("mlock", false, "mlock the request buffers (needs RLIMIT_MEMLOCK or CAP_IPC_LOCK)")
+	schedBatchOn := fs.Bool("sched-batch", true, "run the daemon's threads under SCHED_BATCH (those under the normal policy): a thread woken by a\n"+
+		"message does not preempt the one running on its CPU, so messages queue up and are read and sent\n"+
+		"in batches; =false keeps the normal policy (see \"Members on other hosts\")")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on http://`address`/metrics, a loopback address (e.g. 127.0.0.1:9100)")
 	pprofAddr := fs.String("pprof", "", "serve Go's pprof profiles on this loopback `address` (e.g. 127.0.0.1:6060)")
 	debugImmutable := fs.Bool("debug-immutable", false, "debugging: mprotect request buffers read-only while the array holds them\n"+
@@ -216,6 +219,11 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		return err
 	}
 	setMemberOpts(*memberTimeout, log) // a remote member's requests have the array's member timeout
+	if *schedBatchOn {
+		if err := schedBatch(); err != nil {
+			log.Warn("cannot run under SCHED_BATCH; serving under the normal policy", "err", err)
+		}
+	}
 
 	if *pprofAddr != "" {
 		if err := startPprof(*pprofAddr, log); err != nil {

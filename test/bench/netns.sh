@@ -27,7 +27,9 @@
 # perf stat's CPU time, system calls and context switches per MiB moved, in PROFILE/stat, with
 # fio's CPU per MiB and each CPU's busy share over the job from /proc/stat: a run whose CPUs
 # are all busy is bound by the machine, and the sum per MiB says whose CPU bounds it;
-# PERF_EVENTS adds events to count, e.g. syscalls:sys_enter_readv), PIN (1: every nbdkit member
+# PERF_EVENTS adds events to count, e.g. syscalls:sys_enter_readv; RECORD=0 leaves perf record
+# out, for perf stat's counts alone at little cost: its system calls per MiB tell a round's mode,
+# README issue 17), PIN (1: every nbdkit member
 # server on CPU 1, every raid5d and fio on CPU 0, in the local configuration too, so that both
 # columns give the array host and its client one core and the members another: a stand-in for
 # member hosts with CPUs of their own. Not a full one: softirq work is charged to the CPU that
@@ -159,8 +161,10 @@ run() { # run CONFIG URI JOB RW BS
     local who=("raid5d:${dpid[$1]}") ev=cpu-clock,raw_syscalls:sys_enter,context-switches${PERF_EVENTS:+,$PERF_EVENTS}
     [[ -n ${mpids[$1]:-} ]] && who+=("members:${mpids[$1]}")
     for w in "${who[@]}"; do
-      timeout -s INT $((RUNTIME + 60)) perf record -q -e cpu-clock -g -o "$PROFILE/$1-$3-${w%%:*}.data" -p "${w#*:}" 2>/dev/null &
-      prof+=($!)
+      if [[ ${RECORD:-1} == 1 ]]; then
+        timeout -s INT $((RUNTIME + 60)) perf record -q -e cpu-clock -g -o "$PROFILE/$1-$3-${w%%:*}.data" -p "${w#*:}" 2>/dev/null &
+        prof+=($!)
+      fi
       timeout -s INT $((RUNTIME + 60)) perf stat -x, -e $ev -o "$PROFILE/$1-$3-${w%%:*}.stat" -p "${w#*:}" &
       prof+=($!)
     done
@@ -209,8 +213,8 @@ if prof:
             dt = [y - x for x, y in zip(a[c], b[c])]
             total = sum(dt[:8])
             idle = dt[3] + dt[4] # idle, iowait
-            parts.append("%s %.0f%% busy (softirq %.0f%%)" % (
-                c, 100 * (total - idle) / total, 100 * dt[6] / total))
+            parts.append("%s %.0f%% busy (softirq %.0f%%, steal %.0f%%)" % (
+                c, 100 * (total - idle) / total, 100 * dt[6] / total, 100 * dt[7] / total))
             busy_all += (total - idle) / total * j["job_runtime"] / 1e3
         st.write("%s %s fio: cpu %.0f us/MiB; machine: %s; all CPUs %.0f us/MiB\n" % (
             config, job, fio * 1e6 / mib, ", ".join(parts), busy_all * 1e6 / mib))
