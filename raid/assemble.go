@@ -391,7 +391,12 @@ type AssembleOptions struct {
 	// that is not there counts as missing at once (a service manager orders the daemon
 	// after the devices it needs).
 	WaitRemote time.Duration
-	IOOptions  // stripe cache, stable pages, failure handling (no cache when ReadOnly)
+	// Waiting, if set, is told which remote members Assemble is waiting for (WaitRemote),
+	// in the order of paths, whenever that changes: when one first does not answer, and when
+	// one answers or is given up (an empty list once none is waited for). It is called from
+	// Assemble's goroutine, one call at a time (serve's service-manager STATUS line).
+	Waiting   func(away []string)
+	IOOptions // stripe cache, stable pages, failure handling (no cache when ReadOnly)
 }
 
 // Assemble opens the members at paths, in any order, and puts them in their roles from their
@@ -412,7 +417,7 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 	if err := checkDistinct(paths); err != nil {
 		return nil, err
 	}
-	opened, errs := openMembers(paths, opts.ReadOnly, opts.WaitRemote, log)
+	opened, errs := openMembers(paths, opts.ReadOnly, opts.WaitRemote, opts.Waiting, log)
 	var members []Member
 	var absent []string
 	for i, p := range paths {
@@ -448,8 +453,9 @@ func Assemble(paths []string, opts AssembleOptions) (*Array, error) {
 // (fs.ErrNotExist: nbdmember's ErrUnreachable) is tried again with a backoff until wait has
 // passed (AssembleOptions.WaitRemote), each attempt ending by then too
 // (member.OpenContext), or until the members that answered leave it nothing to add
-// (waitUseless); the log says what it waits for and what came.
-func openMembers(paths []string, readOnly bool, wait time.Duration, log *slog.Logger) (ms []Member, errs []error) {
+// (waitUseless); the log says what it waits for and what came, and so does waiting (if not
+// nil: AssembleOptions.Waiting).
+func openMembers(paths []string, readOnly bool, wait time.Duration, waiting func([]string), log *slog.Logger) (ms []Member, errs []error) {
 	use := useExclusive
 	if readOnly {
 		use = useShared
@@ -466,11 +472,12 @@ func openMembers(paths []string, readOnly bool, wait time.Duration, log *slog.Lo
 		err error
 	}
 	results := make(chan result, len(paths))
+	away := make(chan int, len(paths)) // paths[i] did not answer its first attempt (openLate)
 	var wg sync.WaitGroup
 	for i, p := range paths {
 		wg.Go(func() {
 			if wait > 0 && SpecPath(p) == "" {
-				m, err := openLate(ctx, p, use, wait, log)
+				m, err := openLate(ctx, p, use, wait, log, func() { away <- i })
 				results <- result{i, m, err}
 				return
 			}
@@ -479,11 +486,45 @@ func openMembers(paths []string, readOnly bool, wait time.Duration, log *slog.Lo
 		})
 	}
 	ms, errs = make([]Member, len(paths)), make([]error, len(paths))
-	var sbs []*superblock // of the members opened so far
+	var sbs []*superblock               // of the members opened so far
+	awaited := make([]bool, len(paths)) // waited for now
+	tell := func() {
+		if waiting != nil {
+			var ps []string
+			for i, w := range awaited {
+				if w {
+					ps = append(ps, paths[i])
+				}
+			}
+			waiting(ps)
+		}
+	}
 	for pending := len(paths); pending > 0; {
-		r := <-results
+		var r result
+		select {
+		case i := <-away:
+			awaited[i] = true
+			tell()
+			continue
+		case r = <-results:
+		}
 		pending--
 		ms[r.i], errs[r.i] = r.m, r.err
+		// Its first failure, if any, was sent before its result: take it first, so that
+		// the member waited for and come is told in that order.
+		for drained := false; !drained; {
+			select {
+			case i := <-away:
+				awaited[i] = true
+				tell()
+			default:
+				drained = true
+			}
+		}
+		if awaited[r.i] {
+			awaited[r.i] = false
+			tell()
+		}
 		if r.err == nil && ctx.Err() == nil {
 			if sb, err := readSuperblock(r.m); err == nil {
 				sbs = append(sbs, sb)
@@ -507,8 +548,8 @@ func openMembers(paths []string, readOnly bool, wait time.Duration, log *slog.Lo
 // nbdmember's ErrUnreachable, a server that refuses, resets, or is silent) until ctx ends,
 // wait from now at most; each attempt ends with ctx too (member.OpenContext). The log says
 // what it waits for, and what came. An error after more than one attempt says how long it
-// tried.
-func openLate(ctx context.Context, p string, use memberUse, wait time.Duration, log *slog.Logger) (Member, error) {
+// tried. away, if not nil, is called once, when the first attempt found no answer.
+func openLate(ctx context.Context, p string, use memberUse, wait time.Duration, log *slog.Logger, away func()) (Member, error) {
 	start := time.Now()
 	backoff := assembleMinBackoff
 	for attempt := 1; ; attempt++ {
@@ -528,6 +569,9 @@ func openLate(ctx context.Context, p string, use memberUse, wait time.Duration, 
 		if attempt == 1 {
 			log.Warn("raid: remote member does not answer (yet); trying again until it does or the wait has passed",
 				"member", p, "wait", wait, "err", err)
+			if away != nil {
+				away()
+			}
 		}
 		select {
 		case <-ctx.Done():

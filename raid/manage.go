@@ -434,5 +434,5 @@ func (a *Array) openNew(path string) (Member, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	return openLate(ctx, path, useExclusive, wait, a.log)
+	return openLate(ctx, path, useExclusive, wait, a.log, nil)
 }

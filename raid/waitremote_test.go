@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -92,12 +93,18 @@ func TestWaitRemoteLate(t *testing.T) {
 	const late = 300 * time.Millisecond
 	lms[1].at = time.Now().Add(late)
 	start := time.Now()
-	a, err := raid.Assemble(specs, raid.AssembleOptions{WaitRemote: time.Minute})
+	var told [][]string // what Waiting was told, in order
+	a, err := raid.Assemble(specs, raid.AssembleOptions{WaitRemote: time.Minute,
+		Waiting: func(away []string) { told = append(told, away) }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
 	took := time.Since(start)
+	// The service manager's STATUS line: waiting for the late member, then for none.
+	if want := [][]string{{specs[1]}, nil}; !reflect.DeepEqual(told, want) {
+		t.Fatalf("Waiting was told %q, want %q", told, want)
+	}
 	st := a.Status()
 	if len(st.Missing) != 0 || st.WriteHole || st.State == raid.StateDegraded {
 		t.Fatalf("the late member was not waited for: %v, missing %v, write hole %v", st.State, st.Missing, st.WriteHole)

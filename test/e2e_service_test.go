@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -189,4 +190,63 @@ func TestSystemdUnit(t *testing.T) {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
 	runTool(t, raid5dBin, "serve", "--config", "../dist/raid5d.example.toml", "--print-config")
+}
+
+// TestServiceNotifyWaiting: while serve waits for a remote member whose server is not up yet
+// (a member host booting after the daemon's), the service manager's STATUS line says so and
+// names it; once its server starts, the array assembles whole and READY=1 follows.
+func TestServiceNotifyWaiting(t *testing.T) {
+	needRaid5d(t)
+	need(t, "nbdkit", "nbd-server")
+	ms := newRemoteMembers(t)
+	runTool(t, raid5dBin, append([]string{"create", "--chunk", "64K"}, uris(ms)...)...)
+	late := ms[0]
+	late.p.stop(syscall.SIGTERM, stopGrace)
+	sockDir, err := os.MkdirTemp("", "r5w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	notifyPath := filepath.Join(sockDir, "notify")
+	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notifyPath, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notify.Close()
+	sock, ctl := filepath.Join(sockDir, "nbd.sock"), filepath.Join(sockDir, "control.sock")
+	p := startProcEnv(t, []string{"NOTIFY_SOCKET=" + notifyPath}, raid5dBin, append([]string{"serve",
+		"--socket", sock, "--control", ctl, "--assemble-timeout", "2m"}, uris(ms)...)...)
+	defer p.stop(syscall.SIGTERM, stopGrace)
+
+	buf := make([]byte, 4096)
+	next := func(what string) string {
+		t.Helper()
+		notify.SetReadDeadline(time.Now().Add(startTimeout))
+		n, err := notify.Read(buf)
+		if err != nil {
+			t.Fatalf("waiting for %s on NOTIFY_SOCKET: %v", what, err)
+		}
+		return string(buf[:n])
+	}
+	want := "STATUS=assembling the array from 4 members: waiting up to 2m0s for 1 remote member that does not answer yet: " + late.uri + "\n"
+	var msgs []string
+	for m := ""; m != want; {
+		if m = next("the STATUS line of the wait"); strings.Contains(m, "READY=1") {
+			t.Fatalf("READY=1 with a member's server down: %q after %q", m, msgs)
+		}
+		msgs = append(msgs, m)
+	}
+	late.start(t)
+	for m := ""; !strings.Contains(m, "READY=1\n"); {
+		m = next("READY=1 after the member's server started")
+		msgs = append(msgs, m)
+	}
+	// The wait's end is told before READY: the line goes back to plain assembling.
+	if !slices.Contains(msgs[slices.Index(msgs, want)+1:], "STATUS=assembling the array from 4 members\n") {
+		t.Errorf("messages %q: no plain assembling STATUS after the wait's", msgs)
+	}
+	s := &server{proc: p, t: t, sock: sock, control: ctl, stopped: true} // stopped by the defer above
+	if st := s.status(); !st.healthy() {
+		t.Fatalf("assembled with the late member's server started: %+v, want every member active", st)
+	}
 }

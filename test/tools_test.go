@@ -124,8 +124,17 @@ type proc struct {
 // output when the test failed; stopping is up to the caller (see stop).
 func startProc(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, nil, name, args...)
+}
+
+// startProcEnv is startProc with env (KEY=VALUE) added to the test's environment.
+func startProcEnv(t testing.TB, env []string, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, exited: make(chan struct{})}
 	p.cmd = exec.Command(name, args...)
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout = &p.out
 	p.cmd.Stderr = &p.out
 	if err := p.cmd.Start(); err != nil {

@@ -69,6 +69,20 @@ func statusLine(s string) string {
 	return "STATUS=" + strings.ReplaceAll(s, "\n", " ")
 }
 
+// assemblingStatus is the STATUS= line while the array is assembled from n members, away the
+// remote members that do not answer yet and are waited for (at most wait).
+func assemblingStatus(n int, wait time.Duration, away []string) string {
+	if len(away) == 0 {
+		return fmt.Sprintf("assembling the array from %d members", n)
+	}
+	verb := "do"
+	if len(away) == 1 {
+		verb = "does"
+	}
+	return fmt.Sprintf("assembling the array from %d members: waiting up to %v for %s that %s not answer yet: %s",
+		n, wait, plural(len(away), "remote member"), verb, strings.Join(away, ", "))
+}
+
 // notifyLoop reports to the service manager until ctx is done: READY=1 with the first status
 // at once, a new STATUS= line whenever status() changes (checked every statusEvery), WATCHDOG=1
 // every watchdog interval, and STOPPING=1 when ctx is done. The caller starts it when the

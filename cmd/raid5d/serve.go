@@ -92,7 +92,7 @@ the command line replace its members. An unknown key is an error naming the key 
 
 Service manager: with $NOTIFY_SOCKET set (systemd Type=notify) the daemon sends READY=1 once the
 array is assembled and the listener accepts, STATUS= lines (export, address, array state,
-rebuild or resync progress), STOPPING=1 on SIGTERM or SIGINT, and WATCHDOG=1 every half
+rebuild or resync progress; before that, the remote members --assemble-timeout waits for), STOPPING=1 on SIGTERM or SIGINT, and WATCHDOG=1 every half
 $WATCHDOG_USEC.
 
 Testing aids, never for real data: a MEMBER may be faulty:PATH?key=value&... (fault injection:
@@ -240,7 +240,7 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		log.Warn("cannot notify the service manager", "err", err)
 	}
 	defer sd.Close()
-	if err := sd.send(statusLine(fmt.Sprintf("assembling the array from %d members", len(members)))); err != nil {
+	if err := sd.send(statusLine(assemblingStatus(len(members), *assembleTimeout, nil))); err != nil {
 		log.Warn("sd_notify", "err", err)
 	}
 	// The control socket comes first: a second daemon for the same socket stops here, before it
@@ -259,6 +259,12 @@ The journal (--journal, or the path create recorded) may be such a spec too.
 		Force:        *force,
 		JournalPath:  journalPath,
 		WaitRemote:   *assembleTimeout,
+		Waiting: func(away []string) { // on the service manager's STATUS line, until READY
+			if err := sd.send(statusLine(assemblingStatus(len(members), *assembleTimeout, away))); err != nil {
+				log.Warn("sd_notify", "err", err)
+			}
+		},
+
 		IOOptions: raid.IOOptions{
 			StablePages:      *stablePages,
 			MappedReads:      *mappedReads,
