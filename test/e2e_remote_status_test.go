@@ -130,6 +130,12 @@ func TestRemoteStatus(t *testing.T) {
 		if v := sample(t, fams, "raid5d_remote_member_requests_total", "member", m.uri); v <= 0 {
 			t.Errorf("raid5d_remote_member_requests_total{member=%q} = %v", m.uri, v)
 		}
+		// Every request went in some batch, every reply came in some read.
+		b, w := sample(t, fams, "raid5d_remote_member_write_batches_total", "member", m.uri), sample(t, fams, "raid5d_remote_member_requests_written_total", "member", m.uri)
+		r, n := sample(t, fams, "raid5d_remote_member_reply_reads_total", "member", m.uri), sample(t, fams, "raid5d_remote_member_replies_total", "member", m.uri)
+		if b <= 0 || w < b || r <= 0 || n <= 0 {
+			t.Errorf("%s: %v requests in %v write batches, %v replies in %v reads", m.uri, w, b, n, r)
+		}
 		if v := sample(t, fams, "raid5d_remote_member_connections", "member", m.uri); v != 1 {
 			t.Errorf("raid5d_remote_member_connections{member=%q} = %v, want 1", m.uri, v)
 		}

@@ -389,6 +389,10 @@ var arrayMetricDefs = []metricDef{
 	{"raid5d_remote_member_requests_total", "A remote member's requests answered since it was opened.", []string{"member"}},
 	{"raid5d_remote_member_request_errors_total", "A remote member's requests that failed.", []string{"member"}},
 	{"raid5d_remote_member_request_seconds_total", "Total time of a remote member's answered requests: its rate over the requests' rate is the mean latency.", []string{"member"}},
+	{"raid5d_remote_member_write_batches_total", "System calls (writev) that sent a remote member's requests: requests_written_total over it is the requests per batch.", []string{"member"}},
+	{"raid5d_remote_member_requests_written_total", "A remote member's requests sent, in write batches.", []string{"member"}},
+	{"raid5d_remote_member_reply_reads_total", "Reads from a remote member's sockets by the reply readers, those finding nothing included (none counted over TLS): replies_total over it is the replies per read.", []string{"member"}},
+	{"raid5d_remote_member_replies_total", "Replies read from a remote member's server.", []string{"member"}},
 	{"raid5d_remote_member_latency_mean_seconds", "Mean time of a remote member's requests over the last interval (about 10 s).", []string{"member"}},
 	{"raid5d_remote_member_latency_max_seconds", "Longest time of a remote member's requests over the last interval (about 10 s).", []string{"member"}},
 	{"raid5d_auto_re_add_members", "Away remote members serve --auto-re-add watches, by state (probing, refused); absent without --auto-re-add.", []string{"state"}},
@@ -476,6 +480,10 @@ func (c *arrayCollector) Collect(ch chan<- prometheus.Metric) {
 			emit("raid5d_remote_member_requests_total", counter, float64(r.Requests), m.Path)
 			emit("raid5d_remote_member_request_errors_total", counter, float64(r.Errors), m.Path)
 			emit("raid5d_remote_member_request_seconds_total", counter, r.RequestTime.Seconds(), m.Path)
+			emit("raid5d_remote_member_write_batches_total", counter, float64(r.WriteBatches), m.Path)
+			emit("raid5d_remote_member_requests_written_total", counter, float64(r.RequestsWritten), m.Path)
+			emit("raid5d_remote_member_reply_reads_total", counter, float64(r.ReplyReads), m.Path)
+			emit("raid5d_remote_member_replies_total", counter, float64(r.Replies), m.Path)
 			emit("raid5d_remote_member_latency_mean_seconds", gauge, r.Latency.Mean.Seconds(), m.Path)
 			emit("raid5d_remote_member_latency_max_seconds", gauge, r.Latency.Max.Seconds(), m.Path)
 		}

@@ -27,6 +27,21 @@ type Options struct {
 	// no TLSConfig verifies the server against the system's CAs. Dial fills in ServerName
 	// from the URI when it is empty ("localhost" for a unix socket); TLS 1.2 is the minimum.
 	TLSConfig *tls.Config
+	// Counters, when set, counts the connection's batches and reads (share one among the
+	// connections to a server to count them all).
+	Counters *Counters
+}
+
+// Counters count what a Conn's system calls carry, for metrics: with many requests in flight
+// a batch should carry several (README, issue 17: one request per system call is the slow
+// mode). Every field only grows; read them with Load.
+type Counters struct {
+	// WriteBatches counts the batches of requests written (one writev each, unless the socket
+	// takes less), RequestsWritten the requests in them.
+	WriteBatches, RequestsWritten atomic.Uint64
+	// ReplyReads counts the reply reader's reads from the socket (those that found it empty
+	// included; over TLS none are counted), Replies the replies it read.
+	ReplyReads, Replies atomic.Uint64
 }
 
 // Conn is one NBD connection in the transmission phase. It is safe for concurrent use; see the
@@ -34,6 +49,7 @@ type Options struct {
 type Conn struct {
 	nc   net.Conn
 	info exportInfo
+	ctr  *Counters // Options.Counters, or the Conn's own
 
 	// Requests are queued and written in batches: the caller that finds no writer active
 	// becomes the writer and sends everything queued, in one writev per batch, until the queue
@@ -150,13 +166,17 @@ func NewConn(ctx context.Context, nc net.Conn, export string, opts Options) (*Co
 		dead:      make(chan struct{}),
 		readerEnd: make(chan struct{}),
 	}
+	c.ctr = opts.Counters
+	if c.ctr == nil {
+		c.ctr = new(Counters)
+	}
 	c.wq, c.wspare = make([]wreq, 0, n+1), make([]wreq, 0, n+1)
 	c.wcond = sync.NewCond(&c.wmu)
 	for i := range c.slots {
 		c.slots[i].done = make(chan uint32, 1)
 		c.free <- uint32(i)
 	}
-	go c.readReplies(newReplyReader(tnc, br))
+	go c.readReplies(newReplyReader(tnc, br, &c.ctr.ReplyReads))
 	return c, nil
 }
 
@@ -423,6 +443,8 @@ func (c *Conn) send(r *wreq) bool {
 		}
 		c.wbufs = iov
 		_, err := c.wbufs.WriteTo(c.nc)
+		c.ctr.WriteBatches.Add(1)
+		c.ctr.RequestsWritten.Add(uint64(len(batch)))
 		clear(iov) // keep no caller's buffer
 		c.iov = iov[:0]
 		clear(batch)
@@ -466,6 +488,7 @@ func (c *Conn) readReplies(rr *replyReader) {
 			c.fail(fmt.Errorf("%w: reading replies: %v", ErrDisconnected, err))
 			return
 		}
+		c.ctr.Replies.Add(1)
 		rh := wire.DecodeReply(&h)
 		magic, errno, cookie := rh.ReplyMagic, rh.Error, rh.Handle
 		if magic != wire.MagicSimpleReply {

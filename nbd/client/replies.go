@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -47,6 +48,7 @@ type replyReader struct {
 	n      int
 	err    error
 	readFn func(fd uintptr) bool
+	reads  *atomic.Uint64 // counts every read(2) and readv(2)
 }
 
 // maxVec bounds the iovecs of one readv: a payload of more buffers is read in several.
@@ -54,7 +56,7 @@ const maxVec = 64
 
 // newReplyReader reads replies from nc, starting with what br (the handshake's reader of
 // nc) has buffered.
-func newReplyReader(nc net.Conn, br *bufio.Reader) *replyReader {
+func newReplyReader(nc net.Conn, br *bufio.Reader, reads *atomic.Uint64) *replyReader {
 	sc, ok := nc.(syscall.Conn)
 	var rc syscall.RawConn
 	if ok {
@@ -63,7 +65,7 @@ func newReplyReader(nc net.Conn, br *bufio.Reader) *replyReader {
 	if rc == nil {
 		return &replyReader{br: br}
 	}
-	rr := &replyReader{rc: rc, buf: make([]byte, replyBufSize), ahead: replyBufSize, vec: make([]unix.Iovec, 0, maxVec)}
+	rr := &replyReader{rc: rc, buf: make([]byte, replyBufSize), ahead: replyBufSize, vec: make([]unix.Iovec, 0, maxVec), reads: reads}
 	rr.w, _ = br.Read(rr.buf[:br.Buffered()]) // only the buffered bytes: no read(2), no error
 	rr.readFn = rr.rawRead
 	return rr
@@ -230,6 +232,7 @@ func (rr *replyReader) readErr(err error) error {
 // socket to be readable) on EAGAIN, again on EINTR.
 func (rr *replyReader) rawRead(fd uintptr) bool {
 	for {
+		rr.reads.Add(1)
 		var n int
 		var err error
 		if len(rr.vec) > 0 {

@@ -44,6 +44,12 @@ type Report struct {
 	RequestTime      time.Duration
 	// Latency is over the last interval of about LatencyWindow.
 	Latency Latency
+	// WriteBatches counts the system calls that sent requests, RequestsWritten the requests
+	// they carried; ReplyReads the reads from the sockets, Replies the replies they carried
+	// (all connections since the member was opened). Few requests or replies per system
+	// call with many in flight is the unbatched mode of README's issue 17.
+	WriteBatches, RequestsWritten uint64
+	ReplyReads, Replies           uint64
 }
 
 // Latency is how long requests took over an interval.

@@ -148,7 +148,8 @@ func Register(opts func() Options) {
 type Member struct {
 	name    string
 	uri     client.URI
-	copts   client.Options // TLS settings: the same for every connection, reconnects too
+	copts   client.Options  // TLS settings: the same for every connection, reconnects too
+	ctr     client.Counters // copts.Counters: every connection's, since Open
 	use     member.Use
 	size    int64
 	flags   uint16 // the first handshake's; a reconnect must offer what is used of them (check)
@@ -268,6 +269,7 @@ func OpenContext(ctx context.Context, spec string, use member.Use, opts Options)
 		return nil, fmt.Errorf("%w: %q: tls-certificates on a plaintext URI (use nbds:// or nbds+unix://)", client.ErrBadURI, spec)
 	}
 	m := &Member{name: spec, uri: u, copts: copts, use: use, timeout: timeout, log: opts.Logger, wake: make(chan struct{})}
+	m.copts.Counters = &m.ctr
 	if m.log == nil {
 		m.log = slog.Default()
 	}

@@ -134,6 +134,8 @@ func (m *Member) Report() member.Report {
 		Errors: m.stats.errors.Load(), Latency: m.stats.win.latency(time.Now()),
 	}
 	r.Requests, r.RequestTime = m.stats.win.total()
+	r.WriteBatches, r.RequestsWritten = m.ctr.WriteBatches.Load(), m.ctr.RequestsWritten.Load()
+	r.ReplyReads, r.Replies = m.ctr.ReplyReads.Load(), m.ctr.Replies.Load()
 	broken := g.retired.Load()
 	for _, c := range conns {
 		broken = broken || c.c.Err() != nil // noticed by the reply reader, not yet by a request
