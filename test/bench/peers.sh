@@ -133,10 +133,11 @@ for round in $(seq "$ROUNDS"); do
   for s in "${servers[@]:k}" "${servers[@]:0:k}"; do
     start "$s"
     # Fill the range the jobs touch, so reads are of written data, not holes, and every server
-    # is measured warm, in every round: a fresh raid5d maps each 1 MiB of its members the
-    # first time it places a write there (mincore and MADV_POPULATE_READ, not a fault per
-    # page), which on this project's VM (page-table updates are costly there) made the first
-    # 256M pass take 1.1-1.6 s against under 0.1 s warm, with all 16 writes in flight answered
+    # is measured warm, in every round: a fresh raid5d's first stores into each page of its
+    # members' mappings are slow on this project's VM (a page first touched through a new
+    # mapping costs the hypervisor work: the payload's readv and the parity ran about 10x
+    # slower per byte; mincore and MADV_POPULATE_READ took under 0.1 s of it), so the first
+    # 256M pass took 1.1-1.6 s against under 0.1 s warm, all 16 writes in flight answered
     # together every 60-120 ms: a job run first in a round paid it, the others did not.
     [[ $s == nbdkit-null ]] || timeout 60 fio --name=fill \
       --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=16 --size=256M >/dev/null
