@@ -197,26 +197,15 @@ func dirtyRegions(ref *superblock, bms []bitmap.Bits, byRole []int) *resyncSet {
 	case ref.Features&featureBitmap == 0 || ref.BitmapRegion <= 0:
 		return newResyncSet(stripes, max(stripes/64, 1), min(ref.Resync, ref.DataSize)/ref.Chunk, nil)
 	}
-	regions := (stripes + ref.BitmapRegion - 1) / ref.BitmapRegion
-	var union bitmap.Bits
+	bits := make([][]byte, 0, len(byRole))
 	for _, i := range byRole {
-		if i < 0 || bms[i] == nil {
-			continue
-		}
-		if union == nil {
-			union = make(bitmap.Bits, len(bms[i]))
-		}
-		for k := range union {
-			union[k] |= bms[i][k]
+		if i >= 0 {
+			bits = append(bits, bms[i])
 		}
 	}
-	if union == nil {
+	union, err := bitmap.Union((stripes+ref.BitmapRegion-1)/ref.BitmapRegion, bits...)
+	if union == nil || err != nil { // no holder's bitmap, or corrupt: everything
 		return newResyncSet(stripes, ref.BitmapRegion, 0, nil)
-	}
-	for r := regions; r < int64(len(union))*8; r++ {
-		if union.Has(r) {
-			return newResyncSet(stripes, ref.BitmapRegion, 0, nil) // corrupt: everything
-		}
 	}
 	return newResyncSet(stripes, ref.BitmapRegion, 0, union.Has)
 }

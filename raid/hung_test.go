@@ -2,6 +2,7 @@ package raid_test
 
 import (
 	"bytes"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -301,8 +302,9 @@ func TestHungReAddSync(t *testing.T) {
 	if err := a.Remove(ms[1].Name()); err != nil {
 		t.Fatal(err)
 	}
-	ms[1].Reopen() // Remove closed it
-	f := raidtest.NewFaulty(ms[1])
+	// A second open of the member's data, as the daemon's re-add opens the path again: the
+	// array keeps the removed member (its own open) until Close, and closes each once.
+	f := raidtest.NewFaulty(&reopened{Mem: ms[1]})
 	syncHangsAfterData(t, f)
 	if err := a.ReAddMember(f); err != nil {
 		t.Fatal(err)
@@ -315,6 +317,21 @@ func TestHungReAddSync(t *testing.T) {
 		return s == raid.MemberFaulty && st.Sync == nil
 	})
 	compareArray(t, a, model)
-	// Its error is not the point: the Mem under the removed member and its re-add is one.
-	within(t, 10*time.Second, "Close (the member's sync still hanging)", func() error { a.Close(); return nil })
+	within(t, 10*time.Second, "Close (the member's sync still hanging)", a.Close)
+	if err := ms[1].Close(); !errors.Is(err, raidtest.ErrClosed) {
+		t.Fatalf("the removed member left open by Close: closing it again: %v, want ErrClosed", err)
+	}
+}
+
+// reopened is a second open of a Mem: the same data, its own Close (a second one fails).
+type reopened struct {
+	*raidtest.Mem
+	closed atomic.Bool
+}
+
+func (r *reopened) Close() error {
+	if r.closed.Swap(true) {
+		return raidtest.ErrClosed
+	}
+	return nil
 }

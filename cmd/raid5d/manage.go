@@ -303,7 +303,7 @@ A member a running daemon holds is refused.`+"\n\nWith --wait, or offline, exit 
 	}
 	fmt.Fprintf(stdout, "scrub %s %s: %s\n", action, finishedOrStopped(last), mismatchText(last))
 	if action == control.ScrubCheck && last.Mismatches > 0 {
-		return &exitError{exitMismatches, fmt.Errorf("scrub check found %d stripes with mismatched parity", last.Mismatches)}
+		return &exitError{exitMismatches, fmt.Errorf("scrub check found %s with mismatched parity", plural(last.Mismatches, "stripe"))}
 	}
 	if last.Done < last.Total {
 		why := ""
@@ -370,8 +370,8 @@ func checkOffline(sock string, paths []string, stdout io.Writer) error {
 	if pc.Unchecked != "" {
 		fmt.Fprintf(stdout, "not checked: %s\n", pc.Unchecked)
 	}
-	fmt.Fprintf(stdout, "scrub check offline: %d of %d stripes checked; %d in regions an unclean shutdown left dirty (%d with mismatched parity: the next serve's resync or replay rewrites them); %d mismatches elsewhere\n",
-		pc.Checked, pc.Stripes, pc.Dirty, pc.DirtyMismatches, pc.Mismatches)
+	fmt.Fprintf(stdout, "scrub check offline: %d of %s checked; %d in regions an unclean shutdown left dirty (%d with mismatched parity: the next serve's resync or replay rewrites them); %s elsewhere\n",
+		pc.Checked, plural(pc.Stripes, "stripe"), pc.Dirty, pc.DirtyMismatches, count(pc.Mismatches, "mismatch", "mismatches"))
 	if pc.Mismatches == 0 {
 		return nil
 	}
@@ -381,5 +381,5 @@ func checkOffline(sock string, paths []string, stdout io.Writer) error {
 		parts[i] = fmt.Sprintf("stripe %d (array bytes %d-%d)", s, s*ss, (s+1)*ss-1)
 	}
 	fmt.Fprintf(stdout, "mismatched parity outside the dirty regions (acknowledged writes with wrong parity): %s\n", strings.Join(parts, ", "))
-	return &exitError{exitMismatches, fmt.Errorf("scrub check found %d stripes with mismatched parity outside the regions an unclean shutdown left dirty", pc.Mismatches)}
+	return &exitError{exitMismatches, fmt.Errorf("scrub check found %s with mismatched parity outside the regions an unclean shutdown left dirty", plural(pc.Mismatches, "stripe"))}
 }

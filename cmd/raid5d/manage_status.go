@@ -65,7 +65,7 @@ func progressLine(p *control.Progress) string {
 }
 
 func mismatchText(p *control.Progress) string {
-	s := fmt.Sprintf("%d mismatches", p.Mismatches)
+	s := count(p.Mismatches, "mismatch", "mismatches")
 	if len(p.MismatchAt) > 0 {
 		at := make([]string, len(p.MismatchAt))
 		for i, n := range p.MismatchAt {
@@ -75,7 +75,11 @@ func mismatchText(p *control.Progress) string {
 		if int64(len(at)) < p.Mismatches {
 			more = ", ..."
 		}
-		s += " (stripes " + strings.Join(at, ", ") + more + ")"
+		word := "stripes "
+		if p.Mismatches == 1 {
+			word = "stripe "
+		}
+		s += " (" + word + strings.Join(at, ", ") + more + ")"
 	}
 	return s
 }
@@ -151,7 +155,7 @@ func printOnline(w io.Writer, sock string, st *control.Status) {
 		fmt.Fprintf(w, "  %-9s %s\n", p.Kind+":", progressLine(p))
 	}
 	if p := st.LastResync; p != nil {
-		fmt.Fprintf(w, "  last resync: %s, %d stripes' parity fixed\n", finishedOrStopped(p), p.Mismatches)
+		fmt.Fprintf(w, "  last resync: %s, %s parity fixed\n", finishedOrStopped(p), count(p.Mismatches, "stripe's", "stripes'"))
 	}
 	if b := st.Bitmap; b != nil {
 		fmt.Fprintf(w, "  bitmap:   %d regions of %s, %d set, %d bitmap writes\n", b.Regions, formatSize(b.RegionBytes), b.Set, b.Flushes)
@@ -312,11 +316,15 @@ func untilText(t time.Time) string {
 	return "now"
 }
 
-func plural(n int, what string) string {
+// plural is n what, with an s unless n is 1: "1 stripe", "3 stripes".
+func plural[N ~int | ~int64](n N, what string) string { return count(n, what, what+"s") }
+
+// count is n one if n is 1, else n many: "1 mismatch", "0 mismatches".
+func count[N ~int | ~int64](n N, one, many string) string {
 	if n == 1 {
-		return "1 " + what
+		return "1 " + one
 	}
-	return fmt.Sprintf("%d %ss", n, what)
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

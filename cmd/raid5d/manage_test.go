@@ -196,6 +196,7 @@ func TestScrubWait(t *testing.T) {
 	}{
 		{"check", 0, 0, "scrub check finished: 0 mismatches"},
 		{"check", 3, exitMismatches, "scrub check finished: 3 mismatches"},
+		{"check", 1, exitMismatches, "scrub check finished: 1 mismatch\n"},
 		{"repair", 3, 0, "scrub repair finished: 3 mismatches"},
 	} {
 		t.Run(fmt.Sprint(tc.action, tc.mismatches), func(t *testing.T) {
@@ -498,4 +499,49 @@ func TestDirtyDegradedCLI(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "dirty array with a member missing") || !strings.Contains(errOut, copies[1]) || !strings.Contains(errOut, "--force") {
 		t.Fatalf("serve of the crashed members, one gone: exit %d\n%s%s", code, out, errOut)
 	}
+}
+
+// TestScrubCheckOfflineCLI: scrub check MEMBER... of a stopped array counts its mismatches
+// in words ("1 mismatch", "2 mismatches") and exits 5 naming them.
+func TestScrubCheckOfflineCLI(t *testing.T) {
+	dir := t.TempDir()
+	var ms []string
+	for i := range 3 {
+		ms = append(ms, filepath.Join(dir, fmt.Sprint("m", i)))
+	}
+	if code, out, errOut := runCLI(t, append([]string{"create", "--size", "4M"}, ms...)...); code != 0 {
+		t.Fatalf("create: exit %d: %s%s", code, out, errOut)
+	}
+	rep, err := raid.Examine(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := rep.Layout.ChunkSize()
+	check := func(code int, want ...string) {
+		t.Helper()
+		got, out, errOut := runCLI(t, append([]string{"scrub", "check", "--control", filepath.Join(dir, "none")}, ms...)...)
+		for _, w := range want {
+			if !strings.Contains(out+errOut, w) {
+				t.Errorf("output lacks %q", w)
+			}
+		}
+		if got != code || t.Failed() {
+			t.Fatalf("scrub check offline: exit %d, want %d:\n%s%s", got, code, out, errOut)
+		}
+	}
+	check(0, "; 0 mismatches elsewhere\n")
+	flip := func(stripe int64) {
+		f, err := os.OpenFile(ms[0], os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteAt([]byte{0x5a}, raid.DataOffset+stripe*chunk+7); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flip(3)
+	check(exitMismatches, "; 1 mismatch elsewhere\n", ": stripe 3 (array bytes", "found 1 stripe with mismatched parity")
+	flip(5)
+	check(exitMismatches, "; 2 mismatches elsewhere\n", "stripe 3 (array bytes", "stripe 5 (array bytes", "found 2 stripes with mismatched parity")
 }

@@ -341,24 +341,46 @@ type Bits []byte
 // Has reports whether region r's bit is set.
 func (bs Bits) Has(r int64) bool { return bs[r/8]&(1<<(r%8)) != 0 }
 
-// Load reads the bitmap of every working member (ReadEach) and returns their union (bit r
-// set if any member has it): the regions an unclean shutdown may have left inconsistent. It
-// returns the read error, or ErrCorrupt.
+// Load reads the bitmap of every working member (ReadEach) and returns their Union: the
+// regions an unclean shutdown may have left inconsistent. It returns the read error, or
+// ErrCorrupt.
 func (b *Bitmap) Load() (Bits, error) {
-	union := make(Bits, len(b.bits))
+	var read [][]byte
 	buf := aligned.Make(len(b.bits)) // aligned for direct I/O
-	err := b.m.ReadEach(buf, func() {
-		for i := range union {
-			union[i] |= buf[i]
-		}
-	})
+	err := b.m.ReadEach(buf, func() { read = append(read, append([]byte(nil), buf...)) })
 	if err != nil {
 		return nil, err
 	}
-	// Bits past the last region are never set by raid5d: garbage there means garbage.
-	for r := b.nbits; r < int64(len(union))*8; r++ {
+	union, err := Union(b.nbits, read...)
+	if union == nil && err == nil {
+		union = make(Bits, len(b.bits)) // no working member read: nothing set
+	}
+	return union, err
+}
+
+// Union returns the union of the bitmaps bms of an array of nbits regions (bit r set if any
+// has it; nil entries skipped; at least one bit per region, as long as the longest entry),
+// nil if every entry is nil, or ErrCorrupt if a bit past the last region is set: raid5d
+// never sets one, so garbage there means the rest is garbage too.
+func Union(nbits int64, bms ...[]byte) (Bits, error) {
+	var union Bits
+	for _, bm := range bms {
+		if bm == nil {
+			continue
+		}
+		if union == nil {
+			union = make(Bits, (nbits+7)/8)
+		}
+		if len(bm) > len(union) {
+			union = append(union, make(Bits, len(bm)-len(union))...)
+		}
+		for i, v := range bm {
+			union[i] |= v
+		}
+	}
+	for r := nbits; r < int64(len(union))*8; r++ {
 		if union.Has(r) {
-			return nil, fmt.Errorf("%w: bit %d set, the array has %d regions", ErrCorrupt, r, b.nbits)
+			return nil, fmt.Errorf("%w: bit %d set, the array has %d regions", ErrCorrupt, r, nbits)
 		}
 	}
 	return union, nil

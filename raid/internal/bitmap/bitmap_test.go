@@ -403,6 +403,42 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// TestUnion: bit r of the union is set if any bitmap has it (nil ones skipped, shorter ones
+// as if zero-padded); none given is nil; a bit past the last region, in any of them, is
+// ErrCorrupt however the others look.
+func TestUnion(t *testing.T) {
+	if u, err := Union(20); u != nil || err != nil {
+		t.Fatalf("Union of none: %v, %v; want nil, nil", u, err)
+	}
+	if u, err := Union(20, nil, nil); u != nil || err != nil {
+		t.Fatalf("Union of nil bitmaps: %v, %v; want nil, nil", u, err)
+	}
+	a, b, c := make([]byte, 8), make([]byte, 3), []byte{0x80}
+	a[0], b[1], b[2] = 1<<2, 1<<1, 1<<3 // regions 2, 9, 19
+	u, err := Union(20, nil, a, b, c)   // c: region 7, and shorter than the rest
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u) != 8 {
+		t.Errorf("union of %d bytes, want 8 (the longest)", len(u))
+	}
+	for r := range int64(64) {
+		if got, want := u.Has(r), r == 2 || r == 7 || r == 9 || r == 19; got != want {
+			t.Errorf("region %d: %v, want %v", r, got, want)
+		}
+	}
+	if u, err := Union(20, c); err != nil || len(u) != 3 || !u.Has(7) || u.Has(19) {
+		t.Fatalf("Union(20, one byte): % x, %v; want 3 bytes (20 bits), region 7 alone", u, err)
+	}
+	for _, bad := range []int64{20, 23, 24, 63} { // past the last region: in the last byte or after
+		d := make([]byte, 8)
+		d[bad/8] = 1 << (bad % 8)
+		if u, err := Union(20, a, d, b); !errors.Is(err, ErrCorrupt) || u != nil {
+			t.Errorf("Union with bit %d of 20 set: % x, %v; want nil, ErrCorrupt", bad, u, err)
+		}
+	}
+}
+
 // TestWriteFailure: Begin returns what WritePages returns.
 func TestWriteFailure(t *testing.T) {
 	f := newFake(1, PageSize)

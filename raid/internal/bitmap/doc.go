@@ -7,7 +7,8 @@
 // The bitmap is the same on every member of a role, at an offset the array chooses: bit r
 // (byte r/8, bit r%8, least significant first) covers region r, RegionStripes stripes; it is
 // Bytes(n) long (whole pages) and written PageSize bytes at a time, only the pages changed.
-// Bits past the last region are zero (Load refuses anything else: ErrCorrupt).
+// Bits past the last region are zero (Union, and Load through it, refuse anything else:
+// ErrCorrupt).
 //
 // # Rules
 //
