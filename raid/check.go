@@ -2,6 +2,7 @@ package raid
 
 import (
 	"crypto/subtle"
+	"errors"
 	"fmt"
 
 	"github.com/raid5d/raid5d/internal/aligned"
@@ -54,11 +55,29 @@ func CheckParity(paths []string) (*ParityCheck, error) {
 	chunk := ref.Chunk
 	stripes := ref.DataSize / chunk
 	pc := &ParityCheck{Report: rep, Stripes: stripes}
-	for r, i := range ex.byRole {
-		if i < 0 {
-			pc.Unchecked = fmt.Sprintf("role %d has no member: parity cannot be compared without every member", r)
-			return pc, nil
+	// A path that answers but is no member of the array (another array's, another geometry,
+	// no superblock) is refused, as assembly refuses it: the caller named the wrong files.
+	// One that cannot be opened or read counts as missing, as at assembly.
+	for _, em := range rep.Members {
+		if errors.Is(em.Err, ErrForeignMember) || errors.Is(em.Err, ErrGeometry) || errors.Is(em.Err, ErrBadSuperblock) {
+			return pc, &MemberError{Member: em.Path, Role: em.Role, Op: "check parity", Off: -1, Err: em.Err}
 		}
+	}
+	for r, i := range ex.byRole {
+		if i >= 0 {
+			continue
+		}
+		why := "has no member"
+		for _, em := range rep.Members {
+			switch {
+			case em.Stale && em.Role == r:
+				why = fmt.Sprintf("has no current member (%s is stale: events %d, the array's %d; it missed writes)", em.Path, em.Events, ref.Events)
+			case em.Err != nil && why == "has no member":
+				why = fmt.Sprintf("has no member (%s could not be read: %v)", em.Path, em.Err)
+			}
+		}
+		pc.Unchecked = fmt.Sprintf("role %d %s: parity cannot be compared without every member", r, why)
+		return pc, nil
 	}
 	ms := make([]Member, len(ex.byRole))
 	defer func() {

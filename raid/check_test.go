@@ -115,3 +115,67 @@ func TestCheckParity(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckParityRefusesOthers: CheckParity of paths that are not all current members of one
+// array refuses, or says which member it could not use, where it checked the others and found
+// nothing wrong: a member of another array (ErrForeignMember), a file with no superblock; a
+// member that missed changes (stale) is named as the reason its role is not checked.
+func TestCheckParityRefusesOthers(t *testing.T) {
+	create := func(dir string) []string {
+		var ms []string
+		for i := range 3 {
+			ms = append(ms, filepath.Join(dir, fmt.Sprint("m", i)))
+		}
+		a, err := raid.Create(ms, raid.CreateOptions{Chunk: testChunk, MemberSize: raid.DataOffset + 64*testChunk,
+			IOOptions: raid.IOOptions{StripeCache: -1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return ms
+	}
+	as, bs := create(t.TempDir()), create(t.TempDir())
+	blank := filepath.Join(t.TempDir(), "blank")
+	if err := os.WriteFile(blank, make([]byte, raid.DataOffset+64*testChunk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		paths []string
+		bad   string
+	}{
+		{"foreign", []string{as[0], as[1], bs[2]}, bs[2]},
+		{"foreign extra", []string{as[0], as[1], as[2], bs[0]}, bs[0]},
+		{"no superblock", []string{as[0], blank, as[1], as[2]}, blank},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc, err := raid.CheckParity(tc.paths)
+			if err == nil || !strings.Contains(err.Error(), tc.bad) {
+				t.Fatalf("CheckParity(%v): %v (%+v); want an error naming %s", tc.paths, err, pc, tc.bad)
+			}
+		})
+	}
+	// A member that missed changes: failed while the others went on.
+	a, err := raid.Assemble(as, raid.AssembleOptions{IOOptions: raid.IOOptions{StripeCache: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Fail(as[2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := raid.CheckParity(as)
+	if err != nil || pc.Checked != 0 || !strings.Contains(pc.Unchecked, as[2]) || !strings.Contains(pc.Unchecked, "stale") {
+		t.Fatalf("CheckParity of members one of them stale: %v, %+v; want nothing checked and %s named stale", err, pc, as[2])
+	}
+	// A path that cannot be opened is a missing member, as at assembly: named, not refused.
+	gone := filepath.Join(t.TempDir(), "gone")
+	pc, err = raid.CheckParity([]string{as[0], as[1], gone})
+	if err != nil || pc.Checked != 0 || !strings.Contains(pc.Unchecked, gone) {
+		t.Fatalf("CheckParity with a member that does not exist: %v, %+v; want nothing checked and %s named", err, pc, gone)
+	}
+}
