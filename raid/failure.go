@@ -37,6 +37,10 @@ type member struct {
 	abandoned atomic.Int32
 	// byRequest: failed by Fail or Replace, an operator's decision that AutoReAdd respects.
 	byRequest atomic.Bool
+	// shrunk: failed because it was found smaller than at assembly (ErrMemberShrunk, a read
+	// cut short): what it held past the cut is gone, so it is never re-added (a re-add
+	// trusts its data outside the regions written while it was away), only added back.
+	shrunk atomic.Bool
 }
 
 // releasePins, once the array has failed, gives back every caller buffer the stripe cache
@@ -169,6 +173,9 @@ func (a *Array) rebuildRange(role int, s int64, buf []byte, off int64, locked bo
 // (events bumped, synced) before fail returns, and writes that skip m wait for that record
 // (awaitRecord) before they are acknowledged. A rebuild onto a spare starts if one is idle.
 func (a *Array) fail(m *member, why error) {
+	if errors.Is(why, ErrMemberShrunk) || errors.Is(why, ErrShortRead) {
+		m.shrunk.Store(true)
+	}
 	// Marked faulty before sbMu is taken: I/O goes around m from now on (markFaulty counts it
 	// in the role table at once; recount below makes the count exact), and an update of the superblocks still waiting for a
 	// hung m gives up on it (eachMember), so failing a member never waits for the member.

@@ -190,6 +190,8 @@ func (a *Array) reAdd(m Member, old *member) error {
 		err = refuse(r, "it was a spare, with no role to come back to")
 	case a.roles.working(r) != nil:
 		err = refuse(r, "role %d is held by %s", r, a.roles.working(r).Name())
+	case old != nil && old.shrunk.Load():
+		err = refuse(r, "it failed cut short (smaller than at assembly): what it held past the cut is gone, and a re-add would trust it outside the regions written since")
 	case sb.States[r] == roleRebuilding && sb.ReAdd == nil:
 		// A spare of a full rebuild is whole only below its position, which no bit covers. A
 		// member that failed during its own re-add (its record says so) is taken: the role
