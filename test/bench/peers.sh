@@ -134,8 +134,8 @@ for round in $(seq "$ROUNDS"); do
     start "$s"
     # Fill the range the jobs touch, so reads are of written data, not holes, and every server
     # is measured warm, in every round: a fresh raid5d's first stores into each page of its
-    # members' mappings are slow on this project's VM (a page first touched through a new
-    # mapping costs the hypervisor work: the payload's readv and the parity ran about 10x
+    # members' mappings are slow on this project's VM (most likely the hypervisor's work for a
+    # page first touched through a new mapping: the payload's readv and the parity ran about 10x
     # slower per byte; mincore and MADV_POPULATE_READ took under 0.1 s of it), so the first
     # 256M pass took 1.1-1.6 s against under 0.1 s warm, all 16 writes in flight answered
     # together every 60-120 ms: a job run first in a round paid it, the others did not.
