@@ -92,17 +92,7 @@ stable-pages = false
 		}
 	}()
 
-	// next returns the next datagram, failing the test if none comes in time.
-	buf := make([]byte, 4096)
-	next := func(what string) string {
-		t.Helper()
-		notify.SetReadDeadline(time.Now().Add(startTimeout))
-		n, err := notify.Read(buf)
-		if err != nil {
-			t.Fatalf("waiting for %s on NOTIFY_SOCKET: %v", what, err)
-		}
-		return string(buf[:n])
-	}
+	next := notifyReader(t, notify)
 	var msgs []string
 	for {
 		m := next("READY=1")
@@ -192,6 +182,21 @@ func TestSystemdUnit(t *testing.T) {
 	runTool(t, raid5dBin, "serve", "--config", "../dist/raid5d.example.toml", "--print-config")
 }
 
+// notifyReader returns a function that reads the next datagram from the service-manager socket
+// notify, failing the test (naming what was awaited) if none comes within startTimeout.
+func notifyReader(t *testing.T, notify *net.UnixConn) func(what string) string {
+	buf := make([]byte, 4096)
+	return func(what string) string {
+		t.Helper()
+		notify.SetReadDeadline(time.Now().Add(startTimeout))
+		n, err := notify.Read(buf)
+		if err != nil {
+			t.Fatalf("waiting for %s on NOTIFY_SOCKET: %v", what, err)
+		}
+		return string(buf[:n])
+	}
+}
+
 // TestServiceNotifyWaiting: while serve waits for a remote member whose server is not up yet
 // (a member host booting after the daemon's), the service manager's STATUS line says so and
 // names it; once its server starts, the array assembles whole and READY=1 follows.
@@ -218,16 +223,7 @@ func TestServiceNotifyWaiting(t *testing.T) {
 		"--socket", sock, "--control", ctl, "--assemble-timeout", "2m"}, uris(ms)...)...)
 	defer p.stop(syscall.SIGTERM, stopGrace)
 
-	buf := make([]byte, 4096)
-	next := func(what string) string {
-		t.Helper()
-		notify.SetReadDeadline(time.Now().Add(startTimeout))
-		n, err := notify.Read(buf)
-		if err != nil {
-			t.Fatalf("waiting for %s on NOTIFY_SOCKET: %v", what, err)
-		}
-		return string(buf[:n])
-	}
+	next := notifyReader(t, notify)
 	want := "STATUS=assembling the array from 4 members: waiting up to 2m0s for 1 remote member that does not answer yet: " + late.uri + "\n"
 	var msgs []string
 	for m := ""; m != want; {

@@ -330,8 +330,9 @@ func regexpLine(out string, words ...string) bool {
 	return false
 }
 
-func TestStatusOfflineWhenDaemonServesOthers(t *testing.T) {
-	_, sock := serveFake(t)
+// createThree creates a 3-member array of 4M members (raid5d create) and returns their paths.
+func createThree(t *testing.T) []string {
+	t.Helper()
 	dir := t.TempDir()
 	var ms []string
 	for i := range 3 {
@@ -340,11 +341,17 @@ func TestStatusOfflineWhenDaemonServesOthers(t *testing.T) {
 	if code, out, errOut := runCLI(t, append([]string{"create", "--size", "4M"}, ms...)...); code != 0 {
 		t.Fatalf("create: exit %d: %s%s", code, out, errOut)
 	}
+	return ms
+}
+
+func TestStatusOfflineWhenDaemonServesOthers(t *testing.T) {
+	_, sock := serveFake(t)
+	ms := createThree(t)
 	code, out, errOut := runCLI(t, append([]string{"status", "--control", sock}, ms...)...)
 	if code != 0 || !strings.HasPrefix(out, "offline: the daemon at "+sock+" serves other members") {
 		t.Fatalf("exit %d:\n%s%s", code, out, errOut)
 	}
-	code, out, _ = runCLI(t, append([]string{"status", "--json", "--control", filepath.Join(dir, "none")}, ms...)...)
+	code, out, _ = runCLI(t, append([]string{"status", "--json", "--control", filepath.Join(filepath.Dir(ms[0]), "none")}, ms...)...)
 	var st control.Status
 	if err := json.Unmarshal([]byte(out), &st); err != nil || code != 0 {
 		t.Fatalf("offline --json: exit %d, %v\n%s", code, err, out)
@@ -504,14 +511,7 @@ func TestDirtyDegradedCLI(t *testing.T) {
 // TestScrubCheckOfflineCLI: scrub check MEMBER... of a stopped array counts its mismatches
 // in words ("1 mismatch", "2 mismatches") and exits 5 naming them.
 func TestScrubCheckOfflineCLI(t *testing.T) {
-	dir := t.TempDir()
-	var ms []string
-	for i := range 3 {
-		ms = append(ms, filepath.Join(dir, fmt.Sprint("m", i)))
-	}
-	if code, out, errOut := runCLI(t, append([]string{"create", "--size", "4M"}, ms...)...); code != 0 {
-		t.Fatalf("create: exit %d: %s%s", code, out, errOut)
-	}
+	ms := createThree(t)
 	rep, err := raid.Examine(ms)
 	if err != nil {
 		t.Fatal(err)
@@ -519,7 +519,7 @@ func TestScrubCheckOfflineCLI(t *testing.T) {
 	chunk := rep.Layout.ChunkSize()
 	check := func(code int, want ...string) {
 		t.Helper()
-		got, out, errOut := runCLI(t, append([]string{"scrub", "check", "--control", filepath.Join(dir, "none")}, ms...)...)
+		got, out, errOut := runCLI(t, append([]string{"scrub", "check", "--control", filepath.Join(filepath.Dir(ms[0]), "none")}, ms...)...)
 		for _, w := range want {
 			if !strings.Contains(out+errOut, w) {
 				t.Errorf("output lacks %q", w)
